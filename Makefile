@@ -1,0 +1,38 @@
+# The two commands a new user needs: `make run` and `make test`. Both start from a bare Debian
+# machine with python3, make and apt, and install everything else themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CONFIG ?= kittiwake.toml
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test venv test-deps system-deps lint typecheck bench clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import venv' 2>/dev/null && $(PYTHON) -m venv $(VENV) 2>/dev/null || \
+	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install -q --upgrade pip
+
+venv: $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+
+test-deps: $(BIN)/python system-deps
+	$(BIN)/python -m pip install -q -e '.[test]'
+
+# Debian packages the tests talk to: mosquitto_pub/mosquitto_sub are real third-party clients.
+system-deps:
+	@command -v mosquitto_sub >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q mosquitto-clients; }
+
+run: venv
+	$(BIN)/kittiwake serve $(if $(wildcard $(CONFIG)),--config $(CONFIG),)
+
+test: test-deps
+	$(BIN)/python -m pytest -q
+
+lint: test-deps
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy --strict src/kittiwake
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache

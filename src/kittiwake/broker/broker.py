@@ -1,0 +1,579 @@
+"""The protocol-free broker: sessions, subscriptions, routing, retained messages, wills.
+
+Publish path: route (topic tree) → filter (noLocal) → enqueue on each matching session →
+persist (when persistent) → acknowledge the publisher (the caller awaits the commit) →
+dispatch to consumers. Runs on one event loop and never blocks; it holds no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from kittiwake import __version__
+from kittiwake.broker.authorization import Authorizer
+from kittiwake.broker.delivery import delivery_level
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import MessageQueue, QueuedMessage
+from kittiwake.broker.retained import RetainedMessages
+from kittiwake.broker.sessions import (
+    NEVER_EXPIRES,
+    InflightDelivery,
+    Session,
+    SessionConsumer,
+    SharedGroup,
+    Subscription,
+)
+from kittiwake.broker.store import MemoryStore, SessionRecord, Store, SubscriptionRecord
+from kittiwake.broker.topic_tree import TopicTree
+from kittiwake.broker.topics import TopicError, parse_shared, validate_topic_filter
+from kittiwake.clock import Clock, MonotonicClock
+from kittiwake.config import Config
+
+log = logging.getLogger(__name__)
+
+
+class SubscribeRefusal(Enum):
+    """Why a subscription was refused; front ends map these to their reason codes."""
+
+    INVALID_FILTER = "invalid topic filter"
+    NOT_AUTHORIZED = "not authorized"
+    QUOTA_EXCEEDED = "too many subscriptions"
+
+
+@dataclass(slots=True)
+class SubscriptionOptions:
+    """What a subscriber asks for, on the MQTT 5 scale (older protocols use the defaults)."""
+
+    max_qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+
+
+@dataclass(slots=True)
+class Subscribed:
+    """A subscription that was accepted; ``new`` is False when it replaced an existing one."""
+
+    subscription: Subscription
+    new: bool
+
+    @property
+    def granted_qos(self) -> int:
+        return self.subscription.max_qos
+
+
+@dataclass(slots=True)
+class BrokerStats:
+    """Counters for $SYS and the logs."""
+
+    messages_received: int = 0
+    messages_sent: int = 0
+    messages_dropped: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    clients_connected: int = 0
+
+
+TreeEntry = Subscription | SharedGroup
+
+
+class Broker:
+    """Owns every session and subscription and the rules that connect them."""
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        clock: Clock | None = None,
+        store: Store | None = None,
+    ) -> None:
+        self.config = config or Config()
+        self.clock: Clock = clock or MonotonicClock()
+        self.store: Store = store or MemoryStore()
+        self.authorizer = Authorizer(self.config.auth)
+        self.sessions: dict[str, Session] = {}
+        self.retained = RetainedMessages()
+        self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=self.config.limits.match_cache_size)
+        self.shared_groups: dict[tuple[str, str], SharedGroup] = {}
+        self.stats = BrokerStats()
+        self.started_at = self.clock.now()
+        self.version = __version__
+        # Sessions without a connection, the only ones whose expiry and will timers can fire.
+        self._detached: set[Session] = set()
+        self._next_anonymous = 0
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def connect(
+        self,
+        client_id: str,
+        consumer: SessionConsumer,
+        *,
+        clean_start: bool,
+        expiry_interval: int,
+        window: int,
+        will: Message | None = None,
+        will_delay: int = 0,
+        will_expiry: int | None = None,
+    ) -> tuple[Session, bool]:
+        """Attach a connection to its session; returns the session and session-present."""
+        now = self.clock.now()
+        existing = self.sessions.get(client_id)
+        if existing is not None and existing.consumer is not None:
+            old = existing.consumer
+            log.info("client %s: session taken over by a new connection", client_id)
+            self._end_connection(existing, publish_will=True, now=now)
+            old.taken_over()
+        if existing is not None and clean_start:
+            self._end_session(existing, now)
+            existing = None
+        if existing is not None:
+            session = existing
+            session_present = True
+            # A reconnection before the will delay passed cancels the will (MQTT-3.1.3-9).
+            session.will_at = None
+            session.expires_at = None
+            self._detached.discard(session)
+        else:
+            session = Session(client_id=client_id, queue=self._new_queue(client_id))
+            self.sessions[client_id] = session
+            session_present = False
+        was_persistent = session.persistent
+        session.expiry_interval = expiry_interval
+        session.will = will
+        session.will_delay = will_delay
+        session.will_expiry = will_expiry
+        session.window = max(1, min(window, self.config.limits.max_inflight))
+        session.consumer = consumer
+        self.stats.clients_connected += 1
+        if session.persistent:
+            self._save_session(session)
+        elif was_persistent:
+            self.store.delete_session(client_id)
+        return session, session_present
+
+    def assign_client_id(self) -> str:
+        """A unique id for a client that connected without one."""
+        while True:
+            self._next_anonymous += 1
+            candidate = f"kittiwake-{self._next_anonymous:08d}"
+            if candidate not in self.sessions:
+                return candidate
+
+    def start_delivery(self, session: Session) -> None:
+        """After the connection is acknowledged: resend what was in flight, then the queue."""
+        consumer = session.consumer
+        if consumer is None:
+            return
+        for delivery_id, inflight in list(session.inflight.items()):
+            if inflight.state == "received":
+                consumer.release(delivery_id)
+            else:
+                consumer.deliver(delivery_id, inflight.entry, resend=True)
+        self.pump(session)
+
+    def disconnect(self, session: Session, *, publish_will: bool) -> None:
+        """The session's connection ended (cleanly or not)."""
+        if session.consumer is None:
+            return
+        self._end_connection(session, publish_will=publish_will, now=self.clock.now())
+
+    def set_session_expiry(self, session: Session, expiry_interval: int) -> None:
+        """A v5 DISCONNECT may change the expiry interval."""
+        was_persistent = session.persistent
+        session.expiry_interval = expiry_interval
+        if session.persistent:
+            self._save_session(session)
+        elif was_persistent:
+            self.store.delete_session(session.client_id)
+
+    def _end_connection(self, session: Session, *, publish_will: bool, now: float) -> None:
+        session.consumer = None
+        self.stats.clients_connected -= 1
+        if not publish_will:
+            session.will = None
+        if session.will is not None:
+            if session.will_delay == 0 or session.expiry_interval == 0:
+                self._publish_will(session)
+            else:
+                session.will_at = now + session.will_delay
+        if session.expiry_interval == 0:
+            self._end_session(session, now)
+            return
+        if session.expiry_interval != NEVER_EXPIRES:
+            session.expires_at = now + session.expiry_interval
+        self._detached.add(session)
+        if session.persistent:
+            self._save_session(session)
+
+    def _end_session(self, session: Session, now: float) -> None:
+        """The session is over: its will goes out if still pending, its state is dropped."""
+        if session.will is not None and session.consumer is None:
+            self._publish_will(session)
+        for subscription in list(session.subscriptions.values()):
+            self._remove_subscription(subscription)
+        session.subscriptions.clear()
+        session.queue.drain()
+        session.inflight.clear()
+        session.incoming_qos2.clear()
+        self._detached.discard(session)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        self.store.delete_session(session.client_id)
+        log.debug("session %s ended", session.client_id)
+
+    def _publish_will(self, session: Session) -> None:
+        will = session.will
+        session.will = None
+        session.will_at = None
+        if will is None:
+            return
+        if not self.authorizer.may_publish(will.topic):
+            log.info("client %s: will to %s refused by authorisation", session.client_id, will.topic)
+            return
+        log.debug("client %s: publishing will to %s", session.client_id, will.topic)
+        will.created = self.clock.now()
+        if session.will_expiry is not None:
+            will.expiry = will.created + session.will_expiry
+        self.publish(will)
+
+    def tick(self) -> None:
+        """Fire due timers: wills, session expiry, retained expiry. Called about once a second."""
+        now = self.clock.now()
+        for session in list(self._detached):
+            if session.will_at is not None and now >= session.will_at:
+                self._publish_will(session)
+                if session.persistent:
+                    self._save_session(session)
+            if session.expires_at is not None and now >= session.expires_at:
+                log.info("session %s expired", session.client_id)
+                self._end_session(session, now)
+        for message in self.retained.remove_expired(now):
+            if message.persistent:
+                self.store.set_retained(message.topic, None)
+
+    # -- subscriptions --------------------------------------------------------------------
+
+    def subscribe(
+        self, session: Session, full_filter: str, options: SubscriptionOptions
+    ) -> SubscribeRefusal | Subscribed:
+        """Add or replace a subscription, or say why not.
+
+        Retained messages are not sent here: the front end acknowledges the subscription first
+        and then calls :meth:`send_retained`, so they never overtake the acknowledgement.
+        """
+        try:
+            group, topic_filter = parse_shared(full_filter)
+            validate_topic_filter(topic_filter, self.config.limits.max_topic_levels)
+        except TopicError:
+            return SubscribeRefusal.INVALID_FILTER
+        if not self.authorizer.may_subscribe(topic_filter):
+            return SubscribeRefusal.NOT_AUTHORIZED
+        existing = session.subscriptions.get(full_filter)
+        if existing is None and len(session.subscriptions) >= (
+            self.config.limits.max_subscriptions_per_session
+        ):
+            return SubscribeRefusal.QUOTA_EXCEEDED
+        if existing is not None:
+            existing.max_qos = options.max_qos
+            existing.no_local = options.no_local
+            existing.retain_as_published = options.retain_as_published
+            existing.retain_handling = options.retain_handling
+            existing.subscription_id = options.subscription_id
+            subscription = existing
+        else:
+            subscription = Subscription(
+                session=session,
+                topic_filter=topic_filter,
+                max_qos=options.max_qos,
+                share_group=group,
+                no_local=options.no_local,
+                retain_as_published=options.retain_as_published,
+                retain_handling=options.retain_handling,
+                subscription_id=options.subscription_id,
+            )
+            session.subscriptions[full_filter] = subscription
+            self._add_subscription(subscription)
+        if session.persistent:
+            self._save_session(session)
+        return Subscribed(subscription, existing is None)
+
+    def unsubscribe(self, session: Session, full_filter: str) -> bool:
+        subscription = session.subscriptions.pop(full_filter, None)
+        if subscription is None:
+            return False
+        self._remove_subscription(subscription)
+        if session.persistent:
+            self._save_session(session)
+        return True
+
+    @property
+    def subscription_count(self) -> int:
+        return sum(len(s.subscriptions) for s in self.sessions.values())
+
+    def _add_subscription(self, subscription: Subscription) -> None:
+        if subscription.share_group is None:
+            self.tree.insert(subscription.topic_filter, subscription)
+            return
+        key = (subscription.share_group, subscription.topic_filter)
+        group = self.shared_groups.get(key)
+        if group is None:
+            group = SharedGroup(subscription.share_group, subscription.topic_filter)
+            self.shared_groups[key] = group
+            self.tree.insert(subscription.topic_filter, group)
+        group.members[subscription.session] = subscription
+
+    def _remove_subscription(self, subscription: Subscription) -> None:
+        if subscription.share_group is None:
+            self.tree.remove(subscription.topic_filter, subscription)
+            return
+        key = (subscription.share_group, subscription.topic_filter)
+        group = self.shared_groups.get(key)
+        if group is None:
+            return
+        group.members.pop(subscription.session, None)
+        if not group.members:
+            del self.shared_groups[key]
+            self.tree.remove(subscription.topic_filter, group)
+
+    def send_retained(self, subscribed: Subscribed) -> None:
+        """Deliver the retained messages a new subscription should see (retain handling)."""
+        subscription = subscribed.subscription
+        if subscription.share_group is not None:
+            return  # shared subscriptions never receive retained messages (MQTT-4.8.2)
+        handling = subscription.retain_handling
+        if handling == 2 or (handling == 1 and not subscribed.new):
+            return
+        now = self.clock.now()
+        session = subscription.session
+        sub_ids = () if subscription.subscription_id is None else (subscription.subscription_id,)
+        for message in self.retained.matching(subscription.topic_filter, now):
+            qos, persistent = delivery_level(message.qos, message.persistent, subscription.max_qos)
+            entry = QueuedMessage(message, qos, persistent, True, sub_ids)
+            self._enqueue(session, entry)
+        self.pump(session)
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def publish(self, message: Message) -> asyncio.Future[None] | None:
+        """Accept a publication; returns None when it is already safe, else a commit to await."""
+        now = self.clock.now()
+        if not message.created:
+            message.created = now
+        self.stats.messages_received += 1
+        if message.retain:
+            self._retain(message)
+        touched = self._route(message)
+        commit = self.store.commit() if message.persistent else None
+        if commit is None:
+            for session in touched:
+                self.pump(session)
+            return None
+        future = asyncio.ensure_future(commit)
+        future.add_done_callback(lambda _f: self._pump_all(touched))
+        return future
+
+    def _pump_all(self, sessions: list[Session]) -> None:
+        for session in sessions:
+            self.pump(session)
+
+    def _retain(self, message: Message) -> None:
+        previous = self.retained.update(message)
+        if message.persistent and message.payload:
+            self.store.set_retained(message.topic, message)
+        elif previous is not None and previous.persistent:
+            self.store.set_retained(message.topic, None)
+
+    def _route(self, message: Message) -> list[Session]:
+        """Enqueue the message on every session that should get it; returns those sessions."""
+        matches = self.tree.match(message.topic)
+        if not matches:
+            return []
+        # One copy per session at the highest QoS of its overlapping (non-shared) subscriptions.
+        merged: dict[Session, tuple[int, list[int], bool]] = {}
+        shared: list[Subscription] = []
+        origin = message.origin
+        for entry in matches:
+            if isinstance(entry, SharedGroup):
+                member = entry.pick()
+                if member is not None:
+                    shared.append(member)
+                continue
+            if entry.no_local and origin is not None and entry.session.client_id == origin:
+                continue
+            session = entry.session
+            retain = message.retain and entry.retain_as_published
+            previous = merged.get(session)
+            if previous is None:
+                ids = [] if entry.subscription_id is None else [entry.subscription_id]
+                merged[session] = (entry.max_qos, ids, retain)
+            else:
+                qos, ids, was_retain = previous
+                if entry.subscription_id is not None:
+                    ids.append(entry.subscription_id)
+                merged[session] = (max(qos, entry.max_qos), ids, was_retain or retain)
+        touched: list[Session] = []
+        for session, (max_qos, ids, retain) in merged.items():
+            qos, persistent = delivery_level(message.qos, message.persistent, max_qos)
+            if self._enqueue(session, QueuedMessage(message, qos, persistent, retain, tuple(ids))):
+                touched.append(session)
+        for member in shared:
+            qos, persistent = delivery_level(message.qos, message.persistent, member.max_qos)
+            ids_t = () if member.subscription_id is None else (member.subscription_id,)
+            retain = message.retain and member.retain_as_published
+            entry_q = QueuedMessage(message, qos, persistent, retain, ids_t)
+            if self._enqueue(member.session, entry_q):
+                touched.append(member.session)
+        return touched
+
+    def _enqueue(self, session: Session, entry: QueuedMessage) -> bool:
+        """Queue one copy; QoS 0 goes straight out or nowhere. True when pumping is needed."""
+        if entry.qos == 0:
+            consumer = session.consumer
+            if consumer is None:
+                return False
+            consumer.deliver(0, entry)
+            self.stats.messages_sent += 1
+            return False
+        if session.consumer is None and not session.persistent:
+            return False
+        accepted, victims = session.queue.push(entry)
+        stored = entry.persistent and session.persistent
+        for victim in victims:
+            self.stats.messages_dropped += 1
+            if victim.persistent and session.persistent:
+                self.store.release(session.client_id, victim.message.message_id)
+        if not accepted:
+            self.stats.messages_dropped += 1
+            return False
+        if stored:
+            if entry.message.message_id == 0:
+                self.store.journal(entry.message)
+            self.store.enqueue(session.client_id, entry)
+        return True
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def pump(self, session: Session) -> None:
+        """Move queued messages into flight while the consumer's window has room."""
+        consumer = session.consumer
+        if consumer is None:
+            return
+        queue = session.queue
+        if not len(queue):
+            return
+        inflight = session.inflight
+        now = self.clock.now()
+        stored = session.persistent
+        while len(inflight) < session.window:
+            entry = queue.pop(now)
+            if entry is None:
+                break
+            delivery_id = session.allocate_delivery_id()
+            inflight[delivery_id] = InflightDelivery(entry)
+            entry.delivery_count += 1
+            if stored and entry.persistent:
+                self.store.mark_delivery(
+                    session.client_id, entry.message.message_id, delivery_id, "sent"
+                )
+            consumer.deliver(delivery_id, entry)
+            self.stats.messages_sent += 1
+        if queue.counters.expired:
+            self.stats.messages_dropped += queue.counters.expired
+            queue.counters.expired = 0
+
+    def acknowledge(self, session: Session, delivery_id: int) -> bool:
+        """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""
+        inflight = session.inflight.pop(delivery_id, None)
+        if inflight is None:
+            return False
+        entry = inflight.entry
+        if entry.persistent and session.persistent:
+            self.store.release(session.client_id, entry.message.message_id)
+        self.pump(session)
+        return True
+
+    def received(self, session: Session, delivery_id: int) -> bool:
+        """A QoS 2 delivery reached the client (PUBREC); only its release remains."""
+        inflight = session.inflight.get(delivery_id)
+        if inflight is None:
+            return False
+        inflight.state = "received"
+        entry = inflight.entry
+        if entry.persistent and session.persistent:
+            self.store.mark_delivery(
+                session.client_id, entry.message.message_id, delivery_id, "received"
+            )
+        return True
+
+    def begin_incoming_qos2(self, session: Session, packet_id: int) -> bool:
+        """Record an incoming QoS 2 id; False means it is a resend that must not be routed."""
+        if packet_id in session.incoming_qos2:
+            return False
+        session.incoming_qos2.add(packet_id)
+        if session.persistent:
+            self.store.add_incoming_qos2(session.client_id, packet_id)
+        return True
+
+    def release_incoming_qos2(self, session: Session, packet_id: int) -> bool:
+        """PUBREL: the exactly-once handshake for this id is over."""
+        if packet_id not in session.incoming_qos2:
+            return False
+        session.incoming_qos2.discard(packet_id)
+        if session.persistent:
+            self.store.remove_incoming_qos2(session.client_id, packet_id)
+        return True
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _new_queue(self, client_id: str) -> MessageQueue:
+        limits = self.config.limits
+        return MessageQueue(
+            f"session:{client_id}",
+            max_messages=limits.max_queued_messages,
+            max_bytes=limits.max_queued_bytes,
+            policy=limits.queue_full_policy,
+        )
+
+    def _save_session(self, session: Session) -> None:
+        self.store.save_session(
+            SessionRecord(
+                client_id=session.client_id,
+                expiry_interval=session.expiry_interval,
+                subscriptions=[
+                    SubscriptionRecord(
+                        s.full_filter, s.max_qos, s.no_local, s.retain_as_published,
+                        s.retain_handling, s.subscription_id,
+                    )
+                    for s in session.subscriptions.values()
+                ],
+                will=session.will,
+                will_delay=session.will_delay,
+                will_expiry=session.will_expiry,
+            )
+        )
+
+    def schedule_ticks(self, loop: asyncio.AbstractEventLoop, interval: float = 0.5) -> Callable[[], None]:
+        """Run :meth:`tick` on the loop every ``interval`` seconds; returns a canceller."""
+        handle: asyncio.TimerHandle | None = None
+
+        def run() -> None:
+            nonlocal handle
+            try:
+                self.tick()
+            except Exception:  # a timer bug must not stop every later timer
+                log.exception("broker tick failed")
+            handle = loop.call_later(interval, run)
+
+        handle = loop.call_later(interval, run)
+
+        def cancel() -> None:
+            if handle is not None:
+                handle.cancel()
+
+        return cancel

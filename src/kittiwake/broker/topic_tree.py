@@ -1,0 +1,219 @@
+"""The subscription index: a trie of topic levels answering "who wants a message on this topic?".
+
+Holds opaque values (subscriptions) by filter; must never validate names, parse "$share" or know
+any protocol: callers hand it plain, already-validated filters and topic names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+from kittiwake.broker.topics import is_wildcard, validate_topic_filter
+
+__all__ = ["TopicTree"]
+
+V = TypeVar("V", bound=Hashable)
+
+
+class _Node(Generic[V]):
+    """One level of the trie; the path from the root spells the filter's leading levels.
+
+    '+' and '#' get their own slots instead of dict keys so the matcher never hashes them,
+    and '#' holds values directly because nothing can follow it.
+    """
+
+    __slots__ = ("children", "multi", "plus", "values")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node[V]] = {}
+        self.plus: _Node[V] | None = None
+        # Values of the filter "<this path>/#"; None rather than {} keeps idle nodes small.
+        self.multi: dict[V, None] | None = None
+        # Values of the filter that ends exactly at this node.
+        self.values: dict[V, None] | None = None
+
+    def is_empty(self) -> bool:
+        return not self.children and self.plus is None and not self.multi and not self.values
+
+
+class TopicTree(Generic[V]):
+    """Filters to values, matched against topic names, with a cache of recent answers.
+
+    Values under one filter keep insertion order (a dict used as an ordered set), and match()
+    returns each value once in an order fixed by the filters present, so fan-out is repeatable.
+    Not thread-safe: the broker drives it from one event loop.
+    """
+
+    __slots__ = ("_cache", "_cache_size", "_count", "_root")
+
+    def __init__(self, cache_size: int = 4096) -> None:
+        if cache_size < 0:
+            raise ValueError(f"cache_size must be 0 (no cache) or more, not {cache_size}.")
+        self._root: _Node[V] = _Node()
+        self._count = 0
+        self._cache_size = cache_size
+        self._cache: dict[str, tuple[V, ...]] = {}
+
+    def __len__(self) -> int:
+        return self._count
+
+    def insert(self, topic_filter: str, value: V) -> None:
+        """Add value under topic_filter; inserting the same pair again changes nothing.
+
+        Raises TopicError for an invalid filter, since one would corrupt the trie's shape.
+        """
+        validate_topic_filter(topic_filter)
+        node = self._root
+        bucket: dict[V, None] | None = None
+        for level in topic_filter.split("/"):
+            if level == "#":
+                # Validation put '#' last, so the filter ends here.
+                if node.multi is None:
+                    node.multi = {}
+                bucket = node.multi
+                break
+            if level == "+":
+                if node.plus is None:
+                    node.plus = _Node()
+                node = node.plus
+            else:
+                child = node.children.get(level)
+                if child is None:
+                    child = node.children[level] = _Node()
+                node = child
+        else:
+            if node.values is None:
+                node.values = {}
+            bucket = node.values
+        if value in bucket:
+            return
+        bucket[value] = None
+        self._count += 1
+        self._invalidate(topic_filter)
+
+    def remove(self, topic_filter: str, value: V) -> bool:
+        """Drop value from topic_filter; False if it was not there.
+
+        Nodes left empty are unlinked on the way back up, so subscribe/unsubscribe churn over
+        ever-new topics does not leave a growing skeleton behind.
+        """
+        levels = topic_filter.split("/")
+        last = len(levels) - 1
+        node = self._root
+        # (parent, level) for every step taken, to prune bottom-up afterwards.
+        path: list[tuple[_Node[V], str]] = []
+        for i, level in enumerate(levels):
+            if level == "#":
+                if i != last or node.multi is None or value not in node.multi:
+                    return False
+                del node.multi[value]
+                if not node.multi:
+                    node.multi = None
+                break
+            nxt = node.plus if level == "+" else node.children.get(level)
+            if nxt is None:
+                return False
+            path.append((node, level))
+            node = nxt
+        else:
+            if node.values is None or value not in node.values:
+                return False
+            del node.values[value]
+            if not node.values:
+                node.values = None
+        self._count -= 1
+        for parent, level in reversed(path):
+            if not node.is_empty():
+                break
+            if level == "+":
+                parent.plus = None
+            else:
+                del parent.children[level]
+            node = parent
+        self._invalidate(topic_filter)
+        return True
+
+    def match(self, topic_name: str) -> tuple[V, ...]:
+        """Every value whose filter matches topic_name, each once, in a repeatable order.
+
+        This is the per-publish hot path: a cache lookup, else one split and a stack walk.
+        """
+        cached = self._cache.get(topic_name)
+        if cached is not None:
+            return cached
+        result = self._walk(topic_name)
+        if self._cache_size:
+            cache = self._cache
+            if len(cache) >= self._cache_size:
+                # FIFO eviction: dicts keep insertion order, so the first key is the oldest.
+                del cache[next(iter(cache))]
+            cache[topic_name] = result
+        return result
+
+    def filters(self) -> list[str]:
+        """Every filter holding at least one value, for diagnostics and persistence checks."""
+        out: list[str] = []
+        stack: list[tuple[_Node[V], list[str]]] = [(self._root, [])]
+        while stack:
+            node, prefix = stack.pop()
+            if node.values:
+                out.append("/".join(prefix))
+            if node.multi:
+                out.append("/".join([*prefix, "#"]))
+            if node.plus is not None:
+                stack.append((node.plus, [*prefix, "+"]))
+            for level, child in reversed(node.children.items()):
+                stack.append((child, [*prefix, level]))
+        return out
+
+    def _walk(self, topic_name: str) -> tuple[V, ...]:
+        levels = topic_name.split("/")
+        n = len(levels)
+        root = self._root
+        found: list[dict[V, None]] = []
+        stack: list[tuple[_Node[V], int]] = []
+        # §4.7.2: a first-level wildcard must not see "$SYS/..."-style topics.
+        if not topic_name.startswith("$"):
+            if root.multi:
+                found.append(root.multi)
+            if root.plus is not None:
+                stack.append((root.plus, 1))
+        child = root.children.get(levels[0])
+        if child is not None:
+            stack.append((child, 1))
+        while stack:
+            node, depth = stack.pop()
+            # "a/#" also matches "a" itself, so '#' values count at any depth reached.
+            if node.multi:
+                found.append(node.multi)
+            if depth == n:
+                if node.values:
+                    found.append(node.values)
+                continue
+            if node.plus is not None:
+                stack.append((node.plus, depth + 1))
+            # Pushed last so it is popped first: literal matches precede '+' ones in the result.
+            child = node.children.get(levels[depth])
+            if child is not None:
+                stack.append((child, depth + 1))
+        if not found:
+            return ()
+        if len(found) == 1:
+            return tuple(found[0])
+        merged: dict[V, None] = {}
+        for bucket in found:
+            merged.update(bucket)
+        return tuple(merged)
+
+    def _invalidate(self, topic_filter: str) -> None:
+        cache = self._cache
+        if not cache:
+            return
+        if not is_wildcard(topic_filter):
+            # A literal filter matches only the topic spelled the same: one O(1) pop.
+            cache.pop(topic_filter, None)
+            return
+        # Clear, not scan: topic_matches over 4096 keys costs about as much as re-walking them all,
+        # and clearing defers that work to the topics actually published again.
+        cache.clear()

@@ -1,0 +1,57 @@
+"""The ``kittiwake`` command: ``kittiwake serve [--config FILE]`` and ``kittiwake --version``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+from kittiwake import __version__
+from kittiwake.app import serve
+from kittiwake.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kittiwake", description="The Kittiwake message broker")
+    parser.add_argument("--version", action="version", version=f"kittiwake {__version__}")
+    commands = parser.add_subparsers(dest="command")
+    serve_parser = commands.add_parser("serve", help="run the broker")
+    serve_parser.add_argument("--config", "-c", help="TOML configuration file")
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_help()
+        return 2
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"kittiwake: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        _run(serve(config), use_uvloop=config.uvloop)
+    except OSError as exc:
+        logging.getLogger("kittiwake").error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+def _run(main_coroutine: Coroutine[Any, Any, None], *, use_uvloop: bool) -> None:
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            logging.getLogger("kittiwake").info("uvloop not installed; using asyncio's loop")
+        else:
+            uvloop.run(main_coroutine)
+            return
+    asyncio.run(main_coroutine)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Typed broker configuration, loaded once from TOML; every default is written where declared.
+
+Unknown keys and wrong types are refused with the key's dotted path, so a typo never silently
+falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+QueueFullPolicy = Literal["reject_new", "discard_oldest"]
+
+
+class ConfigError(ValueError):
+    """The configuration file cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerConfig:
+    """One socket the broker accepts connections on."""
+
+    protocol: Literal["mqtt"] = "mqtt"
+    host: str = "127.0.0.1"
+    port: int = 1883
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Every resource a client can make the broker spend, bounded."""
+
+    max_connections: int = 100_000
+    # Largest MQTT packet accepted from a client (bytes, fixed header included).
+    max_packet_size: int = 16 * 1024 * 1024
+    # QoS 1/2 publications a client may have unacknowledged towards us (v5 Receive Maximum).
+    receive_maximum: int = 100
+    # QoS 1/2 deliveries in flight to one client, further capped by the client's Receive Maximum.
+    max_inflight: int = 100
+    # Per-subscriber queue of messages waiting for a connection or for in-flight room.
+    max_queued_messages: int = 10_000
+    max_queued_bytes: int = 64 * 1024 * 1024
+    queue_full_policy: QueueFullPolicy = "reject_new"
+    # Topic aliases a v5 client may use towards us.
+    topic_alias_maximum: int = 64
+    max_topic_levels: int = 128
+    max_subscriptions_per_session: int = 10_000
+    # Entries kept in the topic tree's literal-topic match cache.
+    match_cache_size: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """Session lifetimes and keepalive policy."""
+
+    # Keepalive is capped at this many seconds and returned as v5 Server Keep Alive; 0 = no cap.
+    max_keepalive: int = 60
+    # Cap on a v5 client's requested Session Expiry Interval (seconds).
+    max_session_expiry: int = 7 * 24 * 3600
+    # Expiry of a 3.1/3.1.1 persistent session (clean session = 0), which has no expiry of its
+    # own in those protocols; 0 = never expires.
+    persistent_session_expiry_v3: int = 0
+    # Longest message expiry the broker honours (seconds); 0 = no cap.
+    max_message_expiry: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SysConfig:
+    """Statistics published under $SYS/broker/..."""
+
+    # Seconds between publications; 0 disables $SYS.
+    interval: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """The simple authorisation hook: topic allow/deny lists (MQTT filters)."""
+
+    allow_anonymous: bool = True
+    # An empty allow list allows every topic; a deny entry always wins over an allow entry.
+    publish_allow: tuple[str, ...] = ()
+    publish_deny: tuple[str, ...] = ()
+    subscribe_allow: tuple[str, ...] = ()
+    subscribe_deny: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole broker configuration."""
+
+    listeners: tuple[ListenerConfig, ...] = (ListenerConfig(),)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    sessions: SessionConfig = field(default_factory=SessionConfig)
+    sys: SysConfig = field(default_factory=SysConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Use uvloop when it is installed.
+    uvloop: bool = True
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read a TOML file into a :class:`Config`; ``None`` gives the defaults."""
+    if path is None:
+        return Config()
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    try:
+        config = _build(Config, raw, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    assert isinstance(config, Config)
+    return config
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Build a config from plain data (tests and embedding use this)."""
+    config = _build(Config, raw, "")
+    assert isinstance(config, Config)
+    return config
+
+
+def _build(cls: type[Any], raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where or 'top level'}: expected a table")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ConfigError(f"unknown key {_join(where, unknown[0])!r}; known keys: {sorted(names)}")
+    values = {name: _convert(hints[name], value, _join(where, name)) for name, value in raw.items()}
+    result = cls(**values)
+    _check_ranges(result, where)
+    return result
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(typing.cast(type[Any], hint), value, where)
+    if origin is tuple:
+        (item_hint, _ellipsis) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list")
+        return tuple(_convert(item_hint, item, f"{where}[{i}]") for i, item in enumerate(value))
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(allowed)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"{where}: unsupported option type")  # pragma: no cover
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if not isinstance(value, hint):
+        raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def _check_ranges(obj: Any, where: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"{_join(where, f.name)}: must not be negative, got {value}")
+    if isinstance(obj, ListenerConfig) and not 0 <= obj.port <= 65535:
+        raise ConfigError(f"{_join(where, 'port')}: {obj.port} is not a TCP port")
+    if isinstance(obj, LimitsConfig):
+        if not 1 <= obj.receive_maximum <= 65535:
+            raise ConfigError(f"{_join(where, 'receive_maximum')}: must be 1..65535")
+        if not 1 <= obj.max_inflight <= 65535:
+            raise ConfigError(f"{_join(where, 'max_inflight')}: must be 1..65535")
+        if obj.topic_alias_maximum > 65535:
+            raise ConfigError(f"{_join(where, 'topic_alias_maximum')}: must be 0..65535")
+        if not 16 <= obj.max_packet_size <= 268_435_460:
+            raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
+    if isinstance(obj, SessionConfig) and obj.max_keepalive > 65535:
+        raise ConfigError(f"{_join(where, 'max_keepalive')}: must be 0..65535")
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name

@@ -1,0 +1,738 @@
+"""Sans-IO MQTT 3.1 / 3.1.1 / 5.0 codec: bytes to packet dataclasses and back, with validation.
+
+It owns the wire format and nothing else: it never touches a socket, never awaits, and never
+applies broker policy (authorisation, topic filter syntax, quotas belong to the session).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from kittiwake.mqtt.errors import (
+    MalformedPacketError,
+    MQTTProtocolError,
+    PacketTooLargeError,
+    UnsupportedProtocolVersionError,
+)
+from kittiwake.mqtt.packets import (
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    SubscriptionRequest,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+from kittiwake.mqtt.properties import (
+    WILL_PROPERTIES,
+    Properties,
+    decode_properties,
+    encode_binary,
+    encode_properties,
+    encode_string,
+    encode_varint,
+    read_binary,
+    read_string,
+)
+from kittiwake.mqtt.reason_codes import ReasonCode
+
+__all__ = [
+    "DISCONNECT_PACKET",
+    "MAX_PACKET_SIZE",
+    "PINGREQ_PACKET",
+    "PINGRESP_PACKET",
+    "MQTTProtocolError",
+    "MalformedPacketError",
+    "PacketDecoder",
+    "PacketTooLargeError",
+    "UnsupportedProtocolVersionError",
+    "encode",
+    "encode_publish",
+    "encode_remaining_length",
+]
+
+# The largest packet the wire format can express: 5 header bytes + 268,435,455.
+MAX_PACKET_SIZE: Final = 268_435_460
+
+# Packets whose bytes never vary, built once.
+PINGREQ_PACKET: Final = b"\xc0\x00"
+PINGRESP_PACKET: Final = b"\xd0\x00"
+DISCONNECT_PACKET: Final = b"\xe0\x00"  # 3.x, and 5.0 "normal disconnection" without properties
+
+_PROTOCOL_ERROR: Final = ReasonCode.PROTOCOL_ERROR
+_SMALL_LENGTHS: Final = tuple(bytes((i,)) for i in range(128))
+
+# Required low nibble of the first byte per packet type (spec 2.1.3); PUBLISH (3) is free-form.
+# None marks type 0, which is reserved and never valid.
+_FIXED_FLAGS: Final[tuple[int | None, ...]] = (
+    None, 0, 0, -1, 0, 0, 0b0010, 0,  # 0 CONNECT CONNACK PUBLISH PUBACK PUBREC PUBREL PUBCOMP
+    0b0010, 0, 0b0010, 0, 0, 0, 0, 0,  # SUBSCRIBE SUBACK UNSUBSCRIBE UNSUBACK PING* DISCONNECT AUTH
+)  # fmt: skip
+
+
+def encode_remaining_length(n: int) -> bytes:
+    """The fixed header's Remaining Length varint; ValueError beyond 268,435,455."""
+    if 0 <= n < 128:
+        return _SMALL_LENGTHS[n]
+    return encode_varint(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+class PacketDecoder:
+    """Turns a byte stream from one connection into packets, keeping any partial tail.
+
+    ``protocol_version`` selects the dialect (3, 4 or 5). It is set from the level byte of each
+    CONNECT as soon as the name and level check out, so a server decoding a malformed v5
+    CONNECT already knows to answer in v5; a client-side decoder sets it by hand. After
+    :meth:`feed` raises, the connection is dead and the decoder must not be used again.
+    """
+
+    __slots__ = ("_buf", "max_packet_size", "protocol_version")
+
+    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+        self.max_packet_size = max_packet_size
+        self.protocol_version = 4
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Packet]:
+        """Consume ``data`` and return every packet it completes, oldest first.
+
+        Raises an :class:`MQTTProtocolError` for the first invalid packet, and
+        :class:`PacketTooLargeError` as soon as an oversized fixed header is readable, without
+        waiting for (or buffering) the body.
+        """
+        buf = self._buf
+        src: bytes | bytearray
+        if buf:
+            buf += data
+            src = buf
+        else:
+            src = data  # common case: no leftover, parse the caller's bytes in place
+        n = len(src)
+        pos = 0
+        packets: list[Packet] = []
+        mv = memoryview(src)
+        try:
+            while n - pos >= 2:
+                first = src[pos]
+                length = src[pos + 1]
+                if length < 0x80:
+                    body = pos + 2
+                else:
+                    header = _long_remaining_length(src, pos, n)
+                    if header is None:
+                        break
+                    length, body = header
+                end = body + length
+                if end - pos > self.max_packet_size:
+                    raise PacketTooLargeError(
+                        f"packet of {end - pos} bytes exceeds the maximum of {self.max_packet_size}"
+                    )
+                if end > n:
+                    break
+                ptype = first >> 4
+                flags = first & 0x0F
+                if ptype != 3 and flags != _FIXED_FLAGS[ptype]:
+                    _check_fixed_flags(ptype, flags, self.protocol_version)
+                packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
+                pos = end
+        except MQTTProtocolError:
+            mv.release()
+            self._buf = bytearray()  # the connection is dead; never leave an exported buffer
+            raise
+        mv.release()
+        if src is buf:
+            if pos:
+                del buf[:pos]
+        elif pos < n:
+            buf += data[pos:]
+        return packets
+
+
+def _long_remaining_length(src: bytes | bytearray, pos: int, n: int) -> tuple[int, int] | None:
+    """Remaining Length of 2-4 bytes at ``src[pos + 1:]``: (length, body offset), or None if
+    the header is still incomplete. A fifth continuation byte is Malformed (spec 1.5.5)."""
+    value = 0
+    shift = 0
+    i = pos + 1
+    while i < n:
+        byte = src[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return value, i
+        if i - pos > 4:
+            raise MalformedPacketError("remaining length longer than 4 bytes")
+        shift += 7
+    return None
+
+
+def _check_fixed_flags(ptype: int, flags: int, version: int) -> None:
+    if ptype == 0:
+        raise MalformedPacketError("reserved packet type 0")
+    # MQTT 3.1 let PUBREL, SUBSCRIBE and UNSUBSCRIBE be retried with the DUP bit set.
+    if version == 3 and flags == 0b1010 and _FIXED_FLAGS[ptype] == 0b0010:
+        return
+    raise MalformedPacketError(f"reserved flags 0b{flags:04b} invalid for {PacketType(ptype).name}")
+
+
+def _malformed_trailing(name: str) -> MalformedPacketError:
+    return MalformedPacketError(f"unexpected bytes after the end of {name}")
+
+
+def _packet_id(body: memoryview, pos: int, end: int, name: str) -> int:
+    if pos + 2 > end:
+        raise MalformedPacketError(f"{name} too short for a packet identifier")
+    packet_id = (body[pos] << 8) | body[pos + 1]
+    if not packet_id:
+        # Malformed in 3.1.1, Protocol Error in 5.0; PROTOCOL_ERROR for both keeps one rule.
+        raise MQTTProtocolError(_PROTOCOL_ERROR, f"{name} with packet identifier 0")
+    return packet_id
+
+
+def _check_topic_name(topic: str, what: str) -> None:
+    if "+" in topic or "#" in topic:
+        raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"{what} {topic!r} has a wildcard")
+
+
+def _decode_reserved(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    raise MalformedPacketError("reserved packet type 0")  # unreachable: caught by the flags check
+
+
+def _decode_connect(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    end = len(body)
+    name, pos = read_string(body, 0, end)
+    if pos >= end:
+        raise MalformedPacketError("CONNECT ends before the protocol level")
+    level = body[pos]
+    pos += 1
+    if name == "MQTT":
+        if level != 4 and level != 5:
+            raise UnsupportedProtocolVersionError(level)
+    elif name == "MQIsdp":
+        if level != 3:
+            raise UnsupportedProtocolVersionError(level)
+    else:
+        # 3.1.1 and 5.0 (3.1.2.1): an unknown name is not MQTT at all; the server just closes.
+        raise MalformedPacketError(f"unknown protocol name {name!r}")
+    dec.protocol_version = level
+    if pos + 3 > end:
+        raise MalformedPacketError("CONNECT ends inside its variable header")
+    cflags = body[pos]
+    keepalive = (body[pos + 1] << 8) | body[pos + 2]
+    pos += 3
+    if cflags & 0x01:
+        raise MalformedPacketError("CONNECT reserved flag is set")
+    will_flag = cflags & 0x04
+    will_qos = (cflags >> 3) & 0x03
+    will_retain = bool(cflags & 0x20)
+    if will_flag:
+        if will_qos == 3:
+            raise MalformedPacketError("CONNECT will QoS 3")
+    elif will_qos or will_retain:
+        raise MalformedPacketError("CONNECT will QoS/retain set without the will flag")
+    has_password = cflags & 0x40
+    has_username = cflags & 0x80
+    if has_password and not has_username and level < 5:
+        raise MalformedPacketError("CONNECT password flag without user name flag")
+    if level == 5:
+        props, pos = decode_properties(body, pos, PacketType.CONNECT)
+    else:
+        props = Properties()
+    client_id, pos = read_string(body, pos, end)
+    will = None
+    if will_flag:
+        if level == 5:
+            will_props, pos = decode_properties(body, pos, WILL_PROPERTIES)
+        else:
+            will_props = Properties()
+        will_topic, pos = read_string(body, pos, end)
+        if not will_topic:
+            raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, "empty will topic")
+        _check_topic_name(will_topic, "will topic")
+        will_payload, pos = read_binary(body, pos, end)
+        will = Will(will_topic, will_payload, will_qos, will_retain, will_props)
+    username = None
+    password = None
+    if has_username:
+        username, pos = read_string(body, pos, end)
+    if has_password:
+        password, pos = read_binary(body, pos, end)
+    if pos != end:
+        raise _malformed_trailing("CONNECT")
+    return Connect(
+        client_id,
+        level,
+        name,
+        bool(cflags & 0x02),
+        keepalive,
+        will,
+        username,
+        password,
+        props,
+    )
+
+
+def _decode_connack(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    end = len(body)
+    if end < 2:
+        raise MalformedPacketError("CONNACK too short")
+    version = dec.protocol_version
+    ack_flags = body[0]
+    if version == 3:
+        session_present = False  # 3.1: the first byte is unused
+    else:
+        if ack_flags & 0xFE:
+            raise MalformedPacketError("CONNACK reserved acknowledge flags set")
+        session_present = bool(ack_flags)
+    pos = 2
+    # A v5 client may meet a 3.1.1 server refusing it with a 2-byte CONNACK; accept that.
+    if version == 5 and end > 2:
+        props, pos = decode_properties(body, 2, PacketType.CONNACK)
+    else:
+        props = Properties()
+    if pos != end:
+        raise _malformed_trailing("CONNACK")
+    return ConnAck(session_present, body[1], props)
+
+
+def _decode_publish(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise MalformedPacketError("PUBLISH with QoS 3")
+    dup = bool(flags & 0x08)
+    version = dec.protocol_version
+    if dup and not qos and version != 3:
+        raise MalformedPacketError("PUBLISH with DUP set at QoS 0 (MQTT-3.3.1-2)")
+    end = len(body)
+    if end < 2:
+        raise MalformedPacketError("PUBLISH too short for a topic")
+    pos = 2 + ((body[0] << 8) | body[1])
+    if pos > end:
+        raise MalformedPacketError("PUBLISH topic runs past the end of the packet")
+    try:
+        topic = str(body[2:pos], "utf-8")
+    except UnicodeDecodeError:
+        raise MalformedPacketError("PUBLISH topic is not valid UTF-8") from None
+    if "\x00" in topic:
+        raise MalformedPacketError("PUBLISH topic contains U+0000")
+    if "+" in topic or "#" in topic:
+        raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"topic {topic!r} has a wildcard")
+    packet_id = None
+    if qos:
+        if pos + 2 > end:
+            raise MalformedPacketError("PUBLISH too short for a packet identifier")
+        packet_id = (body[pos] << 8) | body[pos + 1]
+        if not packet_id:
+            raise MQTTProtocolError(_PROTOCOL_ERROR, "PUBLISH with packet identifier 0")
+        pos += 2
+    if version == 5:
+        if pos < end and not body[pos]:
+            props = Properties()
+            pos += 1
+        else:
+            props, pos = decode_properties(body, pos, PacketType.PUBLISH)
+        if not topic and props.topic_alias is None:
+            raise MQTTProtocolError(_PROTOCOL_ERROR, "PUBLISH with empty topic and no alias")
+    else:
+        if not topic:
+            raise MalformedPacketError("PUBLISH with empty topic")
+        props = Properties()
+    return Publish(topic, bytes(body[pos:]), qos, bool(flags & 0x01), dup, packet_id, props)
+
+
+def _ack_decoder(
+    cls: type[PubAck] | type[PubRec] | type[PubRel] | type[PubComp],
+) -> Callable[[PacketDecoder, int, memoryview], Packet]:
+    ptype = cls.packet_type
+    name = ptype.name
+
+    def decode(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+        end = len(body)
+        packet_id = _packet_id(body, 0, end, name)
+        if end == 2:
+            return cls(packet_id)
+        if dec.protocol_version != 5:
+            raise _malformed_trailing(name)
+        # 5.0: remaining length 3 carries a reason code only; 4+ adds properties.
+        if end == 3:
+            return cls(packet_id, body[2])
+        props, pos = decode_properties(body, 3, ptype)
+        if pos != end:
+            raise _malformed_trailing(name)
+        return cls(packet_id, body[2], props)
+
+    return decode
+
+
+def _decode_subscribe(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    end = len(body)
+    packet_id = _packet_id(body, 0, end, "SUBSCRIBE")
+    v5 = dec.protocol_version == 5
+    if v5:
+        props, pos = decode_properties(body, 2, PacketType.SUBSCRIBE)
+    else:
+        props, pos = Properties(), 2
+    subscriptions = []
+    while pos < end:
+        topic_filter, pos = read_string(body, pos, end)
+        if pos >= end:
+            raise MalformedPacketError("SUBSCRIBE topic filter without subscription options")
+        options = body[pos]
+        pos += 1
+        qos = options & 0x03
+        if v5:
+            if options & 0xC0:
+                raise MalformedPacketError("SUBSCRIBE reserved option bits set (MQTT-3.8.3-5)")
+            if qos == 3:
+                raise MQTTProtocolError(_PROTOCOL_ERROR, "SUBSCRIBE maximum QoS 3")
+            retain_handling = (options >> 4) & 0x03
+            if retain_handling == 3:
+                raise MQTTProtocolError(_PROTOCOL_ERROR, "SUBSCRIBE retain handling 3")
+            subscriptions.append(
+                SubscriptionRequest(
+                    topic_filter, qos, bool(options & 0x04), bool(options & 0x08), retain_handling
+                )
+            )
+        else:
+            if options & 0xFC or qos == 3:
+                raise MalformedPacketError(f"SUBSCRIBE invalid requested QoS byte 0x{options:02X}")
+            subscriptions.append(SubscriptionRequest(topic_filter, qos))
+    if not subscriptions:
+        raise MQTTProtocolError(_PROTOCOL_ERROR, "SUBSCRIBE without topic filters")
+    return Subscribe(packet_id, subscriptions, props)
+
+
+def _decode_suback(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    end = len(body)
+    packet_id = _packet_id(body, 0, end, "SUBACK")
+    if dec.protocol_version == 5:
+        props, pos = decode_properties(body, 2, PacketType.SUBACK)
+    else:
+        props, pos = Properties(), 2
+    if pos >= end:
+        raise MQTTProtocolError(_PROTOCOL_ERROR, "SUBACK without reason codes")
+    return SubAck(packet_id, list(body[pos:]), props)
+
+
+def _decode_unsubscribe(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    end = len(body)
+    packet_id = _packet_id(body, 0, end, "UNSUBSCRIBE")
+    if dec.protocol_version == 5:
+        props, pos = decode_properties(body, 2, PacketType.UNSUBSCRIBE)
+    else:
+        props, pos = Properties(), 2
+    topic_filters = []
+    while pos < end:
+        topic_filter, pos = read_string(body, pos, end)
+        topic_filters.append(topic_filter)
+    if not topic_filters:
+        raise MQTTProtocolError(_PROTOCOL_ERROR, "UNSUBSCRIBE without topic filters")
+    return Unsubscribe(packet_id, topic_filters, props)
+
+
+def _decode_unsuback(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    end = len(body)
+    packet_id = _packet_id(body, 0, end, "UNSUBACK")
+    if dec.protocol_version != 5:
+        if end != 2:
+            raise _malformed_trailing("UNSUBACK")
+        return UnsubAck(packet_id)
+    props, pos = decode_properties(body, 2, PacketType.UNSUBACK)
+    if pos >= end:
+        raise MQTTProtocolError(_PROTOCOL_ERROR, "UNSUBACK without reason codes")
+    return UnsubAck(packet_id, list(body[pos:]), props)
+
+
+def _decode_pingreq(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    if len(body):
+        raise _malformed_trailing("PINGREQ")
+    return PingReq()
+
+
+def _decode_pingresp(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    if len(body):
+        raise _malformed_trailing("PINGRESP")
+    return PingResp()
+
+
+def _decode_disconnect(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    end = len(body)
+    if not end:
+        return Disconnect()
+    if dec.protocol_version != 5:
+        raise _malformed_trailing("DISCONNECT")
+    if end == 1:
+        return Disconnect(body[0])
+    props, pos = decode_properties(body, 1, PacketType.DISCONNECT)
+    if pos != end:
+        raise _malformed_trailing("DISCONNECT")
+    return Disconnect(body[0], props)
+
+
+def _decode_auth(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    if dec.protocol_version != 5:
+        raise MalformedPacketError("AUTH before MQTT 5")
+    end = len(body)
+    if not end:
+        return Auth()
+    if end == 1:
+        return Auth(body[0])
+    props, pos = decode_properties(body, 1, PacketType.AUTH)
+    if pos != end:
+        raise _malformed_trailing("AUTH")
+    return Auth(body[0], props)
+
+
+_DECODERS: Final[tuple[Callable[[PacketDecoder, int, memoryview], Packet], ...]] = (
+    _decode_reserved,
+    _decode_connect,
+    _decode_connack,
+    _decode_publish,
+    _ack_decoder(PubAck),
+    _ack_decoder(PubRec),
+    _ack_decoder(PubRel),
+    _ack_decoder(PubComp),
+    _decode_subscribe,
+    _decode_suback,
+    _decode_unsubscribe,
+    _decode_unsuback,
+    _decode_pingreq,
+    _decode_pingresp,
+    _decode_disconnect,
+    _decode_auth,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding. The encoder trusts its caller (our own broker) and validates only what would
+# otherwise produce bytes that do not mean what the packet says; it raises ValueError for that.
+
+
+def _frame(first: int, body: bytes) -> bytes:
+    return bytes((first,)) + encode_remaining_length(len(body)) + body
+
+
+def encode_publish(
+    topic: bytes,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    dup: bool,
+    packet_id: int | None,
+    properties: bytes | None,
+) -> bytes:
+    """Encode a PUBLISH from pre-encoded parts: the broker's fan-out hot path.
+
+    ``topic`` is the UTF-8 topic, ``properties`` a block from :func:`encode_properties` for a
+    5.0 receiver or None for 3.x (no property block at all).
+    """
+    first = 0x30 | (qos << 1)
+    if retain:
+        first |= 0x01
+    if dup:
+        first |= 0x08
+    topic_len = len(topic)
+    if topic_len > 0xFFFF:
+        raise ValueError("topic longer than 65,535 bytes")
+    if qos:
+        if packet_id is None:
+            raise ValueError(f"QoS {qos} PUBLISH needs a packet identifier")
+        head = bytes((topic_len >> 8, topic_len & 0xFF)) + topic + packet_id.to_bytes(2, "big")
+    else:
+        head = bytes((topic_len >> 8, topic_len & 0xFF)) + topic
+    if properties is not None:
+        head += properties
+    remaining = len(head) + len(payload)
+    if remaining < 128:
+        return bytes((first, remaining)) + head + payload
+    return b"".join((bytes((first,)), encode_varint(remaining), head, payload))
+
+
+def _encode_connect(p: Connect, version: int) -> bytes:
+    # The CONNECT chooses the dialect, so its own protocol_version wins over the argument.
+    level = p.protocol_version
+    v5 = level == 5
+    cflags = 0x02 if p.clean_start else 0
+    will = p.will
+    if will is not None:
+        cflags |= 0x04 | (will.qos << 3)
+        if will.retain:
+            cflags |= 0x20
+    if p.password is not None:
+        cflags |= 0x40
+    if p.username is not None:
+        cflags |= 0x80
+    parts = [
+        encode_string(p.protocol_name),
+        bytes((level, cflags)),
+        p.keepalive.to_bytes(2, "big"),
+    ]
+    if v5:
+        parts.append(encode_properties(p.properties, PacketType.CONNECT))
+    parts.append(encode_string(p.client_id))
+    if will is not None:
+        if v5:
+            parts.append(encode_properties(will.properties, WILL_PROPERTIES))
+        parts.append(encode_string(will.topic))
+        parts.append(encode_binary(will.payload))
+    if p.username is not None:
+        parts.append(encode_string(p.username))
+    if p.password is not None:
+        parts.append(encode_binary(p.password))
+    return _frame(0x10, b"".join(parts))
+
+
+def _encode_connack(p: ConnAck, version: int) -> bytes:
+    if version == 5:
+        body = bytes((1 if p.session_present else 0, p.reason_code))
+        return _frame(0x20, body + encode_properties(p.properties, PacketType.CONNACK))
+    ack_flags = 1 if p.session_present and version != 3 else 0
+    return bytes((0x20, 2, ack_flags, p.reason_code))
+
+
+def _encode_publish(p: Publish, version: int) -> bytes:
+    return encode_publish(
+        p.topic.encode("utf-8"),
+        p.payload,
+        p.qos,
+        p.retain,
+        p.dup,
+        p.packet_id,
+        encode_properties(p.properties, PacketType.PUBLISH) if version == 5 else None,
+    )
+
+
+def _encode_ack(p: PubAck | PubRec | PubRel | PubComp, version: int) -> bytes:
+    first = (p.packet_type << 4) | _ACK_FLAGS[p.packet_type]
+    pid = p.packet_id
+    if version == 5:
+        props = encode_properties(p.properties, p.packet_type)
+        if props != b"\x00":
+            return bytes((first, 3 + len(props), pid >> 8, pid & 0xFF, p.reason_code)) + props
+        if p.reason_code:
+            return bytes((first, 3, pid >> 8, pid & 0xFF, p.reason_code))
+    return bytes((first, 2, pid >> 8, pid & 0xFF))
+
+
+_ACK_FLAGS: Final = {
+    PacketType.PUBACK: 0,
+    PacketType.PUBREC: 0,
+    PacketType.PUBREL: 0b0010,
+    PacketType.PUBCOMP: 0,
+}
+
+
+def _encode_subscribe(p: Subscribe, version: int) -> bytes:
+    parts = [p.packet_id.to_bytes(2, "big")]
+    v5 = version == 5
+    if v5:
+        parts.append(encode_properties(p.properties, PacketType.SUBSCRIBE))
+    for sub in p.subscriptions:
+        parts.append(encode_string(sub.topic_filter))
+        options = sub.qos
+        if v5:
+            options |= sub.retain_handling << 4
+            if sub.no_local:
+                options |= 0x04
+            if sub.retain_as_published:
+                options |= 0x08
+        parts.append(bytes((options,)))
+    return _frame(0x82, b"".join(parts))
+
+
+def _encode_suback(p: SubAck, version: int) -> bytes:
+    body = p.packet_id.to_bytes(2, "big")
+    if version == 5:
+        body += encode_properties(p.properties, PacketType.SUBACK)
+    return _frame(0x90, body + bytes(p.reason_codes))
+
+
+def _encode_unsubscribe(p: Unsubscribe, version: int) -> bytes:
+    parts = [p.packet_id.to_bytes(2, "big")]
+    if version == 5:
+        parts.append(encode_properties(p.properties, PacketType.UNSUBSCRIBE))
+    parts.extend(encode_string(f) for f in p.topic_filters)
+    return _frame(0xA2, b"".join(parts))
+
+
+def _encode_unsuback(p: UnsubAck, version: int) -> bytes:
+    pid = p.packet_id
+    if version != 5:
+        return bytes((0xB0, 2, pid >> 8, pid & 0xFF))
+    props = encode_properties(p.properties, PacketType.UNSUBACK)
+    return _frame(0xB0, bytes((pid >> 8, pid & 0xFF)) + props + bytes(p.reason_codes))
+
+
+def _encode_pingreq(p: PingReq, version: int) -> bytes:
+    return PINGREQ_PACKET
+
+
+def _encode_pingresp(p: PingResp, version: int) -> bytes:
+    return PINGRESP_PACKET
+
+
+def _encode_reason_only(first: int, reason_code: int, properties: Properties) -> bytes:
+    """DISCONNECT / AUTH in 5.0: omit what the spec lets us omit (reason 0, no properties)."""
+    props = encode_properties(properties, first >> 4)
+    if props != b"\x00":
+        return _frame(first, bytes((reason_code,)) + props)
+    if reason_code:
+        return bytes((first, 1, reason_code))
+    return bytes((first, 0))
+
+
+def _encode_disconnect(p: Disconnect, version: int) -> bytes:
+    if version != 5:
+        return DISCONNECT_PACKET
+    return _encode_reason_only(0xE0, p.reason_code, p.properties)
+
+
+def _encode_auth(p: Auth, version: int) -> bytes:
+    if version != 5:
+        raise ValueError("AUTH exists only in MQTT 5")
+    return _encode_reason_only(0xF0, p.reason_code, p.properties)
+
+
+_ENCODERS: Final[dict[type, Callable[[Any, int], bytes]]] = {
+    Connect: _encode_connect,
+    ConnAck: _encode_connack,
+    Publish: _encode_publish,
+    PubAck: _encode_ack,
+    PubRec: _encode_ack,
+    PubRel: _encode_ack,
+    PubComp: _encode_ack,
+    Subscribe: _encode_subscribe,
+    SubAck: _encode_suback,
+    Unsubscribe: _encode_unsubscribe,
+    UnsubAck: _encode_unsuback,
+    PingReq: _encode_pingreq,
+    PingResp: _encode_pingresp,
+    Disconnect: _encode_disconnect,
+    Auth: _encode_auth,
+}
+
+
+def encode(packet: Packet, protocol_version: int = 4) -> bytes:
+    """Encode ``packet`` for a peer speaking ``protocol_version`` (3, 4 or 5).
+
+    Fields the dialect cannot carry (properties before 5.0, v5 subscription options) are
+    dropped. A Connect is always encoded at its own ``protocol_version``.
+    """
+    return _ENCODERS[type(packet)](packet, protocol_version)

@@ -1,0 +1,624 @@
+"""One MQTT client connection: turns decoded packets into broker calls and broker deliveries
+into packets.
+
+It never touches a socket: bytes go out through the :class:`Transport` it is given, and the
+asyncio shell in :mod:`kittiwake.mqtt.server` feeds it decoded packets. No delivery rule lives
+here: who gets what, at which QoS, is the broker's business.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.sessions import NEVER_EXPIRES, Session
+from kittiwake.broker.topics import TopicError, parse_shared, validate_topic_name
+from kittiwake.mqtt.codec import encode, encode_publish
+from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError
+from kittiwake.mqtt.packets import (
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PingReq,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+)
+from kittiwake.mqtt.properties import Properties, encode_properties
+from kittiwake.mqtt.reason_codes import SUBACK_FAILURE_V3, ConnectReturnCode, ReasonCode
+
+log = logging.getLogger(__name__)
+
+PINGRESP = b"\xd0\x00"
+_PUBLISH = 3
+_REFUSAL_REASON = {
+    SubscribeRefusal.INVALID_FILTER: ReasonCode.TOPIC_FILTER_INVALID,
+    SubscribeRefusal.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
+    SubscribeRefusal.QUOTA_EXCEEDED: ReasonCode.QUOTA_EXCEEDED,
+}
+
+
+class Transport(Protocol):
+    """The byte pipe under a connection; writes are coalesced by the implementation."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def write_backlog(self) -> int:
+        """Bytes written but not yet sent; QoS 0 messages are dropped above a limit."""
+
+
+class MQTTConnection:
+    """The protocol state machine of one connection (awaiting CONNECT → connected → closed)."""
+
+    def __init__(self, broker: Broker, transport: Transport, peer: str = "?") -> None:
+        self.broker = broker
+        self.transport = transport
+        self.peer = peer
+        self.session: Session | None = None
+        self.protocol_version = 4
+        self.client_id = ""
+        self.keepalive = 0
+        self.last_received = broker.clock.now()
+        self.closed = False
+        # A CONNECT was decoded, so a v5 client can be answered with a CONNACK reason code.
+        self._connect_seen = False
+        limits = broker.config.limits
+        # Peer limits (v5 CONNECT properties); defaults are the protocol's.
+        self.peer_max_packet_size = 268_435_460
+        self.peer_topic_alias_maximum = 0
+        self._outgoing_aliases: dict[str, int] = {}
+        self._incoming_aliases: dict[int, str] = {}
+        self._problem_information = True
+        # QoS 1 publications whose PUBACK awaits a store commit; with incoming_qos2 they make
+        # up the client's use of our Receive Maximum.
+        self._awaiting_commit = 0
+        self._receive_maximum = limits.receive_maximum
+        self._max_backlog = limits.max_queued_bytes
+
+    # -- input ----------------------------------------------------------------------------
+
+    def handle(self, packet: Packet) -> None:
+        """Act on one decoded packet; protocol breaches raise MQTTProtocolError."""
+        self.last_received = self.broker.clock.now()
+        if self.session is None:
+            if isinstance(packet, Connect):
+                self._on_connect(packet)
+                return
+            raise MQTTProtocolError(ReasonCode.PROTOCOL_ERROR, "the first packet must be CONNECT")
+        handler = self._handlers.get(type(packet))
+        if handler is None:
+            raise MQTTProtocolError(
+                ReasonCode.PROTOCOL_ERROR, f"a client may not send {type(packet).__name__}"
+            )
+        handler(self, packet)
+
+    def protocol_error(self, error: MQTTProtocolError) -> None:
+        """The peer broke the protocol: answer as its version says, then close."""
+        log.info("client %s (%s): protocol error: %s", self.client_id or "-", self.peer, error)
+        if self.closed:
+            return
+        if self.session is None:
+            if isinstance(error, UnsupportedProtocolVersionError):
+                if error.protocol_version == 5:
+                    self._send(ConnAck(False, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION), 5)
+                else:
+                    self._send(ConnAck(False, ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
+            elif self.protocol_version == 5 and self._connect_seen:
+                self._send(ConnAck(False, error.reason_code), 5)
+        elif self.protocol_version == 5:
+            self._disconnect_with(error.reason_code, str(error))
+        self._close(publish_will=True)
+
+    def connection_lost(self) -> None:
+        """The socket is gone; an unannounced loss publishes the will."""
+        if not self.closed:
+            self._close(publish_will=True)
+
+    def keepalive_expired(self, now: float) -> bool:
+        """True when the client has been silent for 1.5x its keepalive (MQTT-3.1.2-24)."""
+        return self.keepalive > 0 and now - self.last_received > 1.5 * self.keepalive
+
+    def close_for_keepalive(self) -> None:
+        log.info("client %s (%s): keepalive timeout", self.client_id, self.peer)
+        if self.protocol_version == 5:
+            self._disconnect_with(ReasonCode.KEEP_ALIVE_TIMEOUT)
+        self._close(publish_will=True)
+
+    def shutdown(self) -> None:
+        """The broker is stopping: tell v5 clients why, keep wills (not the client's fault)."""
+        if self.closed:
+            return
+        if self.protocol_version == 5 and self.session is not None:
+            self._disconnect_with(ReasonCode.SERVER_SHUTTING_DOWN)
+        self._close(publish_will=False)
+
+    # -- CONNECT --------------------------------------------------------------------------
+
+    def _on_connect(self, packet: Connect) -> None:
+        self._connect_seen = True
+        self.protocol_version = version = packet.protocol_version
+        props = packet.properties
+        broker = self.broker
+        config = broker.config
+        client_id = packet.client_id
+        assigned: str | None = None
+        if not client_id:
+            if version < 5 and not packet.clean_start:
+                # 3.1.1 [MQTT-3.1.3-8]: an empty id needs clean session = 1.
+                return self._refuse(ConnectReturnCode.IDENTIFIER_REJECTED, "empty client id")
+            client_id = assigned = broker.assign_client_id()
+        if props.authentication_method is not None:
+            return self._refuse(
+                ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported"
+            )
+        if not config.auth.allow_anonymous and packet.username is None:
+            return self._refuse(
+                ReasonCode.NOT_AUTHORIZED if version == 5 else ConnectReturnCode.NOT_AUTHORIZED,
+                "anonymous clients are not allowed",
+            )
+        max_keepalive = config.sessions.max_keepalive
+        keepalive = packet.keepalive
+        server_keepalive: int | None = None
+        if max_keepalive and (keepalive == 0 or keepalive > max_keepalive):
+            if version == 5:
+                keepalive = server_keepalive = max_keepalive
+            elif keepalive > max_keepalive:
+                # 3.1.1 has no way to tell a client its keepalive changed (as mosquitto does).
+                return self._refuse(
+                    ConnectReturnCode.IDENTIFIER_REJECTED,
+                    f"keepalive {keepalive}s exceeds max_keepalive {max_keepalive}s",
+                )
+        if packet.will is not None:
+            try:
+                validate_topic_name(packet.will.topic)
+            except TopicError as exc:
+                raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
+            if not broker.authorizer.may_publish(packet.will.topic):
+                return self._refuse(
+                    ReasonCode.NOT_AUTHORIZED if version == 5 else ConnectReturnCode.NOT_AUTHORIZED,
+                    f"will topic {packet.will.topic!r} not allowed",
+                )
+        requested_expiry: int | None = None
+        if version == 5:
+            expiry = props.session_expiry_interval or 0
+            cap = config.sessions.max_session_expiry
+            if expiry > cap:
+                requested_expiry = expiry = cap
+            if props.receive_maximum is not None:
+                window = props.receive_maximum
+            else:
+                window = 65535
+            if props.maximum_packet_size is not None:
+                self.peer_max_packet_size = props.maximum_packet_size
+            self.peer_topic_alias_maximum = props.topic_alias_maximum or 0
+            if props.request_problem_information == 0:
+                self._problem_information = False
+        else:
+            expiry = 0 if packet.clean_start else (
+                config.sessions.persistent_session_expiry_v3 or NEVER_EXPIRES
+            )
+            window = config.limits.max_inflight
+        will_message, will_delay, will_expiry = self._will_message(packet)
+        self.client_id = client_id
+        self.keepalive = keepalive
+        session, present = broker.connect(
+            client_id,
+            self,
+            clean_start=packet.clean_start,
+            expiry_interval=expiry,
+            window=window,
+            will=will_message,
+            will_delay=will_delay,
+            will_expiry=will_expiry,
+        )
+        self.session = session
+        log.info(
+            "client %s connected from %s (MQTT %s, clean=%s, keepalive=%ss, present=%s)",
+            client_id, self.peer, {3: "3.1", 4: "3.1.1", 5: "5.0"}[version],
+            packet.clean_start, keepalive, present,
+        )
+        ack_props = Properties()
+        if version == 5:
+            limits = config.limits
+            ack_props.receive_maximum = limits.receive_maximum
+            ack_props.topic_alias_maximum = limits.topic_alias_maximum
+            ack_props.maximum_packet_size = limits.max_packet_size
+            ack_props.assigned_client_identifier = assigned
+            ack_props.server_keep_alive = server_keepalive
+            ack_props.session_expiry_interval = requested_expiry
+            if props.request_response_information == 1:
+                ack_props.response_information = f"response/{client_id}"
+        self._send(ConnAck(present, 0, ack_props), version)
+        broker.start_delivery(session)
+
+    def _will_message(self, packet: Connect) -> tuple[Message | None, int, int | None]:
+        """The will as a core message, its delay and its expiry interval (counted from when
+        it is published, not from now)."""
+        will = packet.will
+        if will is None:
+            return None, 0, None
+        props = will.properties
+        message = Message(
+            topic=will.topic,
+            payload=will.payload,
+            qos=will.qos,
+            retain=will.retain,
+            persistent=will.qos > 0,
+            origin=packet.client_id or None,
+            user_properties=list(props.user_properties),
+            content_type=props.content_type,
+            response_topic=props.response_topic,
+            correlation_data=props.correlation_data,
+            payload_format_indicator=props.payload_format_indicator,
+        )
+        return message, props.will_delay_interval or 0, props.message_expiry_interval
+
+    def _refuse(self, code: int, why: str) -> None:
+        log.info("client %s refused: %s", self.peer, why)
+        code = int(code)
+        if self.protocol_version == 5 and code < 0x80:
+            code = {
+                ConnectReturnCode.IDENTIFIER_REJECTED: ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                ConnectReturnCode.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
+            }.get(ConnectReturnCode(code), ReasonCode.UNSPECIFIED_ERROR)
+        elif self.protocol_version < 5 and code >= 0x80:
+            code = {
+                ReasonCode.NOT_AUTHORIZED: ConnectReturnCode.NOT_AUTHORIZED,
+                ReasonCode.BAD_AUTHENTICATION_METHOD: ConnectReturnCode.NOT_AUTHORIZED,
+            }.get(ReasonCode(code), ConnectReturnCode.SERVER_UNAVAILABLE)
+        props = Properties()
+        if self.protocol_version == 5:
+            props.reason_string = why
+        self._send(ConnAck(False, code, props), self.protocol_version)
+        self._close(publish_will=False)
+
+    # -- PUBLISH from the client ----------------------------------------------------------
+
+    def _on_publish(self, packet: Publish) -> None:
+        session = self.session
+        assert session is not None
+        version = self.protocol_version
+        props = packet.properties
+        topic = packet.topic
+        if version == 5 and props.topic_alias is not None:
+            topic = self._resolve_alias(props.topic_alias, topic)
+        try:
+            validate_topic_name(topic, self.broker.config.limits.max_topic_levels)
+        except TopicError as exc:
+            raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
+        qos = packet.qos
+        packet_id = packet.packet_id or 0
+        if qos == 2 and packet_id in session.incoming_qos2:
+            # A resend of a publication we already own: exactly once means do not route again.
+            self._send(PubRec(packet_id), version)
+            return
+        if qos and version == 5 and (
+            self._awaiting_commit + len(session.incoming_qos2) >= self._receive_maximum
+        ):
+            raise MQTTProtocolError(
+                ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                f"more than {self._receive_maximum} unacknowledged QoS 1/2 publications",
+            )
+        if not self.broker.authorizer.may_publish(topic):
+            log.info("client %s: publish to %s not authorised", self.client_id, topic)
+            if qos == 1:
+                self._send(PubAck(packet_id, self._denied_code()), version)
+            elif qos == 2:
+                self._send(PubRec(packet_id, self._denied_code()), version)
+            return
+        message = Message(
+            topic=topic,
+            payload=packet.payload,
+            qos=qos,
+            retain=packet.retain,
+            persistent=qos > 0,
+            origin=self.client_id,
+        )
+        if version == 5:
+            self._copy_properties(props, message)
+        if qos == 2:
+            self.broker.begin_incoming_qos2(session, packet_id)
+        commit = self.broker.publish(message)
+        if qos == 0:
+            return
+        ack: Packet = PubAck(packet_id) if qos == 1 else PubRec(packet_id)
+        if commit is None:
+            self._send(ack, version)
+            return
+        self._awaiting_commit += 1
+
+        def acknowledge(_future: object) -> None:
+            self._awaiting_commit -= 1
+            if not self.closed:
+                self._send(ack, version)
+
+        commit.add_done_callback(acknowledge)
+
+    def _denied_code(self) -> int:
+        # 3.1.1 has no negative PUBACK: the publication is acknowledged and dropped.
+        return ReasonCode.NOT_AUTHORIZED if self.protocol_version == 5 else 0
+
+    def _copy_properties(self, props: Properties, message: Message) -> None:
+        if props.message_expiry_interval is not None:
+            interval = props.message_expiry_interval
+            cap = self.broker.config.sessions.max_message_expiry
+            if cap and interval > cap:
+                interval = cap
+            message.expiry = self.broker.clock.now() + interval
+        if props.user_properties:
+            message.user_properties = list(props.user_properties)
+        message.content_type = props.content_type
+        message.response_topic = props.response_topic
+        message.correlation_data = props.correlation_data
+        message.payload_format_indicator = props.payload_format_indicator
+
+    def _resolve_alias(self, alias: int, topic: str) -> str:
+        if alias == 0 or alias > self.broker.config.limits.topic_alias_maximum:
+            raise MQTTProtocolError(
+                ReasonCode.TOPIC_ALIAS_INVALID,
+                f"topic alias {alias} outside 1..{self.broker.config.limits.topic_alias_maximum}",
+            )
+        if topic:
+            self._incoming_aliases[alias] = topic
+            return topic
+        known = self._incoming_aliases.get(alias)
+        if known is None:
+            raise MQTTProtocolError(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} is not set")
+        return known
+
+    # -- acknowledgements from the client -------------------------------------------------
+
+    def _on_puback(self, packet: PubAck) -> None:
+        assert self.session is not None
+        self.broker.acknowledge(self.session, packet.packet_id)
+
+    def _on_pubrec(self, packet: PubRec) -> None:
+        session = self.session
+        assert session is not None
+        if packet.reason_code >= 0x80:
+            # v5: a failing PUBREC ends the exchange; no PUBREL follows.
+            self.broker.acknowledge(session, packet.packet_id)
+            return
+        if self.broker.received(session, packet.packet_id):
+            self._send(PubRel(packet.packet_id), self.protocol_version)
+        else:
+            code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if self.protocol_version == 5 else 0
+            self._send(PubRel(packet.packet_id, code), self.protocol_version)
+
+    def _on_pubrel(self, packet: PubRel) -> None:
+        session = self.session
+        assert session is not None
+        found = self.broker.release_incoming_qos2(session, packet.packet_id)
+        code = 0 if found or self.protocol_version < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        self._send(PubComp(packet.packet_id, code), self.protocol_version)
+
+    def _on_pubcomp(self, packet: PubComp) -> None:
+        assert self.session is not None
+        self.broker.acknowledge(self.session, packet.packet_id)
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------
+
+    def _on_subscribe(self, packet: Subscribe) -> None:
+        session = self.session
+        assert session is not None
+        version = self.protocol_version
+        subscription_id = None
+        if packet.properties.subscription_identifiers:
+            subscription_id = packet.properties.subscription_identifiers[0]
+        codes: list[int] = []
+        accepted = []
+        for request in packet.subscriptions:
+            try:
+                group, _ = parse_shared(request.topic_filter)
+            except TopicError:
+                group = None
+            if group is not None and request.no_local and version == 5:
+                raise MQTTProtocolError(
+                    ReasonCode.PROTOCOL_ERROR, "No Local is not allowed on a shared subscription"
+                )
+            options = SubscriptionOptions(
+                max_qos=request.qos,
+                no_local=request.no_local if version == 5 else False,
+                retain_as_published=request.retain_as_published if version == 5 else False,
+                retain_handling=request.retain_handling if version == 5 else 0,
+                subscription_id=subscription_id,
+            )
+            outcome = self.broker.subscribe(session, request.topic_filter, options)
+            if isinstance(outcome, SubscribeRefusal):
+                log.info(
+                    "client %s: subscription to %r refused: %s",
+                    self.client_id, request.topic_filter, outcome.value,
+                )
+                codes.append(_REFUSAL_REASON[outcome] if version == 5 else SUBACK_FAILURE_V3)
+            else:
+                codes.append(outcome.granted_qos)
+                accepted.append(outcome)
+        self._send(SubAck(packet.packet_id, codes), version)
+        for subscribed in accepted:
+            self.broker.send_retained(subscribed)
+
+    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        codes = []
+        for topic_filter in packet.topic_filters:
+            found = self.broker.unsubscribe(session, topic_filter)
+            codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+        if self.protocol_version < 5:
+            codes = []
+        self._send(UnsubAck(packet.packet_id, codes), self.protocol_version)
+
+    # -- the rest -------------------------------------------------------------------------
+
+    def _on_pingreq(self, packet: PingReq) -> None:
+        self.transport.write(PINGRESP)
+
+    def _on_disconnect(self, packet: Disconnect) -> None:
+        session = self.session
+        assert session is not None
+        if self.protocol_version == 5:
+            expiry = packet.properties.session_expiry_interval
+            if expiry is not None:
+                if session.expiry_interval == 0 and expiry != 0:
+                    # MQTT-3.14.2-2: a session that was to end may not be revived here.
+                    raise MQTTProtocolError(
+                        ReasonCode.PROTOCOL_ERROR,
+                        "DISCONNECT may not set a session expiry when CONNECT had none",
+                    )
+                expiry = min(expiry, self.broker.config.sessions.max_session_expiry)
+                self.broker.set_session_expiry(session, expiry)
+        publish_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
+        log.info("client %s disconnected (reason 0x%02x)", self.client_id, packet.reason_code)
+        self._close(publish_will=publish_will)
+
+    def _on_auth(self, packet: Auth) -> None:
+        raise MQTTProtocolError(ReasonCode.PROTOCOL_ERROR, "AUTH without enhanced authentication")
+
+    def _on_connect_again(self, packet: Connect) -> None:
+        raise MQTTProtocolError(ReasonCode.PROTOCOL_ERROR, "a second CONNECT on one connection")
+
+    _handlers = {
+        Publish: _on_publish,
+        PubAck: _on_puback,
+        PubRec: _on_pubrec,
+        PubRel: _on_pubrel,
+        PubComp: _on_pubcomp,
+        Subscribe: _on_subscribe,
+        Unsubscribe: _on_unsubscribe,
+        PingReq: _on_pingreq,
+        Disconnect: _on_disconnect,
+        Auth: _on_auth,
+        Connect: _on_connect_again,
+    }
+
+    # -- SessionConsumer: deliveries from the broker --------------------------------------
+
+    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
+        if self.closed:
+            return
+        qos = entry.qos
+        if qos == 0 and self.transport.write_backlog() > self._max_backlog:
+            self.broker.stats.messages_dropped += 1
+            return  # a subscriber that cannot keep up loses QoS 0, never memory
+        message = entry.message
+        if self.protocol_version == 5:
+            data = self._encode_v5(delivery_id, entry, resend)
+        else:
+            key = (qos, entry.retain)
+            cache = message.encoded
+            if qos == 0 and cache is not None and key in cache:
+                data = cache[key]
+            else:
+                data = encode_publish(
+                    message.topic.encode(), message.payload, qos, entry.retain, resend,
+                    delivery_id or None, None,
+                )
+                if qos == 0:
+                    if cache is None:
+                        message.encoded = cache = {}
+                    cache[key] = data
+        if len(data) > self.peer_max_packet_size:
+            # MQTT-3.1.2-25: never send more than the client accepts; the message is dropped.
+            log.info("client %s: message on %s exceeds its maximum packet size; dropped",
+                     self.client_id, message.topic)
+            self.broker.stats.messages_dropped += 1
+            if delivery_id and self.session is not None:
+                _schedule_acknowledge(self, self.session, delivery_id)
+            return
+        self.transport.write(data)
+
+    def _encode_v5(self, delivery_id: int, entry: QueuedMessage, resend: bool) -> bytes:
+        message = entry.message
+        props = Properties()
+        remaining = message.remaining_expiry(self.broker.clock.now())
+        if remaining is not None:
+            props.message_expiry_interval = remaining
+        props.payload_format_indicator = message.payload_format_indicator
+        props.content_type = message.content_type
+        props.response_topic = message.response_topic
+        props.correlation_data = message.correlation_data
+        if message.user_properties:
+            props.user_properties = message.user_properties
+        if entry.subscription_ids:
+            props.subscription_identifiers = list(entry.subscription_ids)
+        topic = message.topic
+        topic_bytes = topic.encode()
+        if self.peer_topic_alias_maximum:
+            alias = self._outgoing_aliases.get(topic)
+            if alias is not None:
+                props.topic_alias = alias
+                topic_bytes = b""
+            elif len(self._outgoing_aliases) < self.peer_topic_alias_maximum:
+                alias = len(self._outgoing_aliases) + 1
+                self._outgoing_aliases[topic] = alias
+                props.topic_alias = alias
+        return encode_publish(
+            topic_bytes, message.payload, entry.qos, entry.retain, resend, delivery_id or None,
+            encode_properties(props, _PUBLISH),
+        )
+
+    def release(self, delivery_id: int) -> None:
+        if not self.closed:
+            self._send(PubRel(delivery_id), self.protocol_version)
+
+    def taken_over(self) -> None:
+        """The broker moved our session to a newer connection: leave it alone and go."""
+        if self.closed:
+            return
+        self.session = None
+        if self.protocol_version == 5:
+            self._disconnect_with(ReasonCode.SESSION_TAKEN_OVER)
+        self.closed = True
+        self.transport.close()
+
+    # -- output helpers -------------------------------------------------------------------
+
+    def _send(self, packet: Packet, version: int) -> None:
+        if version == 5 and not self._problem_information and not isinstance(
+            packet, (ConnAck, Disconnect, Publish)
+        ):
+            props = getattr(packet, "properties", None)
+            if props is not None and (props.reason_string or props.user_properties):
+                props.reason_string = None
+                props.user_properties = []
+        self.transport.write(encode(packet, version))
+
+    def _disconnect_with(self, reason: int, why: str = "") -> None:
+        props = Properties(reason_string=why or None)
+        self._send(Disconnect(reason, props), 5)
+
+    def _close(self, *, publish_will: bool) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        session = self.session
+        if session is not None:
+            self.broker.disconnect(session, publish_will=publish_will)
+        self.transport.close()
+
+
+def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery_id: int) -> None:
+    """Complete a dropped delivery on the next loop turn, so a long run of oversized messages
+    cannot recurse through pump → deliver → acknowledge."""
+    import asyncio
+
+    def complete() -> None:
+        connection.broker.acknowledge(session, delivery_id)
+
+    try:
+        asyncio.get_running_loop().call_soon(complete)
+    except RuntimeError:  # no loop (unit tests): complete at once
+        complete()

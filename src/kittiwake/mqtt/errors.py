@@ -1,0 +1,61 @@
+"""The exceptions the MQTT codec raises when a peer's bytes break the protocol.
+
+Each carries the reason code the server answers with; raising one never closes anything itself.
+"""
+
+from __future__ import annotations
+
+from kittiwake.mqtt.reason_codes import ReasonCode
+
+
+class MQTTProtocolError(Exception):
+    """The peer broke the protocol; the connection must end.
+
+    ``reason_code`` is what a v5 server puts in its CONNACK or DISCONNECT before closing (a
+    3.1/3.1.1 server just closes); ``str(e)`` is a message for the log.
+    """
+
+    reason_code: ReasonCode
+
+    def __init__(self, reason_code: int, message: str = "") -> None:
+        self.reason_code = ReasonCode(reason_code)
+        super().__init__(message or self.reason_code.name)
+
+    @property
+    def message(self) -> str:
+        """The human-readable text, the same as ``str(self)``."""
+        return str(self)
+
+
+class MalformedPacketError(MQTTProtocolError):
+    """The bytes cannot be parsed as the packet they claim to be (reason 0x81)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(ReasonCode.MALFORMED_PACKET, message)
+
+
+class PacketTooLargeError(MQTTProtocolError):
+    """The fixed header declares more bytes than the receiver accepts (reason 0x95).
+
+    Raised before the body arrives, so a peer cannot make us buffer a huge packet.
+    """
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(ReasonCode.PACKET_TOO_LARGE, message)
+
+
+class UnsupportedProtocolVersionError(MQTTProtocolError):
+    """A CONNECT asked for a protocol level we do not speak (reason 0x84).
+
+    ``protocol_version`` is the level byte received, so the server can answer a 3.x-looking
+    client with the 3.1.1 CONNACK return code 0x01 and a v5 one with reason code 0x84.
+    """
+
+    protocol_version: int
+
+    def __init__(self, protocol_version: int, message: str = "") -> None:
+        self.protocol_version = protocol_version
+        super().__init__(
+            ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+            message or f"unsupported protocol level {protocol_version}",
+        )

@@ -1,0 +1,165 @@
+"""The asyncio shell around :class:`MQTTConnection`: bytes in, bytes out, nothing else.
+
+Every complete packet of a read is decoded at once, and writes are coalesced: one socket write
+per connection per loop turn, however many messages a turn produced for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kittiwake.broker.broker import Broker
+from kittiwake.mqtt.codec import PacketDecoder
+from kittiwake.mqtt.connection import MQTTConnection
+from kittiwake.mqtt.errors import MQTTProtocolError
+
+log = logging.getLogger(__name__)
+
+# A client that has not sent CONNECT this long after connecting is dropped.
+CONNECT_TIMEOUT = 10.0
+
+
+class MQTTServerProtocol(asyncio.Protocol):
+    """One TCP connection; implements the connection's Transport."""
+
+    __slots__ = (
+        "_buffer",
+        "_flush_scheduled",
+        "_loop",
+        "_server",
+        "connection",
+        "decoder",
+        "transport",
+    )
+
+    def __init__(self, server: MQTTServer) -> None:
+        self._server = server
+        self._loop = asyncio.get_running_loop()
+        self._buffer: list[bytes] = []
+        self._flush_scheduled = False
+        self.transport: asyncio.Transport | None = None
+        self.decoder = PacketDecoder(server.broker.config.limits.max_packet_size)
+        self.connection: MQTTConnection | None = None
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        if len(self._server.connections) >= self._server.broker.config.limits.max_connections:
+            log.warning("refusing %s: max_connections reached", peer_text)
+            transport.abort()
+            return
+        self.connection = MQTTConnection(self._server.broker, self, peer_text)
+        self._server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        connection = self.connection
+        if connection is None or connection.closed:
+            return
+        self._server.broker.stats.bytes_received += len(data)
+        try:
+            for packet in self.decoder.feed(data):
+                connection.handle(packet)
+                if connection.closed:
+                    break
+        except MQTTProtocolError as error:
+            connection.protocol_error(error)
+        except Exception:
+            # A bug must cost one connection, never the loop.
+            log.exception("client %s: internal error; closing", connection.client_id)
+            connection.protocol_error(MQTTProtocolError(0x83, "internal error"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        if self.connection is not None:
+            self.connection.connection_lost()
+        self._buffer.clear()
+
+    # Transport for MQTTConnection
+
+    def write(self, data: bytes) -> None:
+        self._buffer.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def write_backlog(self) -> int:
+        transport = self.transport
+        if transport is None:
+            return 0
+        return transport.get_write_buffer_size()
+
+    def close(self) -> None:
+        if self._buffer:
+            self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        buffer = self._buffer
+        if not buffer:
+            return
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            buffer.clear()
+            return
+        data = buffer[0] if len(buffer) == 1 else b"".join(buffer)
+        buffer.clear()
+        self._server.broker.stats.bytes_sent += len(data)
+        transport.write(data)
+
+
+class MQTTServer:
+    """All MQTT listeners of one broker and the timers their connections need."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.connections: set[MQTTServerProtocol] = set()
+        self._servers: list[asyncio.Server] = []
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def listen(self, host: str, port: int) -> tuple[str, int]:
+        """Start a listener; returns the address actually bound (port 0 picks one)."""
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: MQTTServerProtocol(self), host, port)
+        self._servers.append(server)
+        address = server.sockets[0].getsockname()
+        log.info("MQTT listening on %s:%s", address[0], address[1])
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(0.5, self._sweep)
+        return address[0], address[1]
+
+    def _sweep(self) -> None:
+        """One timer for every connection's keepalive, instead of one timer each."""
+        now = self.broker.clock.now()
+        try:
+            for protocol in list(self.connections):
+                connection = protocol.connection
+                if connection is None or connection.closed:
+                    continue
+                if connection.session is None:
+                    if now - connection.last_received > CONNECT_TIMEOUT:
+                        log.info("client %s: no CONNECT within %ss", connection.peer,
+                                 CONNECT_TIMEOUT)
+                        protocol.close()
+                elif connection.keepalive_expired(now):
+                    connection.close_for_keepalive()
+        except Exception:
+            log.exception("keepalive sweep failed")
+        self._sweeper = asyncio.get_running_loop().call_later(0.5, self._sweep)
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for server in self._servers:
+            server.close()
+        for protocol in list(self.connections):
+            if protocol.connection is not None:
+                protocol.connection.shutdown()
+        for server in self._servers:
+            await server.wait_closed()
