@@ -234,7 +234,7 @@ class Broker:
         if will is None:
             return
         if not self.authorizer.may_publish(will.topic):
-            log.info("client %s: will to %s refused by authorisation", session.client_id, will.topic)
+            log.info("client %s: will to %s not authorised", session.client_id, will.topic)
             return
         log.debug("client %s: publishing will to %s", session.client_id, will.topic)
         will.created = self.clock.now()
@@ -558,7 +558,9 @@ class Broker:
             )
         )
 
-    def schedule_ticks(self, loop: asyncio.AbstractEventLoop, interval: float = 0.5) -> Callable[[], None]:
+    def schedule_ticks(
+        self, loop: asyncio.AbstractEventLoop, interval: float = 0.5
+    ) -> Callable[[], None]:
         """Run :meth:`tick` on the loop every ``interval`` seconds; returns a canceller."""
         handle: asyncio.TimerHandle | None = None
 

@@ -15,7 +15,9 @@ class DeliveryLevel(NamedTuple):
     persistent: bool
 
 
-def delivery_level(published_qos: int, persistent: bool, subscription_max_qos: int) -> DeliveryLevel:
+def delivery_level(
+    published_qos: int, persistent: bool, subscription_max_qos: int
+) -> DeliveryLevel:
     """Combine the publisher's reliability with the subscription's cap.
 
     The delivered QoS is the lower of the two. A copy is persistent only when the publisher made

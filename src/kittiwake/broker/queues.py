@@ -55,6 +55,7 @@ class MessageQueue:
         "_delayed",
         "_heap",
         "_ready",
+        "_sequence",
         "bytes",
         "counters",
         "max_bytes",
@@ -62,7 +63,6 @@ class MessageQueue:
         "name",
         "ordering",
         "policy",
-        "_sequence",
     )
 
     def __init__(
@@ -98,15 +98,15 @@ class MessageQueue:
         the owner must release (a stored reference, for one).
         """
         victims: list[QueuedMessage] = []
-        if len(self) >= self.max_messages or self.bytes + entry.size > self.max_bytes:
-            if self.policy == "reject_new" or not self._discard_oldest(entry.size, victims):
-                self.counters.rejected += 1
-                if self.counters.rejected == 1 or self.counters.rejected % 1000 == 0:
-                    log.warning(
-                        "queue %s full (%d messages, %d bytes): rejected %d so far",
-                        self.name, len(self), self.bytes, self.counters.rejected,
-                    )
-                return False, victims
+        full = len(self) >= self.max_messages or self.bytes + entry.size > self.max_bytes
+        if full and (self.policy == "reject_new" or not self._discard_oldest(entry.size, victims)):
+            self.counters.rejected += 1
+            if self.counters.rejected == 1 or self.counters.rejected % 1000 == 0:
+                log.warning(
+                    "queue %s full (%d messages, %d bytes): rejected %d so far",
+                    self.name, len(self), self.bytes, self.counters.rejected,
+                )
+            return False, victims
         self._sequence += 1
         entry.sequence = self._sequence
         self._insert(entry)
@@ -139,7 +139,7 @@ class MessageQueue:
 
     def drain(self) -> list[QueuedMessage]:
         """Remove and return every entry, visible or not (session end, queue deletion)."""
-        entries = list(self._ready) + [e for _, _, e in self._heap] + [e for _, _, e in self._delayed]
+        entries = self.entries()
         self._ready.clear()
         self._heap.clear()
         self._delayed.clear()
@@ -190,6 +190,8 @@ class MessageQueue:
             self.counters.discarded += 1
             victims.append(victim)
         if self.counters.discarded == 1 or self.counters.discarded % 1000 == 0:
-            log.warning("queue %s full: discarded %d oldest so far", self.name, self.counters.discarded)
+            log.warning(
+                "queue %s full: discarded %d oldest so far", self.name, self.counters.discarded
+            )
         return True
 

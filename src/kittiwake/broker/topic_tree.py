@@ -1,7 +1,7 @@
 """The subscription index: a trie of topic levels answering "who wants a message on this topic?".
 
-Holds opaque values (subscriptions) by filter; must never validate names, parse "$share" or know
-any protocol: callers hand it plain, already-validated filters and topic names.
+Stores opaque values (subscriptions) by plain filter; must never parse "$share", apply broker
+limits or know any protocol: callers split shared filters and check max_levels before inserting.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from kittiwake.broker.topics import is_wildcard, validate_topic_filter
 __all__ = ["TopicTree"]
 
 V = TypeVar("V", bound=Hashable)
+
+# Longer topics are matched but not cached, so 4096 hostile 64 KiB topics cannot pin 256 MiB.
+_MAX_CACHED_TOPIC_CHARS = 1024
 
 
 class _Node(Generic[V]):
@@ -143,7 +146,7 @@ class TopicTree(Generic[V]):
         if cached is not None:
             return cached
         result = self._walk(topic_name)
-        if self._cache_size:
+        if self._cache_size and len(topic_name) <= _MAX_CACHED_TOPIC_CHARS:
             cache = self._cache
             if len(cache) >= self._cache_size:
                 # FIFO eviction: dicts keep insertion order, so the first key is the oldest.

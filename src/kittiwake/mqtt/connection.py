@@ -9,7 +9,8 @@ here: who gets what, at which QoS, is the broker's business.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
 
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.message import Message
@@ -197,10 +198,7 @@ class MQTTConnection:
             cap = config.sessions.max_session_expiry
             if expiry > cap:
                 requested_expiry = expiry = cap
-            if props.receive_maximum is not None:
-                window = props.receive_maximum
-            else:
-                window = 65535
+            window = props.receive_maximum if props.receive_maximum is not None else 65535
             if props.maximum_packet_size is not None:
                 self.peer_max_packet_size = props.maximum_packet_size
             self.peer_topic_alias_maximum = props.topic_alias_maximum or 0
@@ -453,7 +451,7 @@ class MQTTConnection:
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
         assert session is not None
-        codes = []
+        codes: list[int] = []
         for topic_filter in packet.topic_filters:
             found = self.broker.unsubscribe(session, topic_filter)
             codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
@@ -490,7 +488,7 @@ class MQTTConnection:
     def _on_connect_again(self, packet: Connect) -> None:
         raise MQTTProtocolError(ReasonCode.PROTOCOL_ERROR, "a second CONNECT on one connection")
 
-    _handlers = {
+    _handlers: ClassVar[dict[type, Callable[[MQTTConnection, Any], None]]] = {
         Publish: _on_publish,
         PubAck: _on_puback,
         PubRec: _on_pubrec,

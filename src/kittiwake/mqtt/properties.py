@@ -99,6 +99,15 @@ class Properties:
     subscription_identifier_available: int | None = None
     shared_subscription_available: int | None = None
 
+    def __repr__(self) -> str:
+        # Only what is set: 27 mostly-None fields drown test failures and log lines otherwise.
+        shown = []
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if value is not None and value != []:
+                shown.append(f"{name}={value!r}")
+        return f"Properties({', '.join(shown)})"
+
 
 # ---------------------------------------------------------------------------------------------
 # Wire primitives (spec section 1.5), shared with the packet codec.

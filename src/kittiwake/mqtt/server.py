@@ -51,7 +51,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         if len(self._server.connections) >= self._server.broker.config.limits.max_connections:
             log.warning("refusing %s: max_connections reached", peer_text)
-            transport.abort()
+            transport.close()
             return
         self.connection = MQTTConnection(self._server.broker, self, peer_text)
         self._server.connections.add(self)

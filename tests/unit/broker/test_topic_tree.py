@@ -1,4 +1,4 @@
-"""The topic tree against the reference matcher, plus its bookkeeping: idempotence, pruning, cache."""
+"""The topic tree against the reference matcher, and its upkeep: idempotence, pruning, cache."""
 
 from __future__ import annotations
 
@@ -232,6 +232,14 @@ def test_cache_is_bounded_and_can_be_disabled() -> None:
     assert uncached._cache == {}
     with pytest.raises(ValueError):
         TopicTree(cache_size=-1)
+
+
+def test_very_long_topics_are_matched_but_not_cached() -> None:
+    tree: TopicTree[str] = TopicTree()
+    tree.insert("#", "all")
+    long_topic = "x" * 5000
+    assert tree.match(long_topic) == ("all",)
+    assert long_topic not in tree._cache
 
 
 def test_value_under_two_matching_filters_appears_once() -> None:
