@@ -11,10 +11,12 @@ import signal
 from collections.abc import Callable
 
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
 from kittiwake.clock import Clock
-from kittiwake.config import Config
+from kittiwake.config import Config, StoreConfig
 from kittiwake.mqtt.server import MQTTServer
+from kittiwake.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +26,7 @@ class BrokerApp:
 
     def __init__(self, config: Config, *, clock: Clock | None = None) -> None:
         self.config = config
-        self.broker = Broker(config, clock=clock)
+        self.broker = Broker(config, clock=clock, store=open_store(config.store, clock))
         self.mqtt = MQTTServer(self.broker)
         self.sys = SysPublisher(self.broker, config.sys.interval)
         self.addresses: list[tuple[str, int]] = []
@@ -32,6 +34,7 @@ class BrokerApp:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.broker.recover()
         self._cancel_ticks = self.broker.schedule_ticks(loop)
         for listener in self.config.listeners:
             self.addresses.append(await self.mqtt.listen(listener.host, listener.port))
@@ -45,6 +48,21 @@ class BrokerApp:
             self._cancel_ticks()
         await self.mqtt.close()
         self.broker.store.close()
+
+
+def open_store(config: StoreConfig, clock: Clock | None) -> Store:
+    """The configured store; a broken database raises StoreError before anything listens."""
+    if config.backend == "memory":
+        log.warning("store backend is 'memory': persistent messages will not survive a restart")
+        return MemoryStore()
+    return SQLiteStore(
+        config.data_dir,
+        clock=clock,
+        max_batch=config.max_batch,
+        max_delay=config.max_delay,
+        journal_retention_seconds=config.journal_retention_seconds,
+        synchronous=config.synchronous.upper(),
+    )
 
 
 async def serve(config: Config) -> None:

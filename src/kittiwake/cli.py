@@ -12,6 +12,7 @@ from typing import Any
 from kittiwake import __version__
 from kittiwake.app import serve
 from kittiwake.config import ConfigError, load_config
+from kittiwake.store.sqlite import StoreError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         _run(serve(config), use_uvloop=config.uvloop)
-    except OSError as exc:
+    except (OSError, StoreError) as exc:
         logging.getLogger("kittiwake").error("cannot start: %s", exc)
         return 1
     return 0

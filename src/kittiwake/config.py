@@ -89,6 +89,24 @@ class AuthConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Where durable state lives and how the writer batches commits."""
+
+    # "sqlite" (embedded, WAL, group commit) or "memory" (lost at exit; tests and demos).
+    backend: Literal["sqlite", "memory"] = "sqlite"
+    data_dir: str = "./data"
+    # Most operations one transaction holds; a group commit takes whatever queued up meanwhile.
+    max_batch: int = 5000
+    # Extra wait before each commit to gather a bigger group (seconds); 0 = commit at once.
+    max_delay: float = 0.0
+    # Keep journalled messages this long after every subscriber acknowledged them (for the
+    # Spark data source); 0 = only while referenced.
+    journal_retention_seconds: float = 0.0
+    # SQLite synchronous mode: "full" fsyncs every commit, which the acknowledgement promise needs.
+    synchronous: Literal["full", "normal"] = "full"
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole broker configuration."""
 
@@ -97,6 +115,7 @@ class Config:
     sessions: SessionConfig = field(default_factory=SessionConfig)
     sys: SysConfig = field(default_factory=SysConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Use uvloop when it is installed.
     uvloop: bool = True

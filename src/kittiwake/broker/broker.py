@@ -107,6 +107,66 @@ class Broker:
         self._detached: set[Session] = set()
         self._next_anonymous = 0
 
+    # -- recovery -------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Rebuild sessions, queues, in-flight deliveries and retained messages from the store.
+
+        Called once before any listener accepts connections. Every recovered session starts
+        detached: its clients were cut off by the stop, so their wills are due (after their
+        delay) unless they reconnect first.
+        """
+        state = self.store.recover()
+        now = self.clock.now()
+        for message in state.retained.values():
+            self.retained.restore(message)
+        for record in state.sessions.values():
+            session = Session(
+                client_id=record.client_id,
+                queue=self._new_queue(record.client_id),
+                expiry_interval=record.expiry_interval,
+                will=record.will,
+                will_delay=record.will_delay,
+                will_expiry=record.will_expiry,
+            )
+            self.sessions[record.client_id] = session
+            for stored in record.subscriptions:
+                group, topic_filter = parse_shared(stored.topic_filter)
+                subscription = Subscription(
+                    session=session, topic_filter=topic_filter, max_qos=stored.max_qos,
+                    share_group=group, no_local=stored.no_local,
+                    retain_as_published=stored.retain_as_published,
+                    retain_handling=stored.retain_handling,
+                    subscription_id=stored.subscription_id,
+                )
+                session.subscriptions[stored.topic_filter] = subscription
+                self._add_subscription(subscription)
+            session.incoming_qos2 = set(state.incoming_qos2.get(record.client_id, ()))
+            if session.expiry_interval != NEVER_EXPIRES:
+                session.expires_at = now + session.expiry_interval
+            if session.will is not None:
+                session.will_at = now + session.will_delay
+            self._detached.add(session)
+        recovered = 0
+        for queued in state.queued:
+            owner = self.sessions.get(queued.client_id)
+            stored_message = state.messages.get(queued.message_id)
+            if owner is None or stored_message is None:
+                continue
+            entry = QueuedMessage(
+                stored_message, queued.qos, True, queued.retain, queued.subscription_ids,
+                queued.delivery_count,
+            )
+            if queued.state in ("sent", "received") and queued.delivery_id:
+                owner.inflight[queued.delivery_id] = InflightDelivery(entry, queued.state)
+            else:
+                owner.queue.push(entry)
+            recovered += 1
+        log.info(
+            "recovered %d sessions, %d messages, %d retained",
+            len(state.sessions), recovered, len(state.retained),
+        )
+
     # -- sessions -------------------------------------------------------------------------
 
     def connect(

@@ -1,0 +1,1 @@
+"""Durable stores: the only package that touches disk."""

@@ -1,0 +1,446 @@
+"""The embedded SQLite store (WAL mode): one writer thread owns the write connection and commits
+in groups; the event loop only appends operations and awaits commit futures.
+
+A commit future resolves after the transaction holding every earlier operation is on disk, which
+is when a publisher may be acknowledged. Must never be called from the writer thread's side of
+the queue except through :meth:`SQLiteStore.commit` and friends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.store import QueuedRecord, RecoveredState, SessionRecord
+from kittiwake.clock import Clock, MonotonicClock
+from kittiwake.store.codec import (
+    apply_message_properties,
+    from_wall,
+    message_from_json,
+    message_properties_json,
+    message_to_json,
+    session_from_json,
+    session_to_json,
+    to_wall,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+DATABASE_FILE = "kittiwake.db"
+
+Operation = tuple[str, tuple[Any, ...]]
+
+_MIGRATIONS: dict[int, list[str]] = {
+    # 0 → 1: the first schema.
+    1: [
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            topic TEXT NOT NULL,
+            payload BLOB NOT NULL,
+            qos INTEGER NOT NULL,
+            retain INTEGER NOT NULL,
+            priority INTEGER NOT NULL,
+            expiry REAL,
+            delivery_time REAL,
+            created REAL NOT NULL,
+            origin TEXT,
+            extra TEXT NOT NULL,
+            stored_at REAL NOT NULL
+        )""",
+        """CREATE TABLE sessions (
+            client_id TEXT PRIMARY KEY,
+            record TEXT NOT NULL
+        )""",
+        """CREATE TABLE queued (
+            client_id TEXT NOT NULL,
+            message_id INTEGER NOT NULL,
+            qos INTEGER NOT NULL,
+            retain INTEGER NOT NULL,
+            subscription_ids TEXT NOT NULL,
+            delivery_count INTEGER NOT NULL,
+            delivery_id INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            PRIMARY KEY (client_id, message_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX queued_by_message ON queued (message_id)",
+        """CREATE TABLE retained (
+            topic TEXT PRIMARY KEY,
+            message TEXT NOT NULL
+        )""",
+        """CREATE TABLE incoming_qos2 (
+            client_id TEXT NOT NULL,
+            packet_id INTEGER NOT NULL,
+            PRIMARY KEY (client_id, packet_id)
+        ) WITHOUT ROWID""",
+        "INSERT INTO meta (key, value) VALUES ('last_message_id', '0')",
+    ],
+}
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used; the message names the file and what to do."""
+
+
+class SQLiteStore:
+    """Durable broker state in ``<data_dir>/kittiwake.db``."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        clock: Clock | None = None,
+        max_batch: int = 5000,
+        max_delay: float = 0.0,
+        journal_retention_seconds: float = 0.0,
+        synchronous: str = "FULL",
+    ) -> None:
+        self.directory = Path(data_dir)
+        self.path = self.directory / DATABASE_FILE
+        self._clock = clock or MonotonicClock()
+        # Wall time minus clock time: converts the core's clock readings for disk.
+        self._offset = time.time() - self._clock.now()
+        self._max_batch = max_batch
+        self._max_delay = max_delay
+        self._retention = journal_retention_seconds
+        self._synchronous = synchronous
+        self._ops: list[Operation] = []
+        self._unwritten: dict[int, Message] = {}
+        self._pending_future: asyncio.Future[None] | None = None
+        self._last_future: asyncio.Future[None] | None = None
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: queue.SimpleQueue[tuple[list[Operation], asyncio.Future[None] | None] | None]
+        self._queue = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self.failed_batches = 0
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create data directory {self.directory}: {exc}") from exc
+        self._open_and_migrate()
+        self._last_id = int(self._read_meta("last_message_id") or 0)
+
+    # -- opening --------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute(f"PRAGMA synchronous={self._synchronous}")
+        return connection
+
+    def _open_and_migrate(self) -> None:
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        try:
+            connection = self._connect()
+            if existed:
+                verdict = connection.execute("PRAGMA quick_check").fetchone()[0]
+                if verdict != "ok":
+                    raise StoreError(
+                        f"{self.path} is corrupt ({verdict}); refusing to start. Restore it from "
+                        "a backup or move it away to start with an empty store."
+                    )
+            connection.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            row = connection.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {version}, newer than this kittiwake "
+                    f"understands ({SCHEMA_VERSION}); upgrade kittiwake."
+                )
+            while version < SCHEMA_VERSION:
+                version += 1
+                log.info("store %s: migrating schema to version %d", self.path, version)
+                connection.execute("BEGIN IMMEDIATE")
+                for statement in _MIGRATIONS[version]:
+                    connection.execute(statement)
+                connection.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(version),),
+                )
+                connection.execute("COMMIT")
+            connection.close()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{self.path} is not a readable kittiwake database ({exc}); refusing to start. "
+                "Restore it from a backup or move it away to start with an empty store."
+            ) from exc
+
+    def _read_meta(self, key: str) -> str | None:
+        connection = self._connect()
+        try:
+            row = connection.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            return None if row is None else str(row[0])
+        finally:
+            connection.close()
+
+    # -- the Store protocol ---------------------------------------------------------------
+
+    def journal(self, message: Message) -> None:
+        if message.message_id == 0:
+            self._last_id += 1
+            message.message_id = self._last_id
+        # Written only once something references it (or retention keeps every message).
+        self._unwritten[message.message_id] = message
+        self._schedule()
+
+    def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
+        message = entry.message
+        unwritten = self._unwritten.pop(message.message_id, None)
+        if unwritten is not None:
+            self._ops.append(self._insert_message(unwritten))
+        self._add(
+            "INSERT OR REPLACE INTO queued VALUES (?, ?, ?, ?, ?, ?, 0, 'queued')",
+            (client_id, message.message_id, entry.qos, int(entry.retain),
+             ",".join(map(str, entry.subscription_ids)), entry.delivery_count),
+        )
+
+    def mark_delivery(self, client_id: str, message_id: int, delivery_id: int, state: str) -> None:
+        bump = 1 if state == "sent" else 0
+        self._add(
+            "UPDATE queued SET delivery_id=?, state=?, delivery_count=delivery_count+? "
+            "WHERE client_id=? AND message_id=?",
+            (delivery_id, state, bump, client_id, message_id),
+        )
+
+    def release(self, client_id: str, message_id: int) -> None:
+        self._add("DELETE FROM queued WHERE client_id=? AND message_id=?", (client_id, message_id))
+        if not self._retention:
+            self._add(
+                "DELETE FROM messages WHERE id=? AND NOT EXISTS "
+                "(SELECT 1 FROM queued WHERE message_id=?)",
+                (message_id, message_id),
+            )
+
+    def save_session(self, record: SessionRecord) -> None:
+        self._add(
+            "INSERT OR REPLACE INTO sessions VALUES (?, ?)",
+            (record.client_id, session_to_json(record, self._offset)),
+        )
+
+    def delete_session(self, client_id: str) -> None:
+        self._add("DELETE FROM sessions WHERE client_id=?", (client_id,))
+        self._add("DELETE FROM incoming_qos2 WHERE client_id=?", (client_id,))
+        self._add("DELETE FROM queued WHERE client_id=?", (client_id,))
+        if not self._retention:
+            self._add(
+                "DELETE FROM messages WHERE NOT EXISTS "
+                "(SELECT 1 FROM queued WHERE message_id=messages.id)",
+                (),
+            )
+
+    def set_retained(self, topic: str, message: Message | None) -> None:
+        if message is None:
+            self._add("DELETE FROM retained WHERE topic=?", (topic,))
+        else:
+            self._add(
+                "INSERT OR REPLACE INTO retained VALUES (?, ?)",
+                (topic, message_to_json(message, self._offset)),
+            )
+
+    def add_incoming_qos2(self, client_id: str, packet_id: int) -> None:
+        self._add("INSERT OR IGNORE INTO incoming_qos2 VALUES (?, ?)", (client_id, packet_id))
+
+    def remove_incoming_qos2(self, client_id: str, packet_id: int) -> None:
+        self._add(
+            "DELETE FROM incoming_qos2 WHERE client_id=? AND packet_id=?", (client_id, packet_id)
+        )
+
+    def commit(self) -> asyncio.Future[None] | None:
+        """The future of the batch that will hold every operation so far, or None."""
+        if self._ops or self._unwritten:
+            self._schedule()
+            if self._pending_future is None:
+                assert self._loop is not None
+                self._pending_future = self._loop.create_future()
+            return self._pending_future
+        if self._last_future is not None and not self._last_future.done():
+            return self._last_future
+        return None
+
+    def recover(self) -> RecoveredState:
+        """Read everything back (before the writer starts; on the caller's thread)."""
+        started = time.monotonic()
+        offset = self._offset
+        state = RecoveredState()
+        connection = self._connect()
+        try:
+            for row in connection.execute(
+                "SELECT id, topic, payload, qos, retain, priority, expiry, delivery_time, "
+                "created, origin, extra FROM messages "
+                "WHERE id IN (SELECT message_id FROM queued) ORDER BY id"
+            ):
+                message = Message(
+                    topic=row[1], payload=bytes(row[2]), qos=row[3], retain=bool(row[4]),
+                    persistent=True, priority=row[5], expiry=from_wall(row[6], offset),
+                    delivery_time=from_wall(row[7], offset),
+                    created=from_wall(row[8], offset) or 0.0, origin=row[9], message_id=row[0],
+                )
+                apply_message_properties(message, row[10])
+                state.messages[message.message_id] = message
+            for client_id, text in connection.execute("SELECT client_id, record FROM sessions"):
+                state.sessions[client_id] = session_from_json(client_id, text, offset)
+            for row in connection.execute(
+                "SELECT client_id, message_id, qos, retain, subscription_ids, delivery_count, "
+                "delivery_id, state FROM queued ORDER BY message_id"
+            ):
+                ids = tuple(int(x) for x in row[4].split(",") if x)
+                state.queued.append(
+                    QueuedRecord(row[0], row[1], row[2], bool(row[3]), ids, row[5], row[6], row[7])
+                )
+            for topic, text in connection.execute("SELECT topic, message FROM retained"):
+                state.retained[topic] = message_from_json(text, offset)
+            for client_id, packet_id in connection.execute(
+                "SELECT client_id, packet_id FROM incoming_qos2"
+            ):
+                state.incoming_qos2.setdefault(client_id, set()).add(packet_id)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: cannot read stored state ({exc})") from exc
+        finally:
+            connection.close()
+        log.info(
+            "store %s: recovered %d sessions, %d queued messages, %d retained in %.3fs",
+            self.path, len(state.sessions), len(state.queued), len(state.retained),
+            time.monotonic() - started,
+        )
+        return state
+
+    def close(self) -> None:
+        """Write what is pending and stop the writer (graceful shutdown)."""
+        if self._ops or self._unwritten:
+            self._hand_off()
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout=30)
+            self._writer = None
+
+    # -- batching -------------------------------------------------------------------------
+
+    def _add(self, sql: str, params: tuple[Any, ...]) -> None:
+        self._ops.append((sql, params))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Hand this loop turn's operations to the writer once the turn ends."""
+        if self._scheduled:
+            return
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._scheduled = True
+        self._loop.call_soon(self._hand_off)
+
+    def _hand_off(self) -> None:
+        self._scheduled = False
+        ops = self._ops
+        self._ops = []
+        if self._retention and self._unwritten:
+            ops.extend(self._insert_message(m) for m in self._unwritten.values())
+        if self._unwritten:
+            ops.append(
+                ("UPDATE meta SET value=? WHERE key='last_message_id'", (str(self._last_id),))
+            )
+            self._unwritten.clear()
+        future = self._pending_future
+        self._pending_future = None
+        if not ops:
+            if future is not None:
+                future.set_result(None)
+            return
+        if future is None:
+            # Even an unawaited batch gets a future, so a later commit() can wait for it.
+            assert self._loop is not None
+            future = self._loop.create_future()
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="kittiwake-store",
+                                            daemon=True)
+            self._writer.start()
+        self._last_future = future
+        self._queue.put((ops, future))
+
+    def _insert_message(self, message: Message) -> Operation:
+        offset = self._offset
+        return (
+            "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (message.message_id, message.topic, message.payload, message.qos,
+             int(message.retain), message.priority, to_wall(message.expiry, offset),
+             to_wall(message.delivery_time, offset), to_wall(message.created, offset) or 0.0,
+             message.origin, message_properties_json(message), time.time()),
+        )
+
+    # -- the writer thread ----------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        connection = self._connect()
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                if self._max_delay:
+                    time.sleep(self._max_delay)
+                batch = [item]
+                count = len(item[0])
+                stop = False
+                # Group commit: everything that queued up while we were busy goes in one go.
+                while count < self._max_batch:
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        stop = True
+                        break
+                    batch.append(more)
+                    count += len(more[0])
+                self._write_batch(connection, batch)
+                if stop:
+                    return
+        finally:
+            connection.close()
+
+    def _write_batch(
+        self,
+        connection: sqlite3.Connection,
+        batch: list[tuple[list[Operation], asyncio.Future[None] | None]],
+    ) -> None:
+        error: BaseException | None = None
+        try:
+            connection.execute("BEGIN")
+            for ops, _future in batch:
+                for sql, params in ops:
+                    connection.execute(sql, params)
+            connection.execute("COMMIT")
+        except sqlite3.Error as exc:
+            error = exc
+            self.failed_batches += 1
+            log.error("store %s: write failed (%s); %d operations not stored",
+                      self.path, exc, sum(len(ops) for ops, _ in batch))
+            with contextlib.suppress(sqlite3.Error):
+                connection.execute("ROLLBACK")
+        futures = [f for _ops, f in batch if f is not None]
+        if futures and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(_resolve, futures, error)
+
+
+def _resolve(futures: Iterable[asyncio.Future[None]], error: BaseException | None) -> None:
+    for future in futures:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(StoreWriteError(str(error)))
+
+
+class StoreWriteError(StoreError):
+    """A batch could not be written (disk full, I/O error); its acknowledgements must fail."""

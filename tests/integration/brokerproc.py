@@ -1,0 +1,146 @@
+"""Start and stop a real ``kittiwake serve`` process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SRC_DIR = Path(__file__).resolve().parents[2] / "src"
+HOST = "127.0.0.1"
+START_TIMEOUT = 10.0
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the kernel's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def to_toml(config: dict[str, Any]) -> str:
+    """The small subset of TOML the broker config needs: scalars, lists, tables, [[arrays]]."""
+    lines: list[str] = []
+    tables: list[tuple[str, Any]] = []
+    for key, value in config.items():
+        if isinstance(value, dict) or (
+            isinstance(value, list) and value and all(isinstance(v, dict) for v in value)
+        ):
+            tables.append((key, value))
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in tables:
+        entries = value if isinstance(value, list) else [value]
+        header = f"[[{key}]]" if isinstance(value, list) else f"[{key}]"
+        for entry in entries:
+            lines.append("")
+            lines.append(header)
+            for k, v in entry.items():
+                lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+class BrokerProcess:
+    """One broker subprocess; ``host``/``port`` once :meth:`start` returned.
+
+    Iterating gives ``(host, port)`` so tests can write ``host, port = broker(...)``.
+    """
+
+    def __init__(self, workdir: Path, **sections: dict[str, Any]) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.host = HOST
+        self.port = 0
+        self.sections = sections
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.config_path = workdir / "kittiwake.toml"
+        self.log_path = workdir / "broker.log"
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter((self.host, self.port))
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def start(self) -> BrokerProcess:
+        self.port = free_port()
+        config: dict[str, Any] = {"log_level": "debug"}
+        for name, values in self.sections.items():
+            if name in ("log_level", "uvloop"):
+                config[name] = values
+            else:
+                config[name] = dict(values)
+        config["listeners"] = [{"protocol": "mqtt", "host": self.host, "port": self.port}]
+        # Each broker keeps its durable store in its own directory (the default is ./data).
+        config.setdefault("store", {}).setdefault("data_dir", str(self.workdir / "data"))
+        self.config_path.write_text(to_toml(config), encoding="utf-8")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(SRC_DIR), env.get("PYTHONPATH", "")) if p
+        )
+        env["PYTHONUNBUFFERED"] = "1"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kittiwake", "serve", "--config", str(self.config_path)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.workdir,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"broker exited with {self.proc.returncode} during start-up:\n{self.log_text()}"
+                )
+            try:
+                with socket.create_connection(self.address, timeout=0.5):
+                    return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"broker did not accept connections on {self.address} within "
+                        f"{START_TIMEOUT}s:\n{self.log_text()}"
+                    ) from None
+                time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self._log.close()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no broker log)"
