@@ -8,6 +8,7 @@ here: who gets what, at which QoS, is the broker's business.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
@@ -338,12 +339,34 @@ class MQTTConnection:
             return
         self._awaiting_commit += 1
 
-        def acknowledge(_future: object) -> None:
+        def acknowledge(future: asyncio.Future[None]) -> None:
             self._awaiting_commit -= 1
-            if not self.closed:
+            if self.closed:
+                return
+            if future.cancelled() or future.exception() is not None:
+                self._refuse_unstored(session, qos, packet_id)
+            else:
                 self._send(ack, version)
 
         commit.add_done_callback(acknowledge)
+
+    def _refuse_unstored(self, session: Session, qos: int, packet_id: int) -> None:
+        """The store could not take the message: never acknowledge it as safe.
+
+        v5 gets a negative PUBACK/PUBREC (the exchange ends, so a QoS 2 id is forgotten);
+        3.1.1 has no negative acknowledgement, so the client is disconnected and will resend.
+        """
+        log.error("client %s: message not stored (store write failed)", self.client_id)
+        if self.protocol_version < 5:
+            self._close(publish_will=False)
+            return
+        if qos == 2:
+            self.broker.release_incoming_qos2(session, packet_id)
+        props = Properties(reason_string="the broker could not store the message")
+        if qos == 1:
+            self._send(PubAck(packet_id, ReasonCode.UNSPECIFIED_ERROR, props), 5)
+        else:
+            self._send(PubRec(packet_id, ReasonCode.UNSPECIFIED_ERROR, props), 5)
 
     def _denied_code(self) -> int:
         # 3.1.1 has no negative PUBACK: the publication is acknowledged and dropped.
@@ -611,7 +634,6 @@ class MQTTConnection:
 def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery_id: int) -> None:
     """Complete a dropped delivery on the next loop turn, so a long run of oversized messages
     cannot recurse through pump → deliver → acknowledge."""
-    import asyncio
 
     def complete() -> None:
         connection.broker.acknowledge(session, delivery_id)

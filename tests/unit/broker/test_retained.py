@@ -1,0 +1,244 @@
+"""Retained messages (DESIGN.md §2, MQTT 5 §3.3.1.3 and §3.8.3.1 retain handling)."""
+
+from __future__ import annotations
+
+from kittiwake.broker.message import Message
+from kittiwake.broker.retained import RetainedMessages
+
+# -- the RetainedMessages table on its own ---------------------------------------------------
+
+
+def test_update_keeps_one_per_topic_and_returns_the_replaced() -> None:
+    """One retained message per topic; the newest replaces the older and is handed back."""
+    retained = RetainedMessages()
+    first = Message("a/b", b"1", retain=True)
+    second = Message("a/b", b"2", retain=True)
+    assert retained.update(first) is None
+    assert retained.update(second) is first
+    assert len(retained) == 1
+    assert retained.get("a/b") is second
+    assert "a/b" in retained
+
+
+def test_empty_payload_clears_and_is_not_retained() -> None:
+    """A zero-length retained publication clears the topic and is not itself kept."""
+    retained = RetainedMessages()
+    kept = Message("a", b"1", retain=True)
+    retained.update(kept)
+    assert retained.update(Message("a", b"", retain=True)) is kept
+    assert len(retained) == 0
+    assert retained.get("a") is None
+    # Clearing a topic that has nothing is harmless.
+    assert retained.update(Message("a", b"", retain=True)) is None
+    assert len(retained) == 0
+
+
+def test_matching_literal_and_wildcards() -> None:
+    """A filter sees the retained messages of every topic it matches, and only those."""
+    retained = RetainedMessages()
+    for topic in ("a/b", "a/c", "a/b/c", "x", "$SYS/up"):
+        retained.update(Message(topic, topic.encode(), retain=True))
+    topics = lambda f: sorted(m.topic for m in retained.matching(f, 0.0))  # noqa: E731
+    assert topics("a/b") == ["a/b"]
+    assert topics("a/+") == ["a/b", "a/c"]
+    assert topics("a/#") == ["a/b", "a/b/c", "a/c"]
+    assert topics("#") == ["a/b", "a/b/c", "a/c", "x"]
+    assert topics("$SYS/#") == ["$SYS/up"]
+    assert topics("nothing") == []
+
+
+def test_matching_hides_expired_and_remove_expired_drops_them() -> None:
+    """An expired message is invisible at once and removed (and returned) by remove_expired."""
+    retained = RetainedMessages()
+    short = Message("a", b"1", retain=True, expiry=10.0)
+    forever = Message("b", b"2", retain=True)
+    retained.update(short)
+    retained.update(forever)
+    assert retained.matching("a", 9.9) == [short]
+    assert retained.matching("a", 10.0) == []
+    assert retained.matching("#", 10.0) == [forever]
+    assert retained.remove_expired(9.0) == []
+    assert retained.remove_expired(10.0) == [short]
+    assert len(retained) == 1 and "a" not in retained
+
+
+# -- through the broker ----------------------------------------------------------------------
+
+
+def test_newest_replaces_older(harness) -> None:
+    """A subscriber arriving after two retained publications gets only the newest."""
+    harness.publish("t", b"old", retain=True)
+    harness.publish("t", b"new", retain=True)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t")
+    assert consumer.payloads == [b"new"]
+
+
+def test_retained_at_subscribe_has_retain_flag(harness) -> None:
+    """A retained message sent because of a subscription carries RETAIN=1."""
+    harness.publish("t", b"r", qos=1, retain=True)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t", qos=1)
+    [got] = consumer.deliveries
+    assert got.retain is True
+    assert got.qos == 1
+
+
+def test_live_delivery_clears_retain_flag(harness) -> None:
+    """A retained publication delivered live (to an existing subscription) has RETAIN=0."""
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t")
+    harness.publish("t", b"r", retain=True)
+    [got] = consumer.deliveries
+    assert got.retain is False
+
+
+def test_retain_as_published_keeps_flag_live(harness) -> None:
+    """With retain_as_published the live copy keeps the publisher's RETAIN flag."""
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t", retain_as_published=True)
+    harness.publish("t", b"r", retain=True)
+    harness.publish("t", b"plain", retain=False)
+    assert [(d.payload, d.retain) for d in consumer.deliveries] == [
+        (b"r", True),
+        (b"plain", False),
+    ]
+
+
+def test_zero_length_clears_and_is_still_delivered_live(harness) -> None:
+    """An empty retained publish clears the topic but still reaches current subscribers."""
+    harness.publish("t", b"r", retain=True)
+    session, consumer, _ = harness.connect("live")
+    harness.subscribe(session, "t")
+    consumer.clear()
+    harness.publish("t", b"", retain=True)
+    assert consumer.payloads == [b""]
+    assert len(harness.broker.retained) == 0
+    late, late_consumer, _ = harness.connect("late")
+    harness.subscribe(late, "t")
+    assert late_consumer.deliveries == []
+
+
+def test_subscription_qos_caps_retained_delivery(harness) -> None:
+    """Retained messages obey the delivery rule: QoS 2 retained to a QoS 1 subscription is 1."""
+    harness.publish("t", b"r", qos=2, retain=True)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t", qos=1)
+    [got] = consumer.deliveries
+    assert (got.qos, got.entry.persistent) == (1, True)
+
+
+def test_wildcard_subscription_gets_every_matching_retained(harness) -> None:
+    """A wildcard subscription receives the retained message of each matching topic."""
+    for topic in ("home/a", "home/b", "office/a"):
+        harness.publish(topic, topic.encode(), retain=True)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "home/+")
+    assert sorted(consumer.payloads) == [b"home/a", b"home/b"]
+    assert all(d.retain for d in consumer.deliveries)
+
+
+def test_retain_handling_0_sends_on_every_subscribe(harness) -> None:
+    """Retain handling 0: retained messages are sent at each subscribe, new or replacing."""
+    harness.publish("t", b"r", retain=True)
+    session, consumer, _ = harness.connect("sub")
+    assert harness.subscribe(session, "t", retain_handling=0).new is True
+    assert harness.subscribe(session, "t", retain_handling=0).new is False
+    assert consumer.payloads == [b"r", b"r"]
+
+
+def test_retain_handling_1_sends_only_for_a_new_subscription(harness) -> None:
+    """Retain handling 1: sent only if the subscription did not exist already."""
+    harness.publish("t", b"r", retain=True)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t", retain_handling=1)
+    harness.subscribe(session, "t", retain_handling=1)
+    assert consumer.payloads == [b"r"]
+
+
+def test_retain_handling_2_never_sends(harness) -> None:
+    """Retain handling 2: retained messages are never sent at subscribe time."""
+    harness.publish("t", b"r", retain=True)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t", retain_handling=2)
+    assert consumer.deliveries == []
+    harness.publish("t", b"live", retain=True)
+    assert consumer.payloads == [b"live"]
+
+
+def test_shared_subscription_gets_no_retained(harness) -> None:
+    """Shared subscriptions never receive retained messages at subscribe time (MQTT-4.8.2)."""
+    harness.publish("t", b"r", retain=True)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "$share/g/t", qos=1)
+    assert consumer.deliveries == []
+
+
+def test_no_local_does_not_filter_retained(harness) -> None:
+    """DESIGN.md §2: noLocal does not filter retained messages sent at subscribe time."""
+    session, consumer, _ = harness.connect("me")
+    harness.publish("t", b"mine", retain=True, origin="me")
+    harness.subscribe(session, "t", no_local=True)
+    assert consumer.payloads == [b"mine"]
+
+
+def test_expired_retained_is_not_sent_and_tick_removes_it(harness) -> None:
+    """A retained message with an expiry is not sent once expired and tick removes it."""
+    harness.publish("t", b"r", retain=True, expiry_in=10)
+    harness.clock.advance(10)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t")
+    assert consumer.deliveries == []
+    assert "t" in harness.broker.retained  # still there until the timers run
+    harness.broker.tick()
+    assert "t" not in harness.broker.retained
+
+
+def test_retained_before_expiry_is_sent(harness) -> None:
+    """Until its expiry a retained message is delivered and kept across ticks."""
+    harness.publish("t", b"r", retain=True, expiry_in=10)
+    harness.advance(9)
+    assert "t" in harness.broker.retained
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t")
+    assert consumer.payloads == [b"r"]
+
+
+def test_persistent_retained_goes_to_the_store(harness) -> None:
+    """A persistent retained message is stored; a nonpersistent one is not."""
+    persistent = harness.publish("p", b"1", qos=1, retain=True)
+    harness.publish("np", b"2", qos=0, retain=True)
+    assert harness.store.recover().retained == {"p": persistent}
+
+
+def test_nonpersistent_replacing_persistent_clears_the_store(harness) -> None:
+    """A nonpersistent retained message replacing a persistent one clears the stored copy."""
+    harness.publish("t", b"1", qos=1, retain=True)
+    assert "t" in harness.store.retained
+    harness.publish("t", b"2", qos=0, retain=True)
+    assert "t" not in harness.store.retained
+    assert harness.broker.retained.get("t").payload == b"2"
+
+
+def test_persistent_replacing_persistent_updates_the_store(harness) -> None:
+    """The stored retained copy follows the newest persistent publication."""
+    harness.publish("t", b"1", qos=1, retain=True)
+    newer = harness.publish("t", b"2", qos=2, retain=True)
+    assert harness.store.retained == {"t": newer}
+
+
+def test_zero_length_clears_the_stored_copy(harness) -> None:
+    """An empty retained publish clears the stored retained message too."""
+    harness.publish("t", b"1", qos=1, retain=True)
+    harness.publish("t", b"", qos=1, retain=True)
+    assert harness.store.retained == {}
+    assert len(harness.broker.retained) == 0
+
+
+def test_expiry_clears_the_stored_copy(harness) -> None:
+    """When a persistent retained message expires, tick removes the stored copy as well."""
+    harness.publish("t", b"1", qos=1, retain=True, expiry_in=5)
+    assert "t" in harness.store.retained
+    harness.advance(5)
+    assert harness.store.retained == {}
+    assert len(harness.broker.retained) == 0
