@@ -189,6 +189,8 @@ class Broker:
             log.info("client %s: session taken over by a new connection", client_id)
             self._end_connection(existing, publish_will=True, now=now)
             old.taken_over()
+            # A session with expiry 0 ended with its old connection; start afresh then.
+            existing = self.sessions.get(client_id)
         if existing is not None and clean_start:
             self._end_session(existing, now)
             existing = None
@@ -530,8 +532,9 @@ class Broker:
         inflight = session.inflight
         now = self.clock.now()
         stored = session.persistent
+        expired: list[QueuedMessage] = []
         while len(inflight) < session.window:
-            entry = queue.pop(now)
+            entry = queue.pop(now, expired)
             if entry is None:
                 break
             delivery_id = session.allocate_delivery_id()
@@ -543,6 +546,9 @@ class Broker:
                 )
             consumer.deliver(delivery_id, entry)
             self.stats.messages_sent += 1
+        for dead in expired:  # expired while queued: the store must forget them too
+            if stored and dead.persistent:
+                self.store.release(session.client_id, dead.message.message_id)
         if queue.counters.expired:
             self.stats.messages_dropped += queue.counters.expired
             queue.counters.expired = 0

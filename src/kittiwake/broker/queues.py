@@ -120,8 +120,14 @@ class MessageQueue:
         else:
             self._ready.appendleft(entry)
 
-    def pop(self, now: float) -> QueuedMessage | None:
-        """The next visible, unexpired entry, or None."""
+    def pop(
+        self, now: float, expired: list[QueuedMessage] | None = None
+    ) -> QueuedMessage | None:
+        """The next visible, unexpired entry, or None.
+
+        Expired entries are skipped and counted; when ``expired`` is given they are appended to
+        it, so the owner can release what they hold (a stored reference, for one).
+        """
         if self._delayed and self._delayed[0][0] <= now:
             self._release_delayed(now)
         while True:
@@ -134,6 +140,8 @@ class MessageQueue:
             self.bytes -= entry.size
             if entry.message.expiry is not None and entry.message.expired(now):
                 self.counters.expired += 1
+                if expired is not None:
+                    expired.append(entry)
                 continue
             return entry
 
@@ -166,9 +174,11 @@ class MessageQueue:
     def _release_delayed(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
             entry = heapq.heappop(self._delayed)[2]
-            self.bytes -= entry.size
-            entry.message.delivery_time = None
-            self._insert(entry)
+            # Visibility is this queue's state: the shared, immutable Message keeps its time.
+            if self.ordering == "priority":
+                heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
+            else:
+                self._ready.append(entry)
 
     def _discard_oldest(self, needed_bytes: int, victims: list[QueuedMessage]) -> bool:
         """Drop oldest visible entries until the new one fits; False if it never can."""

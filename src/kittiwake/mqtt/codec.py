@@ -152,11 +152,11 @@ class PacketDecoder:
                     _check_fixed_flags(ptype, flags, self.protocol_version)
                 packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
                 pos = end
-        except MQTTProtocolError:
-            mv.release()
-            self._buf = bytearray()  # the connection is dead; never leave an exported buffer
+        except BaseException:
+            self._buf = bytearray()  # the connection is dead; drop the tail with the error
             raise
-        mv.release()
+        finally:
+            mv.release()  # the bytearray cannot be resized while a view of it is alive
         if src is buf:
             if pos:
                 del buf[:pos]
@@ -625,7 +625,7 @@ def _encode_ack(p: PubAck | PubRec | PubRel | PubComp, version: int) -> bytes:
     if version == 5:
         props = encode_properties(p.properties, p.packet_type)
         if props != b"\x00":
-            return bytes((first, 3 + len(props), pid >> 8, pid & 0xFF, p.reason_code)) + props
+            return _frame(first, bytes((pid >> 8, pid & 0xFF, p.reason_code)) + props)
         if p.reason_code:
             return bytes((first, 3, pid >> 8, pid & 0xFF, p.reason_code))
     return bytes((first, 2, pid >> 8, pid & 0xFF))

@@ -242,7 +242,7 @@ def test_stream_of_all_packets_in_one_feed_and_bytewise(version: int) -> None:
 
 @pytest.mark.parametrize("version", [3, 4, 5])
 def test_stream_split_at_every_offset(version: int) -> None:
-    packets = [
+    packets: list[Packet] = [
         Publish("a/b", b"x" * 130, 1, packet_id=1),
         PubAck(1),
         PingReq(),
@@ -374,7 +374,7 @@ def test_paho_subscribe_5() -> None:
 
 
 def test_paho_subscribe_unsubscribe_311() -> None:
-    expected = [
+    expected: list[Packet] = [
         Subscribe(1, [SubscriptionRequest("a/+", 1), SubscriptionRequest("b/#", 2)]),
         Unsubscribe(2, ["a/+"]),
     ]
@@ -418,7 +418,9 @@ def test_paho_subscribe_unsubscribe_311() -> None:
 def test_known_bytes(packet: Packet, version: int, data: bytes) -> None:
     assert encode(packet, version) == data
     decoded = decode_all(data, version)
-    if isinstance(packet, ConnAck) and version == 3 or isinstance(packet, PubAck) and version < 5:
+    if (isinstance(packet, ConnAck) and version == 3) or (
+        isinstance(packet, PubAck) and version < 5
+    ):
         return  # fields the dialect cannot carry were dropped on purpose
     assert decoded == [packet]
 
@@ -485,7 +487,9 @@ def test_auth_cannot_be_encoded_before_v5() -> None:
 
 
 def test_v5_fields_are_dropped_for_v3_v4() -> None:
-    sub = Subscribe(1, [SubscriptionRequest("a", 1, True, True, 2)], Properties(user_properties=[("a", "b")]))
+    sub = Subscribe(
+        1, [SubscriptionRequest("a", 1, True, True, 2)], Properties(user_properties=[("a", "b")])
+    )
     assert decode_all(encode(sub, 4), 4) == [Subscribe(1, [SubscriptionRequest("a", 1)])]
     pub = Publish("a", b"", properties=Properties(content_type="x"))
     assert decode_all(encode(pub, 4), 4) == [Publish("a", b"")]
@@ -515,3 +519,28 @@ def test_properties_repr_shows_only_set_fields() -> None:
     assert repr(Properties(topic_alias=3, user_properties=[("a", "b")])) == (
         "Properties(topic_alias=3, user_properties=[('a', 'b')])"
     )
+
+
+@pytest.mark.parametrize("version", [3, 4, 5])
+def test_every_packet_type_with_multibyte_remaining_length(version: int) -> None:
+    # Regression: v5 acks once wrote remaining length as one byte, wrong from 128 up.
+    big = "x" * 300
+    for packet in samples(version):
+        props = getattr(packet, "properties", None)
+        if props is not None and version == 5:
+            props.user_properties.append((big, big))
+        elif isinstance(packet, Subscribe):
+            packet.subscriptions.append(SubscriptionRequest(big))
+        elif isinstance(packet, Unsubscribe):
+            packet.topic_filters.append(big)
+        elif isinstance(packet, Connect):
+            packet.client_id = big
+        elif isinstance(packet, Publish):
+            packet.payload = big.encode()
+        elif isinstance(packet, SubAck):
+            packet.reason_codes = [0] * 300
+        else:
+            continue  # nothing variable to grow in this dialect (acks, pings, v3/v4 DISCONNECT)
+        data = encode(packet, version)
+        assert len(data) > 130, packet
+        assert decode_all(data, version) == [packet]

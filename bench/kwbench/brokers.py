@@ -1,0 +1,334 @@
+"""The brokers under test: each started by the benchmark on its own free loopback port, with a
+generated config, and observed through /proc (CPU time, RSS).
+
+- kittiwake: ``python -m kittiwake serve --config FILE`` with this repo's ``src`` on PYTHONPATH.
+- mosquitto: Debian's ``/usr/sbin/mosquitto -c FILE`` (``bench/setup_peers.sh`` installs it).
+- amqtt:     the ``amqtt`` broker CLI from ``bench/.venv-amqtt`` (``bench/setup_peers.sh``).
+
+Every broker gets comparable settings: loopback only, anonymous access, no persistence, no
+$SYS publishing, TCP_NODELAY, warning-level logging, in-flight window 100 and queues large
+enough that the bounded workloads never hit them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kwbench import wire
+
+BENCH_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = BENCH_DIR.parent
+AMQTT_VENV = BENCH_DIR / ".venv-amqtt"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# Inherits from the (patched at startup) ``preexec`` so brokers land on the chosen CPUs.
+_AMQTT_LAUNCHER = """\
+import logging, sys
+logging.disable(logging.INFO)   # the CLI forces INFO (3 lines per connection); keep warnings
+from amqtt.scripts.broker_script import main
+sys.argv = ["amqtt", "-c", sys.argv[1]]
+sys.exit(main())
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BrokerUnavailable(RuntimeError):
+    pass
+
+
+class Broker:
+    name = "?"
+
+    def __init__(self, workdir: Path, cpus: set[int] | None) -> None:
+        self.workdir = workdir
+        self.cpus = cpus
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"{self.name}.log"
+        self.version = "?"
+
+    # -- to implement ------------------------------------------------------------------
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def check(self) -> None:
+        """Raise BrokerUnavailable when the broker is not installed."""
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self, timeout: float = 20.0) -> None:
+        self.check()
+        self.port = free_port()
+        cmd = self.command()
+        cpus = self.cpus
+
+        def preexec() -> None:
+            os.setsid()
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=self.env(),
+                                     preexec_fn=preexec, cwd=self.workdir)
+        log.close()
+        end = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise BrokerUnavailable(f"{self.name} exited with {self.proc.returncode}: "
+                                        f"{self.log_tail()}")
+            try:
+                probe(self.port)
+                return
+            except OSError as exc:
+                last_error = exc
+                time.sleep(0.1)
+        self.stop()
+        raise BrokerUnavailable(f"{self.name} did not answer an MQTT CONNECT on port "
+                                f"{self.port} within {timeout}s ({last_error}): "
+                                f"{self.log_tail()}")
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        self.proc = None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT if self.name == "amqtt" else signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def cpu_seconds(self) -> float:
+        """user + system CPU time of the broker process, from /proc/PID/stat."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def rss_kb(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def threads(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+        return 0
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def settle(self, max_wait: float = 15.0, busy_pct: float = 5.0) -> float:
+        """Wait until the broker is idle (CPU < busy_pct over 0.3 s); returns seconds waited."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < max_wait:
+            c0 = self.cpu_seconds()
+            time.sleep(0.3)
+            if (self.cpu_seconds() - c0) / 0.3 * 100 < busy_pct:
+                break
+        return time.monotonic() - t0
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "port": self.port,
+                "command": " ".join(self.command())}
+
+
+def probe(port: int, timeout: float = 2.0) -> None:
+    """One MQTT 3.1.1 CONNECT/CONNACK round trip; raises OSError when it fails."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(wire.connect(f"bench-probe-{os.getpid()}", keepalive=10, clean=True))
+        data = b""
+        while len(data) < 4:
+            chunk = s.recv(4 - len(data))
+            if not chunk:
+                raise ConnectionError("closed before CONNACK")
+            data += chunk
+        if wire.read_connack(data) != 0:
+            raise ConnectionError(f"CONNACK {data.hex()}")
+        s.sendall(wire.DISCONNECT_BYTES)
+
+
+class Kittiwake(Broker):
+    name = "kittiwake"
+
+    def __init__(self, workdir: Path, cpus: set[int] | None, python: str = sys.executable,
+                 durable: bool = False) -> None:
+        super().__init__(workdir, cpus)
+        self.python = python
+        self.durable = durable
+        self.config_path = workdir / "kittiwake.toml"
+        src = REPO_DIR / "src"
+        try:
+            out = subprocess.run(
+                [python, "-c", "import kittiwake, sys\n"
+                 "try:\n import uvloop; loop = 'uvloop ' + uvloop.__version__\n"
+                 "except ImportError:\n loop = 'asyncio'\n"
+                 "print(kittiwake.__version__, loop, sys.version.split()[0])"],
+                env=self.env(), capture_output=True, text=True, timeout=30, check=True)
+            version, loop, pyver = out.stdout.split()[0], *out.stdout.split()[1:3], ""
+            parts = out.stdout.split()
+            self.version = f"{parts[0]} (python {parts[-1]}, {' '.join(parts[1:-1])})"
+            del version, loop, pyver
+        except (subprocess.SubprocessError, OSError, IndexError) as exc:
+            self.version = f"? ({exc})"
+        del src
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        src = str(REPO_DIR / "src")
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
+                                   else "")
+        return env
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", "kittiwake", "serve", "--config", str(self.config_path)]
+
+    def start(self, timeout: float = 20.0) -> None:
+        # The port is chosen in super().start(); write the config with it just in time.
+        self.check()
+        self._write_config_on_start = True
+        super().start(timeout)
+
+    def check(self) -> None:
+        if self.version.startswith("?"):
+            raise BrokerUnavailable(f"kittiwake does not import: {self.version}")
+
+
+class Mosquitto(Broker):
+    name = "mosquitto"
+
+    def __init__(self, workdir: Path, cpus: set[int] | None) -> None:
+        super().__init__(workdir, cpus)
+        self.binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        self.config_path = workdir / "mosquitto.conf"
+        if os.path.exists(self.binary):
+            out = subprocess.run([self.binary, "-h"], capture_output=True, text=True)
+            first = (out.stdout or out.stderr).splitlines()
+            self.version = first[0].replace("mosquitto version ", "") if first else "?"
+
+    def command(self) -> list[str]:
+        return [self.binary, "-c", str(self.config_path)]
+
+    def check(self) -> None:
+        if not os.path.exists(self.binary):
+            raise BrokerUnavailable("mosquitto is not installed: run bench/setup_peers.sh")
+
+
+class Amqtt(Broker):
+    name = "amqtt"
+
+    def __init__(self, workdir: Path, cpus: set[int] | None) -> None:
+        super().__init__(workdir, cpus)
+        self.python = str(AMQTT_VENV / "bin" / "python")
+        self.config_path = workdir / "amqtt.yaml"
+        self.launcher = workdir / "amqtt_launch.py"
+        if os.path.exists(self.python):
+            out = subprocess.run(
+                [self.python, "-c", "import importlib.metadata as m; print(m.version('amqtt'))"],
+                capture_output=True, text=True)
+            self.version = out.stdout.strip() or "?"
+
+    def command(self) -> list[str]:
+        return [self.python, str(self.launcher), str(self.config_path)]
+
+    def check(self) -> None:
+        if not os.path.exists(AMQTT_VENV / "bin" / "amqtt"):
+            raise BrokerUnavailable("amqtt is not installed: run bench/setup_peers.sh")
+
+
+def write_config(broker: Broker, port: int) -> None:
+    """The config file of ``broker`` for ``port``."""
+    if isinstance(broker, Kittiwake):
+        store = ""
+        if broker.durable:
+            # Hook for the persistent QoS 1 workload: the durable store's config goes here
+            # once kittiwake has one (see workloads.PENDING).
+            store = "\n# durable store: not configurable yet\n"
+        broker.config_path.write_text(f"""\
+log_level = "warning"
+uvloop = true
+
+[[listeners]]
+protocol = "mqtt"
+host = "127.0.0.1"
+port = {port}
+
+[limits]
+max_inflight = 100
+receive_maximum = 100
+max_queued_messages = 1000000
+
+[sys]
+interval = 0
+{store}""")
+    elif isinstance(broker, Mosquitto):
+        broker.config_path.write_text(f"""\
+listener {port} 127.0.0.1
+allow_anonymous true
+persistence false
+sys_interval 0
+set_tcp_nodelay true
+max_inflight_messages 100
+max_queued_messages 1000000
+log_dest stderr
+log_type error
+log_type warning
+""")
+    elif isinstance(broker, Amqtt):
+        broker.config_path.write_text(f"""\
+listeners:
+  default:
+    type: tcp
+    bind: 127.0.0.1:{port}
+plugins:
+  amqtt.plugins.authentication.AnonymousAuthPlugin:
+    allow_anonymous: true
+""")
+        broker.launcher.write_text(_AMQTT_LAUNCHER)
+
+
+BROKERS = {"kittiwake": Kittiwake, "mosquitto": Mosquitto, "amqtt": Amqtt}
+
+
+def make_workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="kwbench-"))
