@@ -105,6 +105,8 @@ class Broker:
         self.version = __version__
         # Sessions without a connection, the only ones whose expiry and will timers can fire.
         self._detached: set[Session] = set()
+        # Sessions whose queue holds messages not yet visible (delivery time): tick pumps them.
+        self._delayed: set[Session] = set()
         self._next_anonymous = 0
 
     # -- recovery -------------------------------------------------------------------------
@@ -191,14 +193,17 @@ class Broker:
             old.taken_over()
             # A session with expiry 0 ended with its old connection; start afresh then.
             existing = self.sessions.get(client_id)
+        if existing is not None and existing.will_at is not None:
+            # A new connection for this client id before the will delay passed deletes the
+            # will, whether or not it resumes the session (MQTT 5 §3.1.2.5).
+            existing.will = None
+            existing.will_at = None
         if existing is not None and clean_start:
             self._end_session(existing, now)
             existing = None
         if existing is not None:
             session = existing
             session_present = True
-            # A reconnection before the will delay passed cancels the will (MQTT-3.1.3-9).
-            session.will_at = None
             session.expires_at = None
             self._detached.discard(session)
         else:
@@ -318,6 +323,12 @@ class Broker:
         for message in self.retained.remove_expired(now):
             if message.persistent:
                 self.store.set_retained(message.topic, None)
+        for session in list(self._delayed):
+            due = session.queue.next_visible_time()
+            if due is None or self.sessions.get(session.client_id) is not session:
+                self._delayed.discard(session)
+            elif due <= now and session.consumer is not None:
+                self.pump(session)
 
     # -- subscriptions --------------------------------------------------------------------
 
@@ -546,6 +557,8 @@ class Broker:
                 )
             consumer.deliver(delivery_id, entry)
             self.stats.messages_sent += 1
+        if queue.next_visible_time() is not None:
+            self._delayed.add(session)
         for dead in expired:  # expired while queued: the store must forget them too
             if stored and dead.persistent:
                 self.store.release(session.client_id, dead.message.message_id)

@@ -116,6 +116,10 @@ class SQLiteStore:
         self._synchronous = synchronous
         self._ops: list[Operation] = []
         self._unwritten: dict[int, Message] = {}
+        # Ids inserted by the operations of the current loop turn (cleared at hand-off).
+        self._inserted: set[int] = set()
+        # An id was handed out since last_message_id was last written.
+        self._ids_dirty = False
         self._pending_future: asyncio.Future[None] | None = None
         self._last_future: asyncio.Future[None] | None = None
         self._scheduled = False
@@ -129,7 +133,7 @@ class SQLiteStore:
         except OSError as exc:
             raise StoreError(f"cannot create data directory {self.directory}: {exc}") from exc
         self._open_and_migrate()
-        self._last_id = int(self._read_meta("last_message_id") or 0)
+        self._last_id = self._highest_id()
 
     # -- opening --------------------------------------------------------------------------
 
@@ -176,13 +180,27 @@ class SQLiteStore:
                 "Restore it from a backup or move it away to start with an empty store."
             ) from exc
 
-    def _read_meta(self, key: str) -> str | None:
+    def _highest_id(self) -> int:
+        """The last message id ever handed out: the stored counter, or any higher id a row
+        still holds (a database written before the counter was kept up to date)."""
         connection = self._connect()
         try:
-            row = connection.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-            return None if row is None else str(row[0])
+            row = connection.execute(
+                "SELECT value FROM meta WHERE key='last_message_id'"
+            ).fetchone()
+            stored = int(row[0]) if row is not None and row[0] is not None else 0
+            in_rows = connection.execute(
+                "SELECT MAX(m) FROM (SELECT MAX(id) AS m FROM messages "
+                "UNION ALL SELECT MAX(message_id) FROM queued)"
+            ).fetchone()[0]
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            raise StoreError(
+                f"{self.path} is not a readable kittiwake database ({exc}); refusing to start. "
+                "Restore it from a backup or move it away to start with an empty store."
+            ) from exc
         finally:
             connection.close()
+        return max(stored, int(in_rows or 0))
 
     # -- the Store protocol ---------------------------------------------------------------
 
@@ -190,6 +208,7 @@ class SQLiteStore:
         if message.message_id == 0:
             self._last_id += 1
             message.message_id = self._last_id
+            self._ids_dirty = True
         # Written only once something references it (or retention keeps every message).
         self._unwritten[message.message_id] = message
         self._schedule()
@@ -199,6 +218,12 @@ class SQLiteStore:
         unwritten = self._unwritten.pop(message.message_id, None)
         if unwritten is not None:
             self._ops.append(self._insert_message(unwritten))
+            self._inserted.add(message.message_id)
+        elif message.message_id not in self._inserted:
+            # Queued again in a later turn (a retained message sent to a new subscriber): the
+            # row may have been deleted when its earlier references were released.
+            self._ops.append(self._insert_message(message))
+            self._inserted.add(message.message_id)
         self._add(
             "INSERT OR REPLACE INTO queued VALUES (?, ?, ?, ?, ?, ?, 0, 'queued')",
             (client_id, message.message_id, entry.qos, int(entry.retain),
@@ -306,6 +331,13 @@ class SQLiteStore:
                 state.incoming_qos2.setdefault(client_id, set()).add(packet_id)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot read stored state ({exc})") from exc
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            # Damage inside a row passes SQLite's page checks; never start on half a state.
+            raise StoreError(
+                f"{self.path}: a stored record cannot be decoded ({type(exc).__name__}: {exc}); "
+                "refusing to start. Restore it from a backup or move it away to start with an "
+                "empty store."
+            ) from exc
         finally:
             connection.close()
         log.info(
@@ -317,7 +349,7 @@ class SQLiteStore:
 
     def close(self) -> None:
         """Write what is pending and stop the writer (graceful shutdown)."""
-        if self._ops or self._unwritten:
+        if self._ops or self._unwritten or self._ids_dirty:
             self._hand_off()
         if self._writer is not None:
             self._queue.put(None)
@@ -345,11 +377,14 @@ class SQLiteStore:
         self._ops = []
         if self._retention and self._unwritten:
             ops.extend(self._insert_message(m) for m in self._unwritten.values())
-        if self._unwritten:
+        self._unwritten.clear()
+        self._inserted.clear()
+        if self._ids_dirty:
+            # In the same transaction as the rows using the new ids, so an id never comes back.
             ops.append(
                 ("UPDATE meta SET value=? WHERE key='last_message_id'", (str(self._last_id),))
             )
-            self._unwritten.clear()
+            self._ids_dirty = False
         future = self._pending_future
         self._pending_future = None
         if not ops:

@@ -152,6 +152,15 @@ class Harness:
         assert self.broker.publish(message) is None  # MemoryStore commits at once
         return message
 
+    def restart(self) -> Harness:
+        """A new broker over this one's store, recovered as at process start."""
+        again = Harness.__new__(Harness)
+        again.clock = ManualClock(self.clock.now())
+        again.store = self.store
+        again.broker = Broker(self.broker.config, clock=again.clock, store=self.store)
+        again.broker.recover()
+        return again
+
     def advance(self, seconds: float) -> None:
         """Move time and fire the broker's due timers, as the tick loop would."""
         self.clock.advance(seconds)

@@ -243,3 +243,15 @@ def test_sequence_numbers_follow_arrival() -> None:
     for e in entries:
         q.push(e)
     assert [e.sequence for e in entries] == sorted({e.sequence for e in entries})
+
+
+def test_pop_hands_back_expired_entries_when_asked() -> None:
+    """pop can report the expired entries it skipped, so their owner can release them."""
+    q = queue()
+    dead = entry(b"dead", expiry=NOW)
+    q.push(dead)
+    q.push(entry(b"alive"))
+    expired: list[QueuedMessage] = []
+    got = q.pop(NOW, expired)
+    assert got is not None and got.message.payload == b"alive"
+    assert expired == [dead]

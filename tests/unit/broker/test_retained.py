@@ -242,3 +242,19 @@ def test_expiry_clears_the_stored_copy(harness) -> None:
     harness.advance(5)
     assert harness.store.retained == {}
     assert len(harness.broker.retained) == 0
+
+
+def test_retained_at_subscribe_carries_the_subscription_id(harness) -> None:
+    """A retained message sent because of a subscription carries that subscription's id."""
+    harness.publish("t", b"r", retain=True)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "t", subscription_id=42)
+    [got] = consumer.deliveries
+    assert got.entry.subscription_ids == (42,)
+
+
+def test_nonpersistent_retained_is_not_stored(harness) -> None:
+    """A nonpersistent retained message (QoS 0) never reaches the store (DESIGN.md §2)."""
+    harness.publish("t", b"r", qos=0, retain=True)
+    assert harness.store.retained == {}
+    assert harness.broker.retained.get("t").payload == b"r"

@@ -390,3 +390,33 @@ def test_publish_sys_skips_unchanged_figures(harness) -> None:
     consumer.clear()
     publish_sys(harness.broker)
     assert consumer.deliveries == []
+
+
+# -- delivery time ---------------------------------------------------------------------------
+
+
+def test_delayed_message_delivered_when_its_time_comes(harness) -> None:
+    """A message with a delivery time reaches a connected subscriber only once the clock
+    passes it, driven by tick alone (DESIGN.md §4: delays run on the one clock)."""
+    session, consumer, _ = harness.connect("s")
+    harness.subscribe(session, "t", qos=1)
+    now = harness.clock.now()
+    harness.publish("t", b"later", qos=1, delivery_time=now + 10)
+    harness.publish("t", b"now", qos=1)
+    assert consumer.payloads == [b"now"]
+    harness.advance(9)
+    assert consumer.payloads == [b"now"]
+    harness.advance(1)
+    assert consumer.payloads == [b"now", b"later"]
+    harness.advance(10)
+    assert consumer.payloads == [b"now", b"later"]
+
+
+def test_delayed_message_for_offline_session(harness) -> None:
+    """A delayed message queued while offline waits for both the reconnection and its time."""
+    offline_subscriber(harness)
+    harness.publish("t", b"later", qos=1, delivery_time=harness.clock.now() + 10)
+    _, consumer, _ = harness.connect("sub", clean_start=False, expiry=3600)
+    assert consumer.deliveries == []
+    harness.advance(10)
+    assert consumer.payloads == [b"later"]

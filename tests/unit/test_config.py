@@ -1,0 +1,222 @@
+"""Configuration: TOML in, typed frozen Config out; every mistake named by its dotted key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from kittiwake.config import (
+    AuthConfig,
+    Config,
+    ConfigError,
+    LimitsConfig,
+    ListenerConfig,
+    SessionConfig,
+    SysConfig,
+    config_from_dict,
+    load_config,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "kittiwake.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_no_file_gives_defaults() -> None:
+    """load_config(None) is the all-defaults Config."""
+    assert load_config(None) == Config()
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    """Every key is optional: an empty file is the defaults."""
+    assert load_config(write(tmp_path, "")) == Config()
+
+
+def test_example_file_loads_and_equals_defaults() -> None:
+    """kittiwake.example.toml documents the defaults: it loads and equals Config()."""
+    assert load_config(REPO / "kittiwake.example.toml") == Config()
+
+
+def test_defaults() -> None:
+    """The documented defaults (a sample of the limits users rely on)."""
+    config = Config()
+    assert config.listeners == (ListenerConfig("mqtt", "127.0.0.1", 1883),)
+    assert config.limits.max_inflight == 100
+    assert config.limits.receive_maximum == 100
+    assert config.limits.max_packet_size == 16 * 1024 * 1024
+    assert config.limits.queue_full_policy == "reject_new"
+    assert config.sessions.max_session_expiry == 7 * 24 * 3600
+    assert config.sys.interval == 10.0
+    assert config.auth == AuthConfig()
+    assert config.auth.publish_allow == () and config.auth.allow_anonymous is True
+    assert config.log_level == "info"
+
+
+def test_load_values(tmp_path: Path) -> None:
+    """Values from the file land in the typed config; lists become tuples."""
+    path = write(
+        tmp_path,
+        """
+log_level = "debug"
+uvloop = false
+
+[[listeners]]
+host = "0.0.0.0"
+port = 1884
+
+[[listeners]]
+port = 0
+
+[limits]
+max_inflight = 20
+queue_full_policy = "discard_oldest"
+
+[sessions]
+max_keepalive = 0
+
+[sys]
+interval = 5
+
+[auth]
+publish_deny = ["$SYS/#", "secret/+"]
+""",
+    )
+    config = load_config(path)
+    assert config.log_level == "debug" and config.uvloop is False
+    assert config.listeners == (
+        ListenerConfig(host="0.0.0.0", port=1884),
+        ListenerConfig(port=0),
+    )
+    assert config.limits == LimitsConfig(max_inflight=20, queue_full_policy="discard_oldest")
+    assert config.sessions == SessionConfig(max_keepalive=0)
+    assert config.sys == SysConfig(interval=5.0)
+    assert isinstance(config.sys.interval, float)
+    assert config.auth.publish_deny == ("$SYS/#", "secret/+")
+
+
+def test_config_is_frozen() -> None:
+    """A loaded config cannot be changed behind the broker's back."""
+    config = Config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.log_level = "debug"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.limits.max_inflight = 1  # type: ignore[misc]
+
+
+# -- refusals name the dotted key ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ("bogus = 1", "bogus"),
+        ("[limits]\nmax_inflihgt = 5", "limits.max_inflihgt"),
+        ("[[listeners]]\nprotocl = 'mqtt'", "listeners[0].protocl"),
+        ("[auth]\nallow = []", "auth.allow"),
+        ("[nosuchtable]\nx = 1", "nosuchtable"),
+    ],
+)
+def test_unknown_key_is_refused(tmp_path: Path, toml: str, key: str) -> None:
+    """A typo never silently falls back to a default: the unknown key is named."""
+    path = write(tmp_path, toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert f"unknown key '{key}'" in message
+    assert str(path) in message
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('[limits]\nmax_inflight = "10"', "limits.max_inflight"),
+        ("[limits]\nmax_inflight = 10.5", "limits.max_inflight"),
+        ("[limits]\nmax_inflight = true", "limits.max_inflight"),
+        ("uvloop = 1", "uvloop"),
+        ('uvloop = "yes"', "uvloop"),
+        ("[sys]\ninterval = true", "sys.interval"),
+        ('[sys]\ninterval = "10"', "sys.interval"),
+        ('[[listeners]]\nport = "1883"', "listeners[0].port"),
+        ("[[listeners]]\nhost = 127", "listeners[0].host"),
+        ('[auth]\npublish_allow = "a/#"', "auth.publish_allow"),
+        ("[auth]\npublish_allow = ['a', 1]", "auth.publish_allow[1]"),
+        ("limits = 5", "limits"),
+        ('log_level = "verbose"', "log_level"),
+        ('[limits]\nqueue_full_policy = "drop"', "limits.queue_full_policy"),
+        ('[[listeners]]\nprotocol = "amqp"', "listeners[0].protocol"),
+    ],
+)
+def test_wrong_type_is_refused(tmp_path: Path, toml: str, key: str) -> None:
+    """A value of the wrong type (or outside a choice list) is refused, naming the key."""
+    path = write(tmp_path, toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"{path}: {key}:" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"limits": {"max_connections": -1}}, "limits.max_connections"),
+        ({"sys": {"interval": -0.5}}, "sys.interval"),
+        ({"sessions": {"max_session_expiry": -1}}, "sessions.max_session_expiry"),
+        ({"listeners": [{"port": 65536}]}, "listeners[0].port"),
+        ({"listeners": [{"port": -1}]}, "listeners[0].port"),
+        ({"limits": {"receive_maximum": 0}}, "limits.receive_maximum"),
+        ({"limits": {"receive_maximum": 65536}}, "limits.receive_maximum"),
+        ({"limits": {"max_inflight": 0}}, "limits.max_inflight"),
+        ({"limits": {"max_inflight": 65536}}, "limits.max_inflight"),
+        ({"limits": {"topic_alias_maximum": 65536}}, "limits.topic_alias_maximum"),
+        ({"limits": {"max_packet_size": 15}}, "limits.max_packet_size"),
+        ({"limits": {"max_packet_size": 268_435_461}}, "limits.max_packet_size"),
+        ({"sessions": {"max_keepalive": 65536}}, "sessions.max_keepalive"),
+    ],
+)
+def test_out_of_range_is_refused(raw: dict, key: str) -> None:
+    """Range checks refuse impossible values, naming the key."""
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw)
+    assert str(info.value).startswith(f"{key}:")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"listeners": [{"port": 0}, {"port": 65535}]},
+        {"limits": {"receive_maximum": 1, "max_inflight": 65535}},
+        {"limits": {"max_packet_size": 16}},
+        {"limits": {"max_packet_size": 268_435_460}},
+        {"limits": {"topic_alias_maximum": 0}},
+        {"sessions": {"max_keepalive": 65535}},
+        {"sys": {"interval": 0}},
+    ],
+)
+def test_range_edges_are_accepted(raw: dict) -> None:
+    """The limits of each range are themselves allowed."""
+    config_from_dict(raw)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    """A missing file is a ConfigError naming the file, not an OSError."""
+    missing = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError, match=r"absent\.toml"):
+        load_config(missing)
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    """Broken TOML is a ConfigError naming the file."""
+    path = write(tmp_path, "[limits\nmax_inflight = ")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value) and "not valid TOML" in str(info.value)
+
+
+def test_config_error_is_a_value_error() -> None:
+    """Callers that only know 'bad value' still catch configuration errors."""
+    assert issubclass(ConfigError, ValueError)
