@@ -132,7 +132,7 @@ class PahoClient:
     def connect(
         self,
         *,
-        keepalive: int = 30,
+        keepalive: int = 10,
         clean_start: bool | None = None,
         properties: PahoProperties | None = None,
         will: tuple[str, bytes, int, bool] | None = None,
@@ -300,6 +300,7 @@ class PahoClient:
 
 MOSQUITTO_SUB = shutil.which("mosquitto_sub")
 MOSQUITTO_PUB = shutil.which("mosquitto_pub")
+STDBUF = shutil.which("stdbuf")
 _MSG_PREFIX = "=>msg|"  # '@' and '%' are format directives for -F
 
 
@@ -319,19 +320,27 @@ class SubMessage:
 def mosquitto_pub(
     address: tuple[str, int], topic: str, message: str | None, *,
     version: str = "mqttv311", qos: int = 0, retain: bool = False,
-    extra: Iterable[str] = (), timeout: float = 10.0,
+    extra: Iterable[str] = (), timeout: float = 10.0, stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run mosquitto_pub once; ``message=None`` sends a zero-length payload (-n)."""
+    """Run mosquitto_pub once; ``message=None`` sends a zero-length payload (-n), unless
+    ``extra`` chooses another source (-l, -f) and ``stdin`` feeds it."""
     assert MOSQUITTO_PUB, "mosquitto_pub is not installed (Debian package mosquitto-clients)"
+    extra = list(extra)
     cmd = [
         MOSQUITTO_PUB, "-h", address[0], "-p", str(address[1]), "-V", version,
         "-q", str(qos), "-t", topic, "-i", unique("mpub"),
     ]
-    cmd += ["-n"] if message is None else ["-m", message]
+    if message is not None:
+        cmd += ["-m", message]
+    elif not {"-l", "-s", "-f"} & set(extra):
+        cmd.append("-n")
     if retain:
         cmd.append("-r")
     cmd += list(extra)
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+    )
     assert result.returncode == 0, f"mosquitto_pub failed ({result.returncode}): {result.stderr}"
     return result
 
@@ -356,6 +365,8 @@ class MosquittoSub:
         for topic in topics:
             cmd += ["-t", topic]
         cmd += list(extra)
+        if STDBUF:  # mosquitto_sub's -d lines are block-buffered on a pipe otherwise
+            cmd = [STDBUF, "-oL", *cmd]
         self.cmd = cmd
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -434,12 +445,6 @@ class MosquittoSub:
         self.proc.wait(5)
 
     def stop(self) -> None:
-        """SIGTERM: mosquitto_sub disconnects cleanly and exits."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        """Teardown: end the process (SIGKILL; tests that need a clean DISCONNECT use -C)."""
+        self.kill()
         self._reader.join(2)

@@ -133,6 +133,34 @@ def mosquitto_sub() -> Iterator[Callable[..., MosquittoSub]]:
         sub.stop()
 
 
+class Bystander:
+    """A subscriber and a publisher connected before a test misbehaves on another connection;
+    :meth:`check` proves they still work, i.e. one client's punishment stayed its own."""
+
+    def __init__(self, address: tuple[str, int], paho: Callable[..., PahoClient]) -> None:
+        from .clients import MQTTv5
+
+        self.topic = unique("bystander")
+        self.sub = paho(address)
+        self.pub = paho(address, protocol=MQTTv5)
+        self.sub.subscribe(self.topic, 1)
+        self.checks = 0
+
+    def check(self) -> None:
+        self.checks += 1
+        payload = f"unaffected {self.checks}".encode()
+        self.pub.publish(self.topic, payload, 1)
+        message = self.sub.get()
+        assert message.payload == payload, "the bystander's subscription was disturbed"
+        assert self.sub.client.is_connected() and self.pub.client.is_connected()
+
+
+@pytest.fixture
+def bystander(address: tuple[str, int], paho: Callable[..., PahoClient]) -> Bystander:
+    """Two well-behaved clients on the module broker, connected for the whole test."""
+    return Bystander(address, paho)
+
+
 def _brokers_of(item: pytest.Item) -> list[BrokerProcess]:
     found: list[BrokerProcess] = []
     for value in getattr(item, "funcargs", {}).values():

@@ -90,6 +90,26 @@ class RawClient:
         assert isinstance(packet, cls), f"expected {cls.__name__}, got {packet!r}"
         return packet
 
+    def wait_for(self, cls: type[P], timeout: float = 3.0, **fields: Any) -> P:
+        """The first ``cls`` packet (with the given field values) to arrive; packets of other
+        kinds received meanwhile stay queued, in order, for later :meth:`recv` calls."""
+        deadline = time.monotonic() + timeout
+        skipped: list[Packet] = []
+        try:
+            while True:
+                packet = self.recv(max(deadline - time.monotonic(), 0.001))
+                if isinstance(packet, cls) and all(
+                    getattr(packet, k) == v for k, v in fields.items()
+                ):
+                    return packet
+                skipped.append(packet)
+        except TimeoutError:
+            raise AssertionError(
+                f"no {cls.__name__} {fields or ''} within {timeout}s; received {skipped!r}"
+            ) from None
+        finally:
+            self._pending.extendleft(reversed(skipped))
+
     def recv_until_closed(self, timeout: float = 3.0) -> list[Packet]:
         """Every packet the broker sends before closing; AssertionError if it stays open."""
         packets: list[Packet] = []
@@ -139,7 +159,7 @@ class RawClient:
         client_id: str,
         *,
         clean_start: bool = True,
-        keepalive: int = 30,
+        keepalive: int = 10,
         properties: Properties | None = None,
         will: Will | None = None,
         username: str | None = None,
@@ -181,8 +201,8 @@ class RawClient:
         )
         self.send(packet)
         if qos == 1 and wait_ack:
-            ack = self.expect(PubAck)
-            assert ack.packet_id == packet.packet_id
+            ack = self.wait_for(PubAck, packet_id=packet.packet_id)
+            assert ack.reason_code == 0, f"publication refused: {ack!r}"
         return packet
 
     def disconnect(self, reason_code: int = 0, properties: Properties | None = None) -> None:

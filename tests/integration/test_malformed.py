@@ -1,0 +1,196 @@
+"""Malformed and out-of-protocol input: the offending connection is closed (v5: after a
+DISCONNECT or CONNACK with the reason), and nobody else notices.
+
+MQTT 3.1.1 §4.8 / MQTT 5 §4.13 (handling errors), §1.5.5 (Variable Byte Integer), §2.1.3
+(fixed header flags), §3.1 (CONNECT rules).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kittiwake.mqtt.codec import encode, encode_remaining_length
+from kittiwake.mqtt.packets import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    Publish,
+    Subscribe,
+    SubscriptionRequest,
+)
+
+from .clients import unique
+
+
+def frame(first: int, body: bytes) -> bytes:
+    """A packet from a first byte and a body, with a correct Remaining Length."""
+    return bytes([first]) + encode_remaining_length(len(body)) + body
+
+
+def utf8(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def publish_body(topic: bytes | str, payload: bytes, version: int, packet_id: int | None = None) -> bytes:
+    body = utf8(topic)
+    if packet_id is not None:
+        body += packet_id.to_bytes(2, "big")
+    if version == 5:
+        body += b"\x00"  # no properties
+    return body + payload
+
+
+def _subscribe_bytes(version: int) -> bytes:
+    return encode(Subscribe(1, [SubscriptionRequest("a/b", 0)]), version)
+
+
+# (name, bytes for a version, v5 DISCONNECT reason)
+AFTER_CONNECT = [
+    ("remaining-length-5-bytes", lambda v: b"\x30\xff\xff\xff\xff\x01", 0x81),
+    ("subscribe-reserved-flags", lambda v: bytes([0x80]) + _subscribe_bytes(v)[1:], 0x81),
+    ("pubrel-reserved-flags", lambda v: b"\x60\x02\x00\x01", 0x81),
+    ("reserved-packet-type-0", lambda v: b"\x00\x00", 0x81),
+    ("publish-qos-3", lambda v: frame(0x36, publish_body("a/b", b"x", v, 1)), 0x81),
+    ("dup-on-qos-0", lambda v: frame(0x38, publish_body("a/b", b"x", v)), 0x81),
+    ("wildcard-plus-in-topic", lambda v: frame(0x30, publish_body("a/+", b"x", v)), 0x90),
+    ("wildcard-hash-in-topic", lambda v: frame(0x32, publish_body("a/#", b"x", v, 1)), 0x90),
+    ("invalid-utf8-topic", lambda v: frame(0x30, publish_body(b"a/\xff\xfe", b"x", v)), 0x81),
+    ("nul-in-topic", lambda v: frame(0x30, publish_body("a/\x00b", b"x", v)), 0x81),
+    ("packet-id-0", lambda v: frame(0x32, publish_body("a/b", b"x", v, 0)), 0x82),
+    ("subscribe-without-filters",
+     lambda v: frame(0x82, b"\x00\x01" + (b"\x00" if v == 5 else b"")), 0x82),
+    ("second-connect", lambda v: encode(Connect(unique("again"), protocol_version=v), v), 0x82),
+    ("connack-from-client", lambda v: encode(ConnAck(False, 0), v), 0x82),
+    ("topic-length-past-end", lambda v: frame(0x30, b"\x00\x50a/b"), 0x81),
+]
+
+
+@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize(
+    ("make", "v5_reason"), [c[1:] for c in AFTER_CONNECT], ids=[c[0] for c in AFTER_CONNECT]
+)
+def test_malformed_packet_closes_only_that_connection(address, raw, bystander, version, make, v5_reason):
+    """A connected client that sends a malformed or forbidden packet is disconnected: 3.1.1
+    just closes (MQTT-4.8.0-1), v5 sends DISCONNECT with the reason code first (MQTT-4.13.1-1).
+    Other clients keep working, and the broker keeps accepting connections."""
+    client = raw(address, version)
+    client.connect(unique("malformed"))
+    client.send_raw(make(version))
+    packets = client.recv_until_closed()
+    if version == 5:
+        assert [type(p) for p in packets] == [Disconnect], packets
+        assert packets[0].reason_code == v5_reason
+    else:
+        assert packets == []
+    bystander.check()
+    fresh = raw(address, version)
+    assert fresh.connect(unique("after-malformed")).reason_code == 0
+
+
+def _connect_body(name: str, level: int, flags: int = 0x02, client_id: str = "c") -> bytes:
+    body = utf8(name) + bytes([level, flags]) + (10).to_bytes(2, "big")
+    if level == 5:
+        body += b"\x00"
+    return body + utf8(client_id)
+
+
+def test_first_packet_must_be_connect(address, raw, bystander):
+    """Anything but CONNECT as the first packet closes the connection without a reply
+    (MQTT-3.1.0-1)."""
+    client = raw(address, 4)
+    client.send_raw(frame(0x30, publish_body("a/b", b"early", 4)))
+    assert client.recv_until_closed() == []
+    pinger = raw(address, 4)
+    pinger.send_raw(b"\xc0\x00")
+    assert pinger.recv_until_closed() == []
+    bystander.check()
+
+
+@pytest.mark.parametrize(
+    ("name", "level"), [("MQTT", 6), ("MQTT", 3), ("MQIsdp", 4), ("MQTT", 0)]
+)
+def test_unsupported_protocol_level_gets_connack_0x01(address, raw, bystander, name, level):
+    """A CONNECT with a protocol level the broker does not speak gets the 3.1.1-style CONNACK
+    return code 0x01 (Unacceptable protocol version) and the connection is closed
+    (MQTT-3.1.2-2)."""
+    client = raw(address, 4)
+    client.send_raw(frame(0x10, _connect_body(name, level)))
+    packets = client.recv_until_closed()
+    assert len(packets) == 1 and isinstance(packets[0], ConnAck), packets
+    assert (packets[0].reason_code, packets[0].session_present) == (0x01, False)
+    bystander.check()
+
+
+@pytest.mark.parametrize("name", ["HTTP", "mqtt", ""])
+def test_unknown_protocol_name_is_closed_without_connack(address, raw, bystander, name):
+    """A CONNECT with a protocol name other than MQTT/MQIsdp is not MQTT: the broker closes the
+    connection without a CONNACK (MQTT-3.1.2-1)."""
+    client = raw(address, 4)
+    client.send_raw(frame(0x10, _connect_body(name, 4)))
+    assert client.recv_until_closed() == []
+    bystander.check()
+
+
+@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize(
+    "flags",
+    [0x03, 0x1E, 0x22, 0x42],
+    ids=["reserved-bit", "will-qos-3", "will-retain-without-will", "password-without-user"],
+)
+def test_malformed_connect_is_closed(address, raw, bystander, version, flags):
+    """Invalid CONNECT flags (reserved bit set MQTT-3.1.2-3, will QoS 3 MQTT-3.1.2-14, will
+    retain without will MQTT-3.1.2-15, password flag without user name MQTT-3.1.2-22 in 3.1.1,
+    and in v5 a password flag whose password is missing) close the connection; a v5 client
+    may first get a CONNACK with an error reason (MQTT 5 §3.1.4, "MAY send a CONNACK")."""
+    client = raw(address, version)
+    client.send_raw(frame(0x10, _connect_body("MQTT", version, flags)))
+    packets = client.recv_until_closed()
+    assert packets == [] or (
+        version == 5 and len(packets) == 1 and isinstance(packets[0], ConnAck)
+        and packets[0].reason_code >= 0x80
+    ), packets
+    bystander.check()
+
+
+def test_non_mqtt_bytes_are_closed(address, raw, bystander):
+    """An HTTP request on the MQTT port is closed without a reply. ('G' reads as a PUBACK
+    with reserved flags set and 'E' as a Remaining Length of 69, so the request must be at
+    least that long for the broker to see a complete packet; real browsers send more.)"""
+    client = raw(address, 4)
+    client.send_raw(
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: integration-test/1.0\r\n"
+        b"Accept: */*\r\nConnection: close\r\n\r\n"
+    )
+    assert client.recv_until_closed() == []
+    bystander.check()
+
+
+def test_truncated_packet_then_hang_up_leaves_broker_healthy(address, raw, bystander):
+    """A client that hangs up in the middle of a packet (here half a CONNECT, then half a
+    PUBLISH on a connected client) costs nothing but that connection."""
+    half = raw(address, 4)
+    connect = encode(Connect(unique("half")), 4)
+    half.send_raw(connect[: len(connect) // 2])
+    half.close()
+    mid = raw(address, 4)
+    mid.connect(unique("mid"))
+    publish = encode(Publish("a/b", b"x" * 100, 1, packet_id=1), 4)
+    mid.send_raw(publish[:50])
+    mid.close()
+    bystander.check()
+
+
+def test_malformed_packet_from_a_will_holder_publishes_its_will(address, raw, paho):
+    """A connection closed for a protocol error ends abnormally, so its will is published
+    (MQTT-3.1.2-8: the server closes the connection because of a protocol error)."""
+    from kittiwake.mqtt.packets import Will
+
+    topic = unique("malformed/will")
+    watcher = paho(address)
+    watcher.subscribe(topic, 1)
+    client = raw(address, 4)
+    client.connect(unique("will-holder"), will=Will(topic, b"broke the rules", 1))
+    client.send_raw(b"\x00\x00")
+    client.recv_until_closed()
+    assert watcher.get().payload == b"broke the rules"

@@ -1,0 +1,170 @@
+"""Retained messages: set, replace, clear, the RETAIN flag on the wire, and v5 retain options.
+
+MQTT 3.1.1 §3.3.1.3, MQTT 5 §3.3.1.3 (RETAIN) and §3.8.3.1 (Retain As Published, Retain
+Handling).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from .clients import MQTTv5, VERSIONS, unique
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+@pytest.mark.parametrize("version", ["v311", "v5"])
+def test_retained_message_goes_to_later_subscriber_with_retain_flag(address, paho, version, qos):
+    """A retained publication is stored and sent to a client that subscribes afterwards, with
+    RETAIN=1 because it is sent as a result of the new subscription (MQTT-3.3.1-6, -8/-9)."""
+    topic = unique("ret/set")
+    pub = paho(address, protocol=VERSIONS[version])
+    pub.publish(topic, b"stored", qos, retain=True)
+    pub.disconnect()  # the retained message outlives its publisher's connection
+    sub = paho(address, protocol=VERSIONS[version])
+    sub.subscribe(topic, 1)
+    message = sub.get()
+    assert (message.topic, message.payload, message.retain, message.qos) == (
+        topic, b"stored", True, qos,
+    )
+    sub.no_message(0.25)
+
+
+def test_newer_retained_message_replaces_the_older(address, paho):
+    """Only the latest retained message per topic is kept (MQTT-3.3.1-5)."""
+    topic = unique("ret/replace")
+    pub = paho(address)
+    pub.publish(topic, b"first", 1, retain=True)
+    pub.publish(topic, b"second", 1, retain=True)
+    pub.publish(topic, b"not retained", 1, retain=False)
+    sub = paho(address)
+    sub.subscribe(topic, 1)
+    message = sub.get()
+    assert (message.payload, message.retain) == (b"second", True)
+    sub.no_message(0.25)
+
+
+@pytest.mark.parametrize("version", ["v311", "v5"])
+def test_zero_length_retained_publish_clears_and_is_still_delivered_live(address, paho, version):
+    """A zero-byte retained publication removes the retained message; current subscribers still
+    receive it as a normal message, later subscribers get nothing (MQTT-3.3.1-10/-11)."""
+    topic = unique("ret/clear")
+    pub = paho(address, protocol=VERSIONS[version])
+    pub.publish(topic, b"soon gone", 1, retain=True)
+    live = paho(address, protocol=VERSIONS[version])
+    live.subscribe(topic, 1)
+    assert live.get().payload == b"soon gone"
+    pub.publish(topic, b"", 1, retain=True)
+    cleared = live.get()
+    assert (cleared.topic, cleared.payload, cleared.retain) == (topic, b"", False)
+    late = paho(address, protocol=VERSIONS[version])
+    late.subscribe(topic, 1)
+    late.no_message(0.4)
+
+
+@pytest.mark.parametrize("version", ["v311", "v5"])
+def test_live_delivery_of_retained_publication_has_retain_flag_clear(address, paho, version):
+    """A retained publication forwarded to an existing subscription carries RETAIN=0
+    (MQTT-3.3.1-9; in v5 unless Retain As Published is set, MQTT-3.3.1-12)."""
+    topic = unique("ret/live")
+    sub = paho(address, protocol=VERSIONS[version])
+    sub.subscribe(topic, 1)
+    pub = paho(address)
+    pub.publish(topic, b"live", 1, retain=True)
+    message = sub.get()
+    assert (message.payload, message.retain) == (b"live", False)
+
+
+def test_retain_as_published_keeps_retain_flag_on_live_delivery(address, paho):
+    """A v5 subscription with Retain As Published sees the publisher's RETAIN flag on live
+    messages: 1 for retained publications, 0 for others (MQTT-3.3.1-13)."""
+    topic = unique("ret/rap")
+    sub = paho(address, protocol=MQTTv5)
+    sub.subscribe(topic, options=SubscribeOptions(qos=1, retainAsPublished=True))
+    pub = paho(address)
+    pub.publish(topic, b"retained", 1, retain=True)
+    pub.publish(topic, b"plain", 1, retain=False)
+    first, second = sub.get_many(2)
+    assert (first.payload, first.retain) == (b"retained", True)
+    assert (second.payload, second.retain) == (b"plain", False)
+
+
+def test_wildcard_subscription_receives_every_matching_retained_message(address, paho):
+    """Subscribing with wildcards delivers the retained message of every matching topic, and
+    none of the others."""
+    base = unique("ret/wild")
+    pub = paho(address)
+    topics = [f"{base}/a", f"{base}/b/c", f"{base}/b/d"]
+    for topic in topics:
+        pub.publish(topic, topic.encode(), 1, retain=True)
+    pub.publish(f"{base}-other/x", b"no", 1, retain=True)
+    sub = paho(address)
+    sub.subscribe(f"{base}/#", 1)
+    got = sub.get_many(3)
+    assert sorted(m.topic for m in got) == sorted(topics)
+    assert all(m.retain and m.payload == m.topic.encode() for m in got)
+    sub.no_message(0.25)
+    plus = paho(address)
+    plus.subscribe(f"{base}/b/+", 1)
+    assert sorted(m.topic for m in plus.get_many(2)) == [f"{base}/b/c", f"{base}/b/d"]
+    plus.no_message(0.25)
+
+
+@pytest.mark.parametrize(("sub_qos", "expected"), [(0, 0), (1, 1), (2, 1)])
+def test_retained_delivery_qos_is_lower_of_message_and_subscription(
+    address, paho, sub_qos, expected
+):
+    """A retained QoS 1 message is sent to a new subscriber at min(1, granted QoS)."""
+    topic = unique("ret/qos")
+    paho(address).publish(topic, b"q1", 1, retain=True)
+    sub = paho(address)
+    sub.subscribe(topic, sub_qos)
+    message = sub.get()
+    assert (message.payload, message.qos, message.retain) == (b"q1", expected, True)
+
+
+def _subscribe_twice(paho, address, topic, handling):
+    sub = paho(address, protocol=MQTTv5)
+    options = SubscribeOptions(qos=1, retainHandling=handling)
+    sub.subscribe(topic, options=options)
+    first = sub.drain() or ([sub.get(0.5)] if handling != 2 else [])
+    if handling == 2:
+        sub.no_message(0.3)
+    sub.subscribe(topic, options=options)  # the same filter again: replaces the subscription
+    return sub, first
+
+
+def test_retain_handling_0_sends_retained_on_every_subscribe(address, paho):
+    """Retain Handling 0: retained messages are sent at subscribe time, also when the
+    subscription already existed (MQTT-3.3.1-9)."""
+    topic = unique("ret/rh0")
+    paho(address).publish(topic, b"rh", 1, retain=True)
+    sub, first = _subscribe_twice(paho, address, topic, SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)
+    assert [(m.payload, m.retain) for m in first] == [(b"rh", True)]
+    again = sub.get()
+    assert (again.payload, again.retain) == (b"rh", True)
+    sub.no_message(0.25)
+
+
+def test_retain_handling_1_sends_retained_only_for_a_new_subscription(address, paho):
+    """Retain Handling 1: retained messages only if the subscription did not exist
+    (MQTT-3.3.1-10)."""
+    topic = unique("ret/rh1")
+    paho(address).publish(topic, b"rh", 1, retain=True)
+    sub, first = _subscribe_twice(paho, address, topic, SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+    assert [(m.payload, m.retain) for m in first] == [(b"rh", True)]
+    sub.no_message(0.4)
+
+
+def test_retain_handling_2_never_sends_retained(address, paho):
+    """Retain Handling 2: no retained messages at subscribe time (MQTT-3.3.1-11); live
+    messages still flow."""
+    topic = unique("ret/rh2")
+    pub = paho(address)
+    pub.publish(topic, b"rh", 1, retain=True)
+    sub, first = _subscribe_twice(paho, address, topic, SubscribeOptions.RETAIN_DO_NOT_SEND)
+    assert first == []
+    sub.no_message(0.3)
+    pub.publish(topic, b"live", 1)
+    assert sub.get().payload == b"live"
