@@ -34,5 +34,11 @@ lint: test-deps
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy --strict src/kittiwake
 
+# Side-by-side benchmark against mosquitto and amqtt (not part of the tests). BENCH_ARGS=--smoke
+# for a quick run.
+bench: venv
+	bash bench/setup_peers.sh
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache

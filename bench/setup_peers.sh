@@ -3,8 +3,16 @@
 #   - Debian's mosquitto (apt package `mosquitto`; only the binary is used, the benchmark
 #     starts it itself with a generated config on a loopback port);
 #   - amqtt from PyPI, in its own venv bench/.venv-amqtt (never in the project's venv).
+#   - with --with-profiler: py-spy in bench/.venv-tools, for `bench/run.py --profile`.
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
+WITH_PROFILER=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-profiler) WITH_PROFILER=1 ;;
+    *) echo "usage: $0 [--with-profiler]" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")"
 PYTHON="${PYTHON:-python3}"
 SUDO=""
@@ -25,6 +33,10 @@ if [ ! -x "$VENV/bin/amqtt" ]; then
     $SUDO apt-get update -q && $SUDO apt-get install -y -q python3-venv && "$PYTHON" -m venv "$VENV"; }
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q "amqtt>=0.11"
+fi
+if [ "$WITH_PROFILER" = 1 ] && ! command -v py-spy >/dev/null 2>&1 && [ ! -x .venv-tools/bin/py-spy ]; then
+  "$PYTHON" -m venv .venv-tools
+  .venv-tools/bin/python -m pip install -q py-spy
 fi
 echo "mosquitto: $(command -v mosquitto || echo /usr/sbin/mosquitto)"
 echo "amqtt:     $PWD/$VENV/bin/amqtt ($("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("amqtt"))'))"

@@ -5,9 +5,11 @@ generated config, and observed through /proc (CPU time, RSS).
 - mosquitto: Debian's ``/usr/sbin/mosquitto -c FILE`` (``bench/setup_peers.sh`` installs it).
 - amqtt:     the ``amqtt`` broker CLI from ``bench/.venv-amqtt`` (``bench/setup_peers.sh``).
 
-Every broker gets comparable settings: loopback only, anonymous access, no persistence, no
-$SYS publishing, TCP_NODELAY, warning-level logging, in-flight window 100 and queues large
-enough that the bounded workloads never hit them.
+Every broker gets comparable settings: loopback only, anonymous access, no $SYS publishing,
+warning-level logging, in-flight window 100 and queues large enough that the bounded workloads
+never hit them. Stores: mosquitto `persistence false` and amqtt (memory only) for the ordinary
+workloads; kittiwake keeps its default SQLite store, which clean sessions never write to. The
+durable workload restarts kittiwake and mosquitto with their durable stores on.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ REPO_DIR = BENCH_DIR.parent
 AMQTT_VENV = BENCH_DIR / ".venv-amqtt"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-# Inherits from the (patched at startup) ``preexec`` so brokers land on the chosen CPUs.
+# The `amqtt` console script's own entry point, run with INFO logging switched off so amqtt
+# logs as little as the others (which run at warning level).
 _AMQTT_LAUNCHER = """\
 import logging, sys
 logging.disable(logging.INFO)   # the CLI forces INFO (3 lines per connection); keep warnings
@@ -52,6 +55,8 @@ class BrokerUnavailable(RuntimeError):
 
 class Broker:
     name = "?"
+    # Has a durable message store the "durable" workloads can switch on.
+    supports_durable = True
 
     def __init__(self, workdir: Path, cpus: set[int] | None) -> None:
         self.workdir = workdir
@@ -60,6 +65,7 @@ class Broker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"{self.name}.log"
         self.version = "?"
+        self.durable = False  # run with the durable store on (see write_config)
 
     # -- to implement ------------------------------------------------------------------
     def command(self) -> list[str]:
@@ -71,10 +77,15 @@ class Broker:
     def check(self) -> None:
         """Raise BrokerUnavailable when the broker is not installed."""
 
+    def write_config(self) -> None:
+        """Write the config file for ``self.port``."""
+        raise NotImplementedError
+
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, timeout: float = 20.0) -> None:
         self.check()
         self.port = free_port()
+        self.write_config()
         cmd = self.command()
         cpus = self.cpus
 
@@ -83,11 +94,10 @@ class Broker:
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self.env(),
-                                     preexec_fn=preexec, cwd=self.workdir)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.env(),
+                                         preexec_fn=preexec, cwd=self.workdir)
         end = time.monotonic() + timeout
         last_error: Exception | None = None
         while time.monotonic() < end:
@@ -170,7 +180,8 @@ class Broker:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "port": self.port,
-                "command": " ".join(self.command())}
+                "command": " ".join(self.command()),
+                "config": self.config_path.read_text() if self.config_path.exists() else ""}
 
 
 def probe(port: int, timeout: float = 2.0) -> None:
@@ -192,26 +203,22 @@ class Kittiwake(Broker):
     name = "kittiwake"
 
     def __init__(self, workdir: Path, cpus: set[int] | None, python: str = sys.executable,
-                 durable: bool = False) -> None:
+                 store: str = "sqlite") -> None:
         super().__init__(workdir, cpus)
         self.python = python
-        self.durable = durable
+        self.store = store  # the backend of the ordinary (non-durable) workloads
         self.config_path = workdir / "kittiwake.toml"
-        src = REPO_DIR / "src"
         try:
             out = subprocess.run(
                 [python, "-c", "import kittiwake, sys\n"
                  "try:\n import uvloop; loop = 'uvloop ' + uvloop.__version__\n"
                  "except ImportError:\n loop = 'asyncio'\n"
-                 "print(kittiwake.__version__, loop, sys.version.split()[0])"],
+                 "print(kittiwake.__version__, sys.version.split()[0], loop)"],
                 env=self.env(), capture_output=True, text=True, timeout=30, check=True)
-            version, loop, pyver = out.stdout.split()[0], *out.stdout.split()[1:3], ""
-            parts = out.stdout.split()
-            self.version = f"{parts[0]} (python {parts[-1]}, {' '.join(parts[1:-1])})"
-            del version, loop, pyver
-        except (subprocess.SubprocessError, OSError, IndexError) as exc:
+            version, pyver, loop = out.stdout.strip().split(" ", 2)
+            self.version = f"{version} (python {pyver}, {loop})"
+        except (subprocess.SubprocessError, OSError, ValueError) as exc:
             self.version = f"? ({exc})"
-        del src
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -223,15 +230,38 @@ class Kittiwake(Broker):
     def command(self) -> list[str]:
         return [self.python, "-m", "kittiwake", "serve", "--config", str(self.config_path)]
 
-    def start(self, timeout: float = 20.0) -> None:
-        # The port is chosen in super().start(); write the config with it just in time.
-        self.check()
-        self._write_config_on_start = True
-        super().start(timeout)
-
     def check(self) -> None:
         if self.version.startswith("?"):
             raise BrokerUnavailable(f"kittiwake does not import: {self.version}")
+
+    def write_config(self) -> None:
+        # kittiwake's default store is SQLite; clean-session traffic never touches it.
+        # Durable workloads always get SQLite with fsync on every group commit (its default).
+        backend = "sqlite" if self.durable else self.store
+        data_dir = self.workdir / "kittiwake-data"
+        shutil.rmtree(data_dir, ignore_errors=True)  # every start begins empty
+        self.config_path.write_text(f"""\
+log_level = "warning"
+uvloop = true
+
+[[listeners]]
+protocol = "mqtt"
+host = "127.0.0.1"
+port = {self.port}
+
+[limits]
+max_inflight = 100
+receive_maximum = 100
+max_queued_messages = 1000000
+
+[sys]
+interval = 0
+
+[store]
+backend = "{backend}"
+data_dir = "{data_dir}"
+synchronous = "full"
+""")
 
 
 class Mosquitto(Broker):
@@ -253,9 +283,31 @@ class Mosquitto(Broker):
         if not os.path.exists(self.binary):
             raise BrokerUnavailable("mosquitto is not installed: run bench/setup_peers.sh")
 
+    def write_config(self) -> None:
+        # `listener` replaces the default listener; nothing binds beyond 127.0.0.1:port.
+        # Nagle stays on (mosquitto's default; set_tcp_nodelay true costs it ~35% here).
+        persistence = "persistence false"
+        if self.durable:
+            data_dir = self.workdir / "mosquitto-data"
+            shutil.rmtree(data_dir, ignore_errors=True)
+            data_dir.mkdir()
+            persistence = f"persistence true\npersistence_location {data_dir}/"
+        self.config_path.write_text(f"""\
+listener {self.port} 127.0.0.1
+allow_anonymous true
+{persistence}
+sys_interval 0
+max_inflight_messages 100
+max_queued_messages 1000000
+log_dest stderr
+log_type error
+log_type warning
+""")
+
 
 class Amqtt(Broker):
     name = "amqtt"
+    supports_durable = False
 
     def __init__(self, workdir: Path, cpus: set[int] | None) -> None:
         super().__init__(workdir, cpus)
@@ -275,56 +327,18 @@ class Amqtt(Broker):
         if not os.path.exists(AMQTT_VENV / "bin" / "amqtt"):
             raise BrokerUnavailable("amqtt is not installed: run bench/setup_peers.sh")
 
-
-def write_config(broker: Broker, port: int) -> None:
-    """The config file of ``broker`` for ``port``."""
-    if isinstance(broker, Kittiwake):
-        store = ""
-        if broker.durable:
-            # Hook for the persistent QoS 1 workload: the durable store's config goes here
-            # once kittiwake has one (see workloads.PENDING).
-            store = "\n# durable store: not configurable yet\n"
-        broker.config_path.write_text(f"""\
-log_level = "warning"
-uvloop = true
-
-[[listeners]]
-protocol = "mqtt"
-host = "127.0.0.1"
-port = {port}
-
-[limits]
-max_inflight = 100
-receive_maximum = 100
-max_queued_messages = 1000000
-
-[sys]
-interval = 0
-{store}""")
-    elif isinstance(broker, Mosquitto):
-        broker.config_path.write_text(f"""\
-listener {port} 127.0.0.1
-allow_anonymous true
-persistence false
-sys_interval 0
-set_tcp_nodelay true
-max_inflight_messages 100
-max_queued_messages 1000000
-log_dest stderr
-log_type error
-log_type warning
-""")
-    elif isinstance(broker, Amqtt):
-        broker.config_path.write_text(f"""\
+    def write_config(self) -> None:
+        # No logging/$SYS plugins: the same "quiet, no $SYS" footing as the others.
+        self.config_path.write_text(f"""\
 listeners:
   default:
     type: tcp
-    bind: 127.0.0.1:{port}
+    bind: 127.0.0.1:{self.port}
 plugins:
   amqtt.plugins.authentication.AnonymousAuthPlugin:
     allow_anonymous: true
 """)
-        broker.launcher.write_text(_AMQTT_LAUNCHER)
+        self.launcher.write_text(_AMQTT_LAUNCHER)
 
 
 BROKERS = {"kittiwake": Kittiwake, "mosquitto": Mosquitto, "amqtt": Amqtt}

@@ -2,8 +2,12 @@
 
 Each worker is a separate (spawned) process with raw non-blocking sockets and one selector.
 The hot paths are C-speed where it matters: publishers ``send`` slices of one pre-built buffer
-of PUBLISH frames; subscribers ``recv`` 256 KiB at a time and walk only fixed headers. Every
-loop is bounded by a count and by a deadline.
+of PUBLISH frames (stamping a batch's send time into the payloads just before); subscribers
+``recv_into`` one 256 KiB buffer and walk only fixed headers. In flood runs SO_RCVLOWAT makes
+the kernel wake a subscriber per 32 KiB (QoS 0) or per quarter window (QoS 1 subscribers and
+the publishers' PUBACKs) instead of per TCP segment, so the generator's cost does not depend
+on how a broker chops its writes; a 1-2 ms select timeout sweeps up what stays below the mark.
+Every loop is bounded by a count and by a deadline.
 
 Protocol with the harness (all through multiprocessing queues/events):
     worker -> ready_q : ("ready", worker_id, info) or ("error", worker_id, text)
@@ -14,6 +18,7 @@ Protocol with the harness (all through multiprocessing queues/events):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import resource
@@ -43,10 +48,8 @@ def _prepare(spec: dict[str, Any]) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
     cpus = spec.get("cpus")
     if cpus:
-        try:
+        with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpus)
-        except OSError:
-            pass
 
 
 def _mqtt_connect(host: str, port: int, client_id: str, *, clean: bool, timeout: float
@@ -99,7 +102,7 @@ def worker_main(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any, rele
 
 
 class _SubConn:
-    __slots__ = ("count", "expected", "first", "last", "next_sample", "out",
+    __slots__ = ("closed", "count", "expected", "first", "last", "next_sample", "out",
                  "pending", "samples", "sock", "stride", "writing")
 
     def __init__(self, sock: socket.socket, expected: int, stride: int) -> None:
@@ -108,18 +111,16 @@ class _SubConn:
         self.count = 0
         self.first = 0
         self.last = 0
-        self.pending = b""
+        self.pending = b""  # the start of a frame the last read cut off
         self.out = bytearray()
         self.samples: list[int] = []
         self.stride = stride
         self.next_sample = 1
         self.writing = False
+        self.closed = False
 
-    def feed(self, data: bytes, now: int) -> None:
-        """Count the PUBLISH frames in ``data``; queue a PUBACK for each QoS 1 one."""
-        if self.pending:
-            data = self.pending + data
-        n = len(data)
+    def feed(self, data: bytearray, n: int, now: int) -> None:
+        """Count the PUBLISH frames in ``data[:n]``; queue a PUBACK for each QoS 1 one."""
         i = 0
         count = self.count
         out = self.out
@@ -162,10 +163,10 @@ class _SubConn:
                     if ts:
                         samples.append(now - ts)
             i = end
-        self.pending = data[i:] if i < n else b""
-        if count and not self.first:
-            self.first = now
+        self.pending = bytes(data[i:n]) if i < n else b""
         if count != self.count:
+            if not self.first:
+                self.first = now
             self.last = now
         self.count = count
         self.next_sample = next_sample
@@ -177,9 +178,13 @@ def _subscriber(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> N
     stride = max(1, expected * len(spec["client_ids"]) // MAX_SAMPLES)
     if spec.get("sample_all"):
         stride = 1
+    # Flood runs: let the kernel gather data before waking us (SO_RCVLOWAT), so one recv takes
+    # many frames whatever the broker's write pattern; a short select timeout sweeps up tails.
+    lowat = spec.get("rcvlowat", 0)
+    sweep_s = 0.002
     conns: list[_SubConn] = []
     granted = []
-    for n, client_id in enumerate(spec["client_ids"]):
+    for client_id in spec["client_ids"]:
         sock = _mqtt_connect(host, port, client_id, clean=spec.get("clean", True), timeout=10)
         sock.sendall(wire.subscribe(1, spec["topic"], qos))
         suback = _recv_exact(sock, 5)
@@ -187,8 +192,9 @@ def _subscriber(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> N
             raise ConnectionError(f"{client_id}: bad SUBACK {suback.hex()}")
         granted.append(suback[4])
         sock.setblocking(False)
+        if lowat:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
         conns.append(_SubConn(sock, expected, stride))
-        del n
     ready_q.put(("ready", spec["id"], {"granted_qos": granted}))
     if not go.wait(spec["start_timeout_s"]):
         raise TimeoutError("no go signal")
@@ -205,6 +211,38 @@ def _subscriber(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> N
     errors: list[str] = []
     timed_out = False
     mono_ns = time.monotonic_ns
+    rbuf = bytearray(RECV_SIZE + 4096)
+    rview = memoryview(rbuf)
+
+    def read(c: _SubConn) -> bool:
+        """One non-blocking read of ``c``; False when nothing was there."""
+        nonlocal remaining, last_data
+        pl = len(c.pending)
+        if pl:
+            rbuf[:pl] = c.pending
+        try:
+            nb = c.sock.recv_into(rview[pl:pl + RECV_SIZE])
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            nb = 0
+            errors.append(f"recv: {exc}")
+        if not nb:
+            errors.append("connection closed by broker")
+            sel.unregister(c.sock)
+            c.closed = True
+            if c.count < c.expected:
+                remaining -= 1
+            return False
+        was_short = c.count < c.expected
+        c.feed(rbuf, pl + nb, mono_ns())
+        last_data = time.monotonic()
+        if c.out:
+            _flush(sel, c)
+        if was_short and c.count >= c.expected:
+            remaining -= 1
+        return True
+
     while remaining:
         now_s = time.monotonic()
         if now_s >= deadline:
@@ -216,45 +254,28 @@ def _subscriber(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> N
         if now_s - last_ping > PING_EVERY_S:
             last_ping = now_s
             for c in conns:
-                c.out += wire.PINGREQ_BYTES
-                _flush(sel, c)
-        for key, mask in sel.select(min(0.5, deadline - now_s)):
+                if not c.closed:
+                    c.out += wire.PINGREQ_BYTES
+                    _flush(sel, c)
+        events = sel.select(min(sweep_s if lowat else 0.5, deadline - now_s))
+        for key, mask in events:
             c = key.data
             if mask & selectors.EVENT_WRITE:
                 _flush(sel, c)
-            if not mask & selectors.EVENT_READ:
-                continue
-            try:
-                data = c.sock.recv(RECV_SIZE)
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                data = b""
-                errors.append(f"recv: {exc}")
-            if not data:
-                errors.append("connection closed by broker")
-                sel.unregister(c.sock)
-                if c.count < c.expected:
-                    remaining -= 1
-                c.expected = -1  # mark closed
-                continue
-            was_short = c.count < c.expected
-            c.feed(data, mono_ns())
-            last_data = time.monotonic()
-            if c.out:
-                _flush(sel, c)
-            if was_short and c.count >= c.expected:
-                remaining -= 1
+            if mask & selectors.EVENT_READ:
+                read(c)
+        if lowat and not events:
+            for c in conns:  # below the low-water mark: take what is there
+                if not c.closed and c.count < c.expected:
+                    read(c)
     # Let the last PUBACKs leave before disconnecting.
     flush_deadline = time.monotonic() + 2.0
     for c in conns:
-        if c.out and c.expected >= 0:
+        if c.out and not c.closed:
             c.sock.setblocking(True)
             c.sock.settimeout(max(0.01, flush_deadline - time.monotonic()))
-            try:
+            with contextlib.suppress(OSError):
                 c.sock.sendall(c.out)
-            except OSError:
-                pass
     cpu1 = _cpu()
     samples: list[int] = []
     for c in conns:
@@ -304,10 +325,8 @@ def _close_all(socks: list[socket.socket]) -> None:
             sock.send(wire.DISCONNECT_BYTES)
         except OSError:
             pass
-        try:
+        with contextlib.suppress(OSError):
             sock.close()
-        except OSError:
-            pass
 
 
 # -- publishers ----------------------------------------------------------------------------
@@ -339,10 +358,12 @@ def _publisher(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> No
     conns: list[_PubConn] = []
     for client_id in spec["client_ids"]:
         sock = _mqtt_connect(host, port, client_id, clean=True, timeout=10)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         conns.append(_PubConn(sock, wire.PublishRun(spec["topic"], qos, count)))
+    ack_lowat = spec.get("ack_lowat", 0) if qos and not rate else 0
     for c in conns:
         c.sock.setblocking(False)
+        if ack_lowat:
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, ack_lowat)
     ready_q.put(("ready", spec["id"], {}))
     if not go.wait(spec["start_timeout_s"]):
         raise TimeoutError("no go signal")
@@ -415,7 +436,19 @@ def _publisher(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> No
                 active -= 1
         if not active:
             break
-        events = sel.select(0 if progressed else max(0.0, min(wait, deadline - now)))
+        if rate:
+            # Paced: epoll's timeout has millisecond granularity, sleep() does not.
+            events = sel.select(0)
+            if not events and not progressed and wait > 0:
+                time.sleep(min(wait, 0.002))
+        elif ack_lowat:
+            # Acks arrive in bunches (SO_RCVLOWAT); a short timeout sweeps up the rest.
+            events = sel.select(0 if progressed else 0.001)
+            if not events and not progressed:
+                events = [(sel.get_key(c.sock), selectors.EVENT_READ) for c in conns
+                          if not c.done and c.acked < c.stamped]
+        else:
+            events = sel.select(0 if progressed else max(0.0, min(wait, deadline - now)))
         for key, mask in events:
             if not mask & selectors.EVENT_READ:
                 continue
@@ -475,10 +508,8 @@ def _count_pubacks(c: _PubConn, data: bytes) -> int:
 
 
 def _blocking_send(sock: socket.socket, data: bytes) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.send(data)
-    except OSError:
-        pass
 
 
 # -- idle connections ----------------------------------------------------------------------
@@ -516,7 +547,7 @@ def _idle(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any, release: A
             sel.register(sock, selectors.EVENT_WRITE, sock)
             nxt += 1
             pending += 1
-        for key, mask in sel.select(0.2):
+        for key, _mask in sel.select(0.2):
             sock = key.data
             st = state[sock]
             if st[0] == 0:
@@ -629,11 +660,7 @@ def _idle(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any, release: A
 
 def _close_idle(socks: list[socket.socket]) -> None:
     for sock in socks:
-        try:
+        with contextlib.suppress(OSError):
             sock.send(wire.DISCONNECT_BYTES)
-        except OSError:
-            pass
-        try:
+        with contextlib.suppress(OSError):
             sock.close()
-        except OSError:
-            pass

@@ -53,7 +53,8 @@ def connect(client_id: str, *, keepalive: int = 60, clean: bool = True) -> bytes
 
 
 def subscribe(packet_id: int, topic_filter: str, qos: int) -> bytes:
-    return packet(SUBSCRIBE | 0x02, struct.pack(">H", packet_id) + utf8(topic_filter) + bytes([qos]))
+    body = struct.pack(">H", packet_id) + utf8(topic_filter) + bytes([qos])
+    return packet(SUBSCRIBE | 0x02, body)
 
 
 def publish(topic: str, payload: bytes, qos: int, packet_id: int = 0) -> bytes:

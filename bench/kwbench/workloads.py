@@ -1,0 +1,86 @@
+"""The workloads: what is published, by how many, to how many, how fast.
+
+Counts are per publisher connection; every workload is bounded in count and in time. The full
+sizes keep a whole three-broker run under ten minutes on two cores; ``--scale`` multiplies the
+counts, ``--smoke`` swaps in a few hundred messages per workload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    kind: str = "flow"  # "flow": publish/subscribe; "idle": many idle connections
+    qos: int = 0
+    pubs: int = 1
+    subs: int = 1
+    count: int = 0  # messages per publisher
+    rate: float = 0.0  # messages/s per publisher; 0 = as fast as the broker accepts them
+    clean: bool = True  # False: persistent sessions (clean session = 0)
+    durable: bool = False  # brokers run with their durable store (restarted for it)
+    conns: int = 0  # idle: connections to hold
+    hold_s: float = 5.0  # idle: how long to hold them after all answered a PINGREQ
+    pending: str = ""  # non-empty: skipped unless --include-pending, with this reason
+
+    @property
+    def deliveries(self) -> int:
+        return self.pubs * self.count * self.subs
+
+
+FULL: list[Workload] = [
+    Workload("qos0-1to1", "QoS 0, 1 publisher -> 1 subscriber", qos=0, count=200_000),
+    Workload("qos1-1to1", "QoS 1, 1 publisher -> 1 subscriber", qos=1, count=50_000),
+    Workload("qos0-10to1", "QoS 0 fan-in, 10 publishers -> 1 subscriber", qos=0, pubs=10,
+             count=20_000),
+    Workload("qos1-10to1", "QoS 1 fan-in, 10 publishers -> 1 subscriber", qos=1, pubs=10,
+             count=5_000),
+    Workload("qos0-1to50", "QoS 0 fan-out, 1 publisher -> 50 subscribers", qos=0, subs=50,
+             count=4_000),
+    Workload("qos1-1to50", "QoS 1 fan-out, 1 publisher -> 50 subscribers", qos=1, subs=50,
+             count=1_000),
+    Workload("paced-qos0", "latency: QoS 0 paced at 5,000 msg/s, 1 -> 1", qos=0,
+             count=25_000, rate=5000.0),
+    Workload("paced-qos1", "latency: QoS 1 paced at 5,000 msg/s, 1 -> 1", qos=1,
+             count=25_000, rate=5000.0),
+    # Persistent sessions (clean session 0) at QoS 1 with each broker's durable store on
+    # (brokers.*.write_config with durable=True): kittiwake's SQLite store (fsync per group
+    # commit), mosquitto's `persistence true` (periodic snapshots, not per message); amqtt has
+    # no durable store and is skipped.
+    Workload("qos1-persistent-1to1", "QoS 1, persistent sessions + durable store, 1 -> 1",
+             qos=1, count=20_000, clean=False, durable=True),
+    Workload("idle-conns", "idle connections with keepalive 60 s", kind="idle",
+             conns=10_000, hold_s=5.0),
+]
+
+SMOKE_COUNTS = {
+    "qos0-1to1": 300, "qos1-1to1": 300, "qos0-10to1": 30, "qos1-10to1": 30,
+    "qos0-1to50": 6, "qos1-1to50": 6, "paced-qos0": 300, "paced-qos1": 300,
+    "qos1-persistent-1to1": 300,
+}
+
+
+def select(names: list[str] | None, *, smoke: bool, scale: float, idle_conns: int | None,
+           include_pending: bool) -> list[Workload]:
+    chosen = []
+    known = {w.name for w in FULL}
+    for name in names or []:
+        if name not in known:
+            raise SystemExit(f"unknown workload {name!r}; known: {', '.join(sorted(known))}")
+    for w in FULL:
+        if names and w.name not in names:
+            continue
+        if w.pending and not include_pending and not (names and w.name in names):
+            continue
+        if smoke:
+            w = replace(w, count=SMOKE_COUNTS.get(w.name, w.count),
+                        conns=min(w.conns, 200) if w.kind == "idle" else 0, hold_s=0.5)
+        elif w.kind == "flow":
+            w = replace(w, count=max(1, int(w.count * scale)))
+        if w.kind == "idle" and idle_conns is not None:
+            w = replace(w, conns=idle_conns)
+        chosen.append(w)
+    return chosen
