@@ -25,6 +25,9 @@ class Authorizer:
         return self._config.allow_anonymous
 
     def may_publish(self, topic: str) -> bool:
+        if topic.startswith("$SYS"):
+            # $SYS is the broker's own voice (MQTT 5 §4.7.2); no client may speak in it.
+            return topic != "$SYS" and not topic.startswith("$SYS/")
         if not self._config.publish_allow and not self._config.publish_deny:
             return True
         answer = self._publish_cache.get(topic)

@@ -105,6 +105,15 @@ class Broker:
         self.version = __version__
         # Sessions without a connection, the only ones whose expiry and will timers can fire.
         self._detached: set[Session] = set()
+        # Sessions to pump at the end of this loop turn: one pump serves every acknowledgement
+        # and publication of a read, instead of one pump each. None = no loop, pump at once.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pump_pending: dict[Session, None] = {}
+        # Bumped by every change that can alter who receives a live publication (subscribe,
+        # unsubscribe, connect, disconnect); caches of routing answers compare against it.
+        self.routing_generation = 0
+        self._plain_cache: dict[str, tuple[Session, ...] | None] = {}
+        self._plain_generation = -1
         # Sessions whose queue holds messages not yet visible (delivery time): tick pumps them.
         self._delayed: set[Session] = set()
         self._next_anonymous = 0
@@ -217,6 +226,7 @@ class Broker:
         session.will_expiry = will_expiry
         session.window = max(1, min(window, self.config.limits.max_inflight))
         session.consumer = consumer
+        self.routing_generation += 1
         self.stats.clients_connected += 1
         if session.persistent:
             self._save_session(session)
@@ -261,6 +271,7 @@ class Broker:
 
     def _end_connection(self, session: Session, *, publish_will: bool, now: float) -> None:
         session.consumer = None
+        self.routing_generation += 1
         self.stats.clients_connected -= 1
         if not publish_will:
             session.will = None
@@ -359,6 +370,7 @@ class Broker:
             existing.retain_handling = options.retain_handling
             existing.subscription_id = options.subscription_id
             subscription = existing
+            self.routing_generation += 1
         else:
             subscription = Subscription(
                 session=session,
@@ -390,6 +402,7 @@ class Broker:
         return sum(len(s.subscriptions) for s in self.sessions.values())
 
     def _add_subscription(self, subscription: Subscription) -> None:
+        self.routing_generation += 1
         if subscription.share_group is None:
             self.tree.insert(subscription.topic_filter, subscription)
             return
@@ -402,6 +415,7 @@ class Broker:
         group.members[subscription.session] = subscription
 
     def _remove_subscription(self, subscription: Subscription) -> None:
+        self.routing_generation += 1
         if subscription.share_group is None:
             self.tree.remove(subscription.topic_filter, subscription)
             return
@@ -445,16 +459,66 @@ class Broker:
         commit = self.store.commit() if message.persistent else None
         if commit is None:
             for session in touched:
-                self.pump(session)
+                self.pump_soon(session)
             return None
         future = asyncio.ensure_future(commit)
-        future.add_done_callback(lambda _f: self._pump_all(touched))
+        if touched:
+            future.add_done_callback(lambda _f: self._pump_all(touched))
         return future
+
+    def plain_targets(self, topic: str) -> tuple[Session, ...] | None:
+        """The connected sessions a QoS 0, non-retained publication on ``topic`` reaches as is.
+
+        "As is" means every matching subscription is a plain one (not shared, no noLocal, no
+        subscription identifier), so a front end may forward the publication without building
+        a Message. None means some match needs the full publish path. Cached per topic until
+        the routing generation changes.
+        """
+        if self._plain_generation != self.routing_generation:
+            self._plain_cache.clear()
+            self._plain_generation = self.routing_generation
+        cache = self._plain_cache
+        try:
+            return cache[topic]
+        except KeyError:
+            pass
+        sessions: dict[Session, None] = {}
+        result: tuple[Session, ...] | None = None
+        for entry in self.tree.match(topic):
+            if (
+                isinstance(entry, SharedGroup)
+                or entry.no_local
+                or entry.subscription_id is not None
+            ):
+                break
+            if entry.session.consumer is not None:  # offline sessions never queue QoS 0
+                sessions[entry.session] = None
+        else:
+            result = tuple(sessions)
+        if len(cache) >= 4096:
+            cache.clear()
+        cache[topic] = result
+        return result
 
     def _pump_all(self, sessions: list[Session]) -> None:
         for session in sessions:
-            self.pump(session)
+            self.pump_soon(session)
 
+    def pump_soon(self, session: Session) -> None:
+        """Pump this session once the current loop turn has done its reading."""
+        if self._loop is None:
+            self.pump(session)
+            return
+        pending = self._pump_pending
+        if not pending:
+            self._loop.call_soon(self._run_pumps)
+        pending[session] = None
+
+    def _run_pumps(self) -> None:
+        sessions = list(self._pump_pending)
+        self._pump_pending.clear()
+        for session in sessions:
+            self.pump(session)
     def _retain(self, message: Message) -> None:
         previous = self.retained.update(message)
         if message.persistent and message.payload:
@@ -467,6 +531,10 @@ class Broker:
         matches = self.tree.match(message.topic)
         if not matches:
             return []
+        if len(matches) == 1:
+            only = matches[0]
+            if isinstance(only, Subscription):
+                return self._route_one(message, only)
         # One copy per session at the highest QoS of its overlapping (non-shared) subscriptions.
         merged: dict[Session, tuple[int, list[int], bool]] = {}
         shared: list[Subscription] = []
@@ -503,6 +571,19 @@ class Broker:
             if self._enqueue(member.session, entry_q):
                 touched.append(member.session)
         return touched
+
+    def _route_one(self, message: Message, subscription: Subscription) -> list[Session]:
+        """The common case of one matching subscription, without the merging machinery."""
+        session = subscription.session
+        if subscription.no_local and session.client_id == message.origin:
+            return []
+        qos, persistent = delivery_level(message.qos, message.persistent, subscription.max_qos)
+        sub_id = subscription.subscription_id
+        entry = QueuedMessage(
+            message, qos, persistent, message.retain and subscription.retain_as_published,
+            () if sub_id is None else (sub_id,),
+        )
+        return [session] if self._enqueue(session, entry) else []
 
     def _enqueue(self, session: Session, entry: QueuedMessage) -> bool:
         """Queue one copy; QoS 0 goes straight out or nowhere. True when pumping is needed."""
@@ -574,7 +655,8 @@ class Broker:
         entry = inflight.entry
         if entry.persistent and session.persistent:
             self.store.release(session.client_id, entry.message.message_id)
-        self.pump(session)
+        if len(session.queue):
+            self.pump_soon(session)
         return True
 
     def received(self, session: Session, delivery_id: int) -> bool:
@@ -640,8 +722,13 @@ class Broker:
     def schedule_ticks(
         self, loop: asyncio.AbstractEventLoop, interval: float = 0.5
     ) -> Callable[[], None]:
-        """Run :meth:`tick` on the loop every ``interval`` seconds; returns a canceller."""
+        """Run :meth:`tick` on the loop every ``interval`` seconds; returns a canceller.
+
+        From here on, pumps triggered by acknowledgements and publications are batched per
+        loop turn on this loop.
+        """
         handle: asyncio.TimerHandle | None = None
+        self._loop = loop
 
         def run() -> None:
             nonlocal handle

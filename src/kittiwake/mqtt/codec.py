@@ -312,6 +312,11 @@ def _decode_connack(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
     return ConnAck(session_present, body[1], props)
 
 
+# Every 3.1/3.1.1 PUBLISH shares this one empty object instead of allocating its own;
+# decoded packets are read, never modified, by the server.
+_NO_PROPERTIES = Properties()
+
+
 def _decode_publish(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
     qos = (flags >> 1) & 0x03
     if qos == 3:
@@ -353,7 +358,7 @@ def _decode_publish(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
     else:
         if not topic:
             raise MalformedPacketError("PUBLISH with empty topic")
-        props = Properties()
+        props = _NO_PROPERTIES
     return Publish(topic, bytes(body[pos:]), qos, bool(flags & 0x01), dup, packet_id, props)
 
 

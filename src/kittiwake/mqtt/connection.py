@@ -89,12 +89,20 @@ class MQTTConnection:
         self._awaiting_commit = 0
         self._receive_maximum = limits.receive_maximum
         self._max_backlog = limits.max_queued_bytes
+        self._max_topic_levels = limits.max_topic_levels
+        # Topics this connection already published to and we validated; publishers repeat
+        # a handful of topics, so validating each once saves work on every message.
+        self._valid_topics: set[str] = set()
+        # topic -> (routing generation, receivers or None): the QoS 0 fast path's plan.
+        self._forward_cache: dict[str, tuple[int, tuple[MQTTConnection, ...] | None]] = {}
 
     # -- input ----------------------------------------------------------------------------
 
     def handle(self, packet: Packet) -> None:
-        """Act on one decoded packet; protocol breaches raise MQTTProtocolError."""
-        self.last_received = self.broker.clock.now()
+        """Act on one decoded packet; protocol breaches raise MQTTProtocolError.
+
+        The transport stamps ``last_received`` once per read, not here once per packet.
+        """
         if self.session is None:
             if isinstance(packet, Connect):
                 self._on_connect(packet)
@@ -294,10 +302,14 @@ class MQTTConnection:
         topic = packet.topic
         if version == 5 and props.topic_alias is not None:
             topic = self._resolve_alias(props.topic_alias, topic)
-        try:
-            validate_topic_name(topic, self.broker.config.limits.max_topic_levels)
-        except TopicError as exc:
-            raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
+        if topic not in self._valid_topics:
+            try:
+                validate_topic_name(topic, self._max_topic_levels)
+            except TopicError as exc:
+                raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
+            if len(self._valid_topics) >= 1024:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
         qos = packet.qos
         packet_id = packet.packet_id or 0
         if qos == 2 and packet_id in session.incoming_qos2:
@@ -317,6 +329,8 @@ class MQTTConnection:
                 self._send(PubAck(packet_id, self._denied_code()), version)
             elif qos == 2:
                 self._send(PubRec(packet_id, self._denied_code()), version)
+            return
+        if qos == 0 and not packet.retain and self._forward(topic, packet.payload):
             return
         message = Message(
             topic=topic,
@@ -367,6 +381,50 @@ class MQTTConnection:
             self._send(PubAck(packet_id, ReasonCode.UNSPECIFIED_ERROR, props), 5)
         else:
             self._send(PubRec(packet_id, ReasonCode.UNSPECIFIED_ERROR, props), 5)
+
+    def _forward(self, topic: str, payload: bytes) -> bool:
+        """The QoS 0 fast path: write one encoded frame to every subscriber, no Message.
+
+        Applies when every receiver is a plain subscription of a 3.1/3.1.1 connection, whose
+        wire form carries no properties: the frame is then the same for all of them, and
+        DESIGN.md's rules give each exactly QoS 0 without retain. Returns False to fall back.
+        """
+        broker = self.broker
+        generation = broker.routing_generation
+        cached = self._forward_cache.get(topic)
+        if cached is not None and cached[0] == generation:
+            receivers = cached[1]
+        else:
+            receivers = None
+            sessions = broker.plain_targets(topic)
+            if sessions is not None:
+                connections = [s.consumer for s in sessions]
+                if all(
+                    type(c) is MQTTConnection and c.protocol_version < 5 for c in connections
+                ):
+                    receivers = tuple(connections)  # type: ignore[arg-type]
+            if len(self._forward_cache) >= 256:
+                self._forward_cache.clear()
+            self._forward_cache[topic] = (generation, receivers)
+        if receivers is None:
+            return False
+        stats = broker.stats
+        stats.messages_received += 1
+        if receivers:
+            frame = encode_publish(topic.encode(), payload, 0, False, False, None, None)
+            for receiver in receivers:
+                receiver.deliver_frame(frame)
+            stats.messages_sent += len(receivers)
+        return True
+
+    def deliver_frame(self, frame: bytes) -> None:
+        """Write an already encoded QoS 0 PUBLISH (see :meth:`_forward`)."""
+        if self.closed:
+            return
+        if self.transport.write_backlog() > self._max_backlog:
+            self.broker.stats.messages_dropped += 1
+            return
+        self.transport.write(frame)
 
     def _denied_code(self) -> int:
         # 3.1.1 has no negative PUBACK: the publication is acknowledged and dropped.

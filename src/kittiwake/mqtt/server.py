@@ -27,6 +27,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         "_buffer",
         "_flush_scheduled",
         "_loop",
+        "_paused",
         "_server",
         "connection",
         "decoder",
@@ -38,6 +39,8 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._buffer: list[bytes] = []
         self._flush_scheduled = False
+        # Set while the socket's send buffer is above its high-water mark (pause_writing).
+        self._paused = False
         self.transport: asyncio.Transport | None = None
         self.decoder = PacketDecoder(server.broker.config.limits.max_packet_size)
         self.connection: MQTTConnection | None = None
@@ -60,7 +63,9 @@ class MQTTServerProtocol(asyncio.Protocol):
         connection = self.connection
         if connection is None or connection.closed:
             return
-        self._server.broker.stats.bytes_received += len(data)
+        broker = self._server.broker
+        broker.stats.bytes_received += len(data)
+        connection.last_received = broker.clock.now()
         try:
             for packet in self.decoder.feed(data):
                 connection.handle(packet)
@@ -88,10 +93,17 @@ class MQTTServerProtocol(asyncio.Protocol):
             self._loop.call_soon(self._flush)
 
     def write_backlog(self) -> int:
+        # Below the high-water mark the answer cannot matter, so skip asking the transport.
         transport = self.transport
-        if transport is None:
+        if not self._paused or transport is None:
             return 0
         return transport.get_write_buffer_size()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
 
     def close(self) -> None:
         if self._buffer:
