@@ -45,6 +45,10 @@ class LimitsConfig:
     max_queued_messages: int = 10_000
     max_queued_bytes: int = 64 * 1024 * 1024
     queue_full_policy: QueueFullPolicy = "reject_new"
+    # Producer flow control: a QoS 1/2 publisher's acknowledgement waits while a connected
+    # subscriber it feeds has more than this many messages queued (until half drained), so a
+    # fast publisher cannot bury a slow subscriber. 0 disables.
+    flow_control_depth: int = 1000
     # Topic aliases a v5 client may use towards us.
     topic_alias_maximum: int = 64
     max_topic_levels: int = 128

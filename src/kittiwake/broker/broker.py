@@ -112,6 +112,7 @@ class Broker:
         # Bumped by every change that can alter who receives a live publication (subscribe,
         # unsubscribe, connect, disconnect); caches of routing answers compare against it.
         self.routing_generation = 0
+        self._flow_depth = self.config.limits.flow_control_depth
         self._plain_cache: dict[str, tuple[Session, ...] | None] = {}
         self._plain_generation = -1
         # Sessions whose queue holds messages not yet visible (delivery time): tick pumps them.
@@ -271,6 +272,7 @@ class Broker:
 
     def _end_connection(self, session: Session, *, publish_will: bool, now: float) -> None:
         session.consumer = None
+        self._release_drain_waiters(session)
         self.routing_generation += 1
         self.stats.clients_connected -= 1
         if not publish_will:
@@ -457,14 +459,41 @@ class Broker:
             self._retain(message)
         touched = self._route(message)
         commit = self.store.commit() if message.persistent else None
+        drained = self._flow_control(touched) if message.qos and touched else None
         if commit is None:
             for session in touched:
                 self.pump_soon(session)
-            return None
+            return drained
         future = asyncio.ensure_future(commit)
         if touched:
             future.add_done_callback(lambda _f: self._pump_all(touched))
-        return future
+        if drained is None:
+            return future
+        return asyncio.ensure_future(_both(future, drained))
+
+    def _flow_control(self, touched: list[Session]) -> asyncio.Future[None] | None:
+        """A future that resolves once every congested receiver has drained, or None.
+
+        Only connected receivers count: an offline session's queue does not drain, and a
+        publisher must never wait on a subscriber that is not there.
+        """
+        depth = self._flow_depth
+        if not depth or self._loop is None:
+            return None
+        waiter: asyncio.Future[None] | None = None
+        for session in touched:
+            if session.consumer is not None and len(session.queue) >= depth:
+                if waiter is None:
+                    waiter = self._loop.create_future()
+                session.drain_waiters.append(waiter)
+        return waiter
+
+    def _release_drain_waiters(self, session: Session) -> None:
+        waiters = session.drain_waiters
+        session.drain_waiters = []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def plain_targets(self, topic: str) -> tuple[Session, ...] | None:
         """The connected sessions a QoS 0, non-retained publication on ``topic`` reaches as is.
@@ -638,6 +667,8 @@ class Broker:
                 )
             consumer.deliver(delivery_id, entry)
             self.stats.messages_sent += 1
+        if session.drain_waiters and len(queue) <= self._flow_depth // 2:
+            self._release_drain_waiters(session)
         if queue.next_visible_time() is not None:
             self._delayed.add(session)
         for dead in expired:  # expired while queued: the store must forget them too
@@ -745,3 +776,9 @@ class Broker:
                 handle.cancel()
 
         return cancel
+
+
+async def _both(first: asyncio.Future[None], second: asyncio.Future[None]) -> None:
+    """Wait for a commit and for flow control; the commit's failure is what matters."""
+    await second
+    await first

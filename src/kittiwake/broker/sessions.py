@@ -7,6 +7,7 @@ the front end puts on the wire (an MQTT packet identifier).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -113,6 +114,8 @@ class Session:
     will_delay: int = 0
     # Seconds the will lives once published (MQTT 5 will Message Expiry Interval).
     will_expiry: int | None = None
+    # Publishers' acknowledgements held back until this session's queue drains (flow control).
+    drain_waiters: list[asyncio.Future[None]] = field(default_factory=list)
     # Clock times while disconnected: when the session ends, when the will is due.
     expires_at: float | None = None
     will_at: float | None = None

@@ -372,12 +372,12 @@ def _ack_decoder(
         end = len(body)
         packet_id = _packet_id(body, 0, end, name)
         if end == 2:
-            return cls(packet_id)
+            return cls(packet_id, 0, _NO_PROPERTIES)
         if dec.protocol_version != 5:
             raise _malformed_trailing(name)
         # 5.0: remaining length 3 carries a reason code only; 4+ adds properties.
         if end == 3:
-            return cls(packet_id, body[2])
+            return cls(packet_id, body[2], _NO_PROPERTIES)
         props, pos = decode_properties(body, 3, ptype)
         if pos != end:
             raise _malformed_trailing(name)
@@ -622,6 +622,14 @@ def _encode_publish(p: Publish, version: int) -> bytes:
         p.packet_id,
         encode_properties(p.properties, PacketType.PUBLISH) if version == 5 else None,
     )
+
+
+def encode_ack(first_byte: int, packet_id: int) -> bytes:
+    """A successful PUBACK/PUBREC/PUBREL/PUBCOMP in its 4-byte form (every version accepts it).
+
+    ``first_byte`` is 0x40 (PUBACK), 0x50 (PUBREC), 0x62 (PUBREL) or 0x70 (PUBCOMP).
+    """
+    return bytes((first_byte, 2, packet_id >> 8, packet_id & 0xFF))
 
 
 def _encode_ack(p: PubAck | PubRec | PubRel | PubComp, version: int) -> bytes:

@@ -18,7 +18,7 @@ from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
 from kittiwake.broker.topics import TopicError, parse_shared, validate_topic_name
-from kittiwake.mqtt.codec import encode, encode_publish
+from kittiwake.mqtt.codec import encode, encode_ack, encode_publish
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError
 from kittiwake.mqtt.packets import (
     Auth,
@@ -314,7 +314,7 @@ class MQTTConnection:
         packet_id = packet.packet_id or 0
         if qos == 2 and packet_id in session.incoming_qos2:
             # A resend of a publication we already own: exactly once means do not route again.
-            self._send(PubRec(packet_id), version)
+            self.transport.write(encode_ack(0x50, packet_id))
             return
         if qos and version == 5 and (
             self._awaiting_commit + len(session.incoming_qos2) >= self._receive_maximum
@@ -347,9 +347,9 @@ class MQTTConnection:
         commit = self.broker.publish(message)
         if qos == 0:
             return
-        ack: Packet = PubAck(packet_id) if qos == 1 else PubRec(packet_id)
+        ack = encode_ack(0x40 if qos == 1 else 0x50, packet_id)
         if commit is None:
-            self._send(ack, version)
+            self.transport.write(ack)
             return
         self._awaiting_commit += 1
 
@@ -360,7 +360,7 @@ class MQTTConnection:
             if future.cancelled() or future.exception() is not None:
                 self._refuse_unstored(session, qos, packet_id)
             else:
-                self._send(ack, version)
+                self.transport.write(ack)
 
         commit.add_done_callback(acknowledge)
 
@@ -472,7 +472,7 @@ class MQTTConnection:
             self.broker.acknowledge(session, packet.packet_id)
             return
         if self.broker.received(session, packet.packet_id):
-            self._send(PubRel(packet.packet_id), self.protocol_version)
+            self.transport.write(encode_ack(0x62, packet.packet_id))
         else:
             code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if self.protocol_version == 5 else 0
             self._send(PubRel(packet.packet_id, code), self.protocol_version)
@@ -481,8 +481,11 @@ class MQTTConnection:
         session = self.session
         assert session is not None
         found = self.broker.release_incoming_qos2(session, packet.packet_id)
-        code = 0 if found or self.protocol_version < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-        self._send(PubComp(packet.packet_id, code), self.protocol_version)
+        if found or self.protocol_version < 5:
+            self.transport.write(encode_ack(0x70, packet.packet_id))
+        else:
+            code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+            self._send(PubComp(packet.packet_id, code), self.protocol_version)
 
     def _on_pubcomp(self, packet: PubComp) -> None:
         assert self.session is not None
