@@ -127,3 +127,20 @@ def test_connack_is_the_first_packet_and_only_once(address, raw):
     client = raw(address, 5)
     client.connect(unique("connack-once"), properties=Properties(session_expiry_interval=0))
     client.no_packet(0.3)
+
+
+def test_broker_shutdown_tells_v5_clients_and_exits_cleanly(broker, raw, paho):
+    """On SIGTERM the broker sends v5 clients DISCONNECT 0x8B (Server shutting down), closes
+    3.1.1 clients, and exits with status 0."""
+    process = broker()
+    v5 = raw(process.address, 5)
+    v5.connect(unique("shutdown5"))
+    v311 = raw(process.address, 4)
+    v311.connect(unique("shutdown4"))
+    paho_v5 = paho(process.address, protocol=MQTTv5)
+    process.stop()
+    assert process.proc.returncode == 0, process.log_text()[-3000:]
+    packets = v5.recv_until_closed()
+    assert [(type(p).__name__, p.reason_code) for p in packets] == [("Disconnect", 0x8B)]
+    assert v311.recv_until_closed() == []
+    assert paho_v5.wait_disconnected().reason_code == 0x8B

@@ -14,6 +14,7 @@ from paho.mqtt.packettypes import PacketTypes
 
 from kittiwake.mqtt.codec import encode
 from kittiwake.mqtt.packets import (
+    Connect,
     Disconnect,
     PingReq,
     PingResp,
@@ -193,6 +194,34 @@ def test_max_inflight_limits_unacknowledged_deliveries_to_a_v311_client(address,
     assert client.expect(Publish).payload == b"3"
 
 
+def test_only_deliveries_in_flight_are_resent_with_dup(address, paho, raw):
+    """On session resumption the unacknowledged in-flight deliveries (2 here, max_inflight) are
+    resent first, in their original order, with DUP=1 and their packet ids; messages that were
+    still queued are then sent for the first time, with DUP=0 (MQTT-3.3.1-1/-3, MQTT-4.4.0-1)."""
+    topic = unique("limits/dup-order")
+    client_id = unique("dup-order")
+    client = raw(address, 4)
+    client.connect(client_id, clean_start=False)
+    client.subscribe(topic, 1)
+    pub = paho(address)
+    for i in range(4):
+        pub.publish(topic, str(i).encode(), 1)
+    sent = [client.expect(Publish), client.expect(Publish)]
+    client.no_packet(0.2)
+    client.disconnect()
+
+    client = raw(address, 4)
+    assert client.connect(client_id, clean_start=False).session_present
+    resent = [client.expect(Publish), client.expect(Publish)]
+    assert [(p.payload, p.packet_id, p.dup) for p in resent] == [
+        (p.payload, p.packet_id, True) for p in sent
+    ]
+    for p in resent:
+        client.send(PubAck(p.packet_id))
+    fresh = [client.expect(Publish), client.expect(Publish)]
+    assert [(p.payload, p.dup) for p in fresh] == [(b"2", False), (b"3", False)]
+
+
 # -- session queue bounds ------------------------------------------------------------------------
 
 
@@ -277,3 +306,70 @@ def test_paho_clients_keep_their_connections_with_keepalive_pings(address, paho)
     for client in clients:
         assert client.client.is_connected() and not client.disconnects
         assert client.get().payload == b"still here"
+
+
+# -- connection, subscription and topic bounds (dedicated brokers) ----------------------------
+
+
+def test_connections_beyond_max_connections_are_refused(broker, raw):
+    """limits.max_connections bounds open connections: one more is closed at once, without
+    reading anything; when a slot frees up, a new connection is accepted again."""
+    address = broker(limits={"max_connections": 2}).address
+    first, second = raw(address, 4), raw(address, 4)
+    first.connect(unique("conn1"))
+    second.connect(unique("conn2"))
+    third = raw(address, 4)
+    try:
+        third.send(Connect(unique("conn3")))
+    except OSError:
+        pass  # already reset: refused before we could even write
+    assert third.recv_until_closed() == [], "no CONNACK for a connection over the limit"
+    first.disconnect()
+    time.sleep(0.2)
+    fourth = raw(address, 4)
+    assert fourth.connect(unique("conn4")).reason_code == 0
+
+
+@pytest.mark.parametrize(("version", "refusal"), [(4, 0x80), (5, 0x97)])
+def test_subscriptions_beyond_the_per_session_limit_are_refused(broker, raw, version, refusal):
+    """limits.max_subscriptions_per_session: further new filters are refused (3.1.1 0x80, v5
+    0x97 Quota exceeded); replacing an existing subscription is still allowed."""
+    address = broker(limits={"max_subscriptions_per_session": 2}).address
+    client = raw(address, version)
+    client.connect(unique("subs-quota"))
+    assert client.subscribe("a", 0).reason_codes == [0]
+    assert client.subscribe("b", 0).reason_codes == [0]
+    assert client.subscribe("c", 0).reason_codes == [refusal]
+    assert client.subscribe("a", 1).reason_codes == [1]
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_topics_deeper_than_max_topic_levels_are_refused(broker, raw, version):
+    """limits.max_topic_levels: a deeper subscription filter is refused in the SUBACK (3.1.1
+    0x80, v5 0x8F) and a deeper topic name in PUBLISH is a Topic Name invalid error (v5
+    DISCONNECT 0x90; 3.1.1 close)."""
+    address = broker(limits={"max_topic_levels": 3}).address
+    client = raw(address, version)
+    client.connect(unique("levels"))
+    assert client.subscribe("a/b/c", 0).reason_codes == [0]
+    assert client.subscribe("a/b/c/d", 0).reason_codes == [0x8F if version == 5 else 0x80]
+    client.send(Publish("a/b/c/d", b"too deep", 0))
+    packets = client.recv_until_closed()
+    if version == 5:
+        assert [(type(p), p.reason_code) for p in packets] == [(Disconnect, 0x90)]
+    else:
+        assert packets == []
+
+
+def test_message_expiry_is_capped_by_max_message_expiry(broker, paho):
+    """sessions.max_message_expiry caps a publisher's Message Expiry Interval."""
+    address = broker(sessions={"max_message_expiry": 5}).address
+    sub = paho(address, protocol=MQTTv5)
+    topic = unique("limits/expiry-cap")
+    sub.subscribe(topic, 1)
+    pub = paho(address, protocol=MQTTv5)
+    pub.publish(topic, b"x", 1, properties=props(PacketTypes.PUBLISH, MessageExpiryInterval=3600))
+    pub.publish(topic, b"y", 1, properties=props(PacketTypes.PUBLISH, MessageExpiryInterval=2))
+    capped, kept = sub.get_many(2)
+    assert capped.properties.MessageExpiryInterval in (4, 5)
+    assert kept.properties.MessageExpiryInterval in (1, 2)

@@ -168,3 +168,22 @@ def test_retain_handling_2_never_sends_retained(address, paho):
     sub.no_message(0.3)
     pub.publish(topic, b"live", 1)
     assert sub.get().payload == b"live"
+
+
+def test_retained_publication_queued_for_offline_session_arrives_with_retain_clear(
+    address, paho
+):
+    """A retained publication that matched an existing (persistent, offline) subscription is
+    delivered later with RETAIN=0: it is sent because of the established subscription, not a
+    new one (MQTT-3.3.1-9)."""
+    topic = unique("ret/queued")
+    client_id = unique("ret-queued")
+    sub = paho(address, client_id, clean=False)
+    sub.subscribe(topic, 1)
+    sub.disconnect()
+    paho(address).publish(topic, b"retained while away", 1, retain=True)
+    back = paho(address, client_id, clean=False)
+    assert back.session_present
+    message = back.get()
+    assert (message.payload, message.retain) == (b"retained while away", False)
+    back.no_message(0.25)

@@ -152,3 +152,20 @@ def test_sys_disabled_with_interval_zero(broker, paho):
     client = paho(address.address)
     client.subscribe("$SYS/#", 0)
     client.no_message(1.0)
+
+
+def test_clients_cannot_overwrite_sys_topics(address, paho):
+    """$SYS/broker/... is the broker's own voice: a client publishing (even retained) to a
+    $SYS topic must not change what $SYS subscribers see. (MQTT 5 §4.7.2: "The Server SHOULD
+    prevent Clients from using such Topic Names to exchange messages with other Clients.")"""
+    watcher = paho(address)
+    watcher.subscribe("$SYS/broker/version", 0)
+    genuine = watcher.get().payload
+    spoofer = paho(address, protocol=MQTTv5)
+    spoofer.publish("$SYS/broker/version", b"kittiwake 6.6.6 (spoofed)", 1, retain=True, wait=False)
+    spoofer.publish("$SYS/broker/clients/connected", b"0", 0, retain=True, wait=False)
+    time.sleep(0.3)
+    assert [m.payload for m in watcher.drain()] == [], "a client's message reached $SYS readers"
+    late = paho(address)
+    late.subscribe("$SYS/broker/version", 0)
+    assert late.get().payload == genuine

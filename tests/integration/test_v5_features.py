@@ -13,7 +13,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from kittiwake.mqtt.packets import Disconnect, Publish
+from kittiwake.mqtt.packets import Disconnect, PubAck, Publish
 from kittiwake.mqtt.properties import Properties
 
 from .clients import MQTTv5, props, unique
@@ -303,3 +303,45 @@ def test_unsuback_reason_codes(address, paho):
     assert client.unsubscribe(topic) == [0x11]
     paho(address).publish(topic, b"after unsubscribe", 1)
     client.no_message(0.3)
+
+
+def test_redelivery_after_reconnect_does_not_rely_on_old_topic_aliases(address, paho, raw):
+    """Topic aliases live only as long as the network connection (MQTT-3.3.2-7): a QoS 1
+    message that was sent with an alias only (empty topic) and not acknowledged is resent on
+    the next connection with its topic name, never with an empty topic."""
+    topic = unique("v5/alias-resume")
+    client_id = unique("alias-resume")
+    session = Properties(session_expiry_interval=60, topic_alias_maximum=10)
+    client = raw(address, 5)
+    client.connect(client_id, clean_start=False, properties=session)
+    client.subscribe(topic, 1)
+    pub = paho(address)
+    pub.publish(topic, b"first", 1)
+    pub.publish(topic, b"second", 1)
+    first, second = client.expect(Publish), client.expect(Publish)
+    assert first.topic == topic and second.topic == ""  # the alias is in use
+    client.send(PubAck(first.packet_id))
+    client.disconnect()
+
+    client = raw(address, 5)
+    assert client.connect(client_id, clean_start=False, properties=session).session_present
+    resent = client.expect(Publish)
+    assert (resent.payload, resent.dup, resent.packet_id) == (b"second", True, second.packet_id)
+    assert resent.topic == topic, "an alias from the previous connection is meaningless now"
+
+
+def test_subscription_identifier_survives_session_resumption(address, paho):
+    """A persistent session's subscription keeps its identifier: messages queued while the
+    client was away, and live ones after it returns, carry it."""
+    topic = unique("v5/subid-resume")
+    client_id = unique("subid-resume")
+    sub = paho(address, client_id, protocol=MQTTv5, clean_start=False, properties=_session())
+    sub.subscribe(topic, 1, properties=props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=9))
+    sub.disconnect()
+    pub = paho(address)
+    pub.publish(topic, b"queued", 1)
+    back = paho(address, client_id, protocol=MQTTv5, clean_start=False, properties=_session())
+    queued = back.get()
+    assert (queued.payload, queued.properties.SubscriptionIdentifier) == (b"queued", [9])
+    pub.publish(topic, b"live", 1)
+    assert back.get().properties.SubscriptionIdentifier == [9]

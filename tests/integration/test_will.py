@@ -184,3 +184,20 @@ def test_session_takeover_publishes_will_of_old_connection(address, paho):
     paho(address, client_id, protocol=MQTTv5)
     assert old.wait_disconnected().reason_code == 0x8E
     assert watcher.get(1.5).payload == b"taken over"
+
+
+def test_invalid_disconnect_does_not_discard_the_will(address, paho, raw):
+    """A v5 DISCONNECT that sets a Session Expiry Interval when CONNECT had none is a Protocol
+    Error, not a valid DISCONNECT (MQTT-3.14.2-2): the broker answers DISCONNECT 0x82 and,
+    since the connection did not end normally, publishes the will."""
+    from kittiwake.mqtt.packets import Disconnect, Will
+    from kittiwake.mqtt.properties import Properties
+
+    topic = unique("will/bad-disconnect")
+    watcher = _watch(paho, address, topic)
+    client = raw(address, 5)
+    client.connect(unique("bad-disconnect"), will=Will(topic, b"not a clean goodbye", 1))
+    client.send(Disconnect(0, Properties(session_expiry_interval=60)))
+    packets = client.recv_until_closed()
+    assert [(type(p), p.reason_code) for p in packets] == [(Disconnect, 0x82)]
+    assert watcher.get().payload == b"not a clean goodbye"

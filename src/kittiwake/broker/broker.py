@@ -272,7 +272,7 @@ class Broker:
 
     def _end_connection(self, session: Session, *, publish_will: bool, now: float) -> None:
         session.consumer = None
-        self._release_drain_waiters(session)
+        self._release_drain_waiter(session)
         self.routing_generation += 1
         self.stats.clients_connected -= 1
         if not publish_will:
@@ -480,20 +480,20 @@ class Broker:
         depth = self._flow_depth
         if not depth or self._loop is None:
             return None
-        waiter: asyncio.Future[None] | None = None
         for session in touched:
-            if session.consumer is not None and len(session.queue) >= depth:
+            if session.consumer is not None and session.queue.count >= depth:
+                # One future per congested session, shared by every publisher waiting on it.
+                waiter = session.drain_waiter
                 if waiter is None:
-                    waiter = self._loop.create_future()
-                session.drain_waiters.append(waiter)
-        return waiter
+                    waiter = session.drain_waiter = self._loop.create_future()
+                return waiter
+        return None
 
-    def _release_drain_waiters(self, session: Session) -> None:
-        waiters = session.drain_waiters
-        session.drain_waiters = []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+    def _release_drain_waiter(self, session: Session) -> None:
+        waiter = session.drain_waiter
+        session.drain_waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def plain_targets(self, topic: str) -> tuple[Session, ...] | None:
         """The connected sessions a QoS 0, non-retained publication on ``topic`` reaches as is.
@@ -648,7 +648,7 @@ class Broker:
         if consumer is None:
             return
         queue = session.queue
-        if not len(queue):
+        if not queue.count:
             return
         inflight = session.inflight
         now = self.clock.now()
@@ -667,8 +667,8 @@ class Broker:
                 )
             consumer.deliver(delivery_id, entry)
             self.stats.messages_sent += 1
-        if session.drain_waiters and len(queue) <= self._flow_depth // 2:
-            self._release_drain_waiters(session)
+        if session.drain_waiter is not None and queue.count <= self._flow_depth // 2:
+            self._release_drain_waiter(session)
         if queue.next_visible_time() is not None:
             self._delayed.add(session)
         for dead in expired:  # expired while queued: the store must forget them too
@@ -686,7 +686,7 @@ class Broker:
         entry = inflight.entry
         if entry.persistent and session.persistent:
             self.store.release(session.client_id, entry.message.message_id)
-        if len(session.queue):
+        if session.queue.count:
             self.pump_soon(session)
         return True
 

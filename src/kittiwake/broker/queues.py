@@ -57,6 +57,7 @@ class MessageQueue:
         "_ready",
         "_sequence",
         "bytes",
+        "count",
         "counters",
         "max_bytes",
         "max_messages",
@@ -80,6 +81,8 @@ class MessageQueue:
         self.policy = policy
         self.ordering = ordering
         self.bytes = 0
+        # Entries held, visible or not; kept by hand because the hot path asks constantly.
+        self.count = 0
         self.counters = QueueCounters()
         self._sequence = 0
         # FIFO entries live in a deque; priority entries in a heap of (-priority, seq, entry).
@@ -89,7 +92,7 @@ class MessageQueue:
         self._delayed: list[tuple[float, int, QueuedMessage]] = []
 
     def __len__(self) -> int:
-        return len(self._ready) + len(self._heap) + len(self._delayed)
+        return self.count
 
     def push(self, entry: QueuedMessage) -> tuple[bool, list[QueuedMessage]]:
         """Add an entry at the back; when full, apply the policy.
@@ -98,7 +101,7 @@ class MessageQueue:
         the owner must release (a stored reference, for one).
         """
         victims: list[QueuedMessage] = []
-        full = len(self) >= self.max_messages or self.bytes + entry.size > self.max_bytes
+        full = self.count >= self.max_messages or self.bytes + entry.size > self.max_bytes
         if full and (self.policy == "reject_new" or not self._discard_oldest(entry.size, victims)):
             self.counters.rejected += 1
             if self.counters.rejected == 1 or self.counters.rejected % 1000 == 0:
@@ -115,6 +118,7 @@ class MessageQueue:
     def push_front(self, entry: QueuedMessage) -> None:
         """Put a previously taken entry back ahead of the rest (redelivery); never refused."""
         self.bytes += entry.size
+        self.count += 1
         if self.ordering == "priority":
             heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
         else:
@@ -137,8 +141,10 @@ class MessageQueue:
                 entry = heapq.heappop(self._heap)[2]
             else:
                 return None
-            self.bytes -= entry.size
-            if entry.message.expiry is not None and entry.message.expired(now):
+            message = entry.message
+            self.bytes -= len(message.payload) + len(message.topic)
+            self.count -= 1
+            if message.expiry is not None and message.expired(now):
                 self.counters.expired += 1
                 if expired is not None:
                     expired.append(entry)
@@ -152,6 +158,7 @@ class MessageQueue:
         self._heap.clear()
         self._delayed.clear()
         self.bytes = 0
+        self.count = 0
         return entries
 
     def entries(self) -> list[QueuedMessage]:
@@ -162,8 +169,10 @@ class MessageQueue:
         return self._delayed[0][0] if self._delayed else None
 
     def _insert(self, entry: QueuedMessage) -> None:
-        self.bytes += entry.size
-        delivery_time = entry.message.delivery_time
+        message = entry.message
+        self.bytes += len(message.payload) + len(message.topic)
+        self.count += 1
+        delivery_time = message.delivery_time
         if delivery_time is not None:
             heapq.heappush(self._delayed, (delivery_time, entry.sequence, entry))
         elif self.ordering == "priority":
@@ -197,6 +206,7 @@ class MessageQueue:
             else:
                 return False
             self.bytes -= victim.size
+            self.count -= 1
             self.counters.discarded += 1
             victims.append(victim)
         if self.counters.discarded == 1 or self.counters.discarded % 1000 == 0:

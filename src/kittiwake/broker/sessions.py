@@ -115,7 +115,7 @@ class Session:
     # Seconds the will lives once published (MQTT 5 will Message Expiry Interval).
     will_expiry: int | None = None
     # Publishers' acknowledgements held back until this session's queue drains (flow control).
-    drain_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    drain_waiter: asyncio.Future[None] | None = None
     # Clock times while disconnected: when the session ends, when the will is due.
     expires_at: float | None = None
     will_at: float | None = None
