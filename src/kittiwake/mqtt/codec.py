@@ -94,6 +94,11 @@ def encode_remaining_length(n: int) -> bytes:
 # Decoding
 
 
+
+def _minimal_header_size(length: int) -> int:
+    """Bytes of a fixed header whose remaining length uses the fewest bytes (MQTT-1.5.5-1)."""
+    return 2 if length < 128 else 3 if length < 16_384 else 4 if length < 2_097_152 else 5
+
 class PacketDecoder:
     """Turns a byte stream from one connection into packets, keeping any partial tail.
 
@@ -150,7 +155,14 @@ class PacketDecoder:
                 flags = first & 0x0F
                 if ptype != 3 and flags != _FIXED_FLAGS[ptype]:
                     _check_fixed_flags(ptype, flags, self.protocol_version)
-                packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
+                packet = _DECODERS[ptype](self, flags, mv[body:end])
+                if (
+                    first == 0x30
+                    and self.protocol_version != 5
+                    and body - pos == _minimal_header_size(length)
+                ):
+                    packet.raw = bytes(mv[pos:end])  # type: ignore[union-attr]
+                packets.append(packet)
                 pos = end
         except BaseException:
             self._buf = bytearray()  # the connection is dead; drop the tail with the error

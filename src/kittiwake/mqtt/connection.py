@@ -330,7 +330,7 @@ class MQTTConnection:
             elif qos == 2:
                 self._send(PubRec(packet_id, self._denied_code()), version)
             return
-        if qos == 0 and not packet.retain and self._forward(topic, packet.payload):
+        if qos == 0 and not packet.retain and self._forward(topic, packet):
             return
         message = Message(
             topic=topic,
@@ -382,7 +382,7 @@ class MQTTConnection:
         else:
             self._send(PubRec(packet_id, ReasonCode.UNSPECIFIED_ERROR, props), 5)
 
-    def _forward(self, topic: str, payload: bytes) -> bool:
+    def _forward(self, topic: str, packet: Publish) -> bool:
         """The QoS 0 fast path: write one encoded frame to every subscriber, no Message.
 
         Applies when every receiver is a plain subscription of a 3.1/3.1.1 connection, whose
@@ -411,7 +411,9 @@ class MQTTConnection:
         stats = broker.stats
         stats.messages_received += 1
         if receivers:
-            frame = encode_publish(topic.encode(), payload, 0, False, False, None, None)
+            frame = packet.raw
+            if frame is None:  # a 5.0 publisher, or an alias: the 3.x frame must be built
+                frame = encode_publish(topic.encode(), packet.payload, 0, False, False, None, None)
             for receiver in receivers:
                 receiver.deliver_frame(frame)
             stats.messages_sent += len(receivers)

@@ -92,6 +92,9 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None
     properties: Properties = field(default_factory=Properties)
+    # Set by the decoder on a minimally encoded 3.x QoS 0 PUBLISH without RETAIN or DUP: the
+    # whole frame, which is then exactly what every 3.x subscriber must receive.
+    raw: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)
