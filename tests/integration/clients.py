@@ -3,6 +3,7 @@ command-line tools. They add no protocol logic of their own, only waiting and co
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
@@ -229,7 +229,8 @@ class PahoClient:
         try:
             return self.messages.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"{self.client_id or 'client'}: no message within {timeout}s") from None
+            who = self.client_id or "client"
+            raise AssertionError(f"{who}: no message within {timeout}s") from None
 
     def get_many(self, count: int, timeout: float = 5.0) -> list[mqtt.MQTTMessage]:
         deadline = time.monotonic() + timeout
@@ -278,10 +279,8 @@ class PahoClient:
         """End the TCP connection without DISCONNECT: an abnormal disconnection."""
         sock = self.client.socket()
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self._disconnected.wait(3.0)
         self.client.loop_stop()
 

@@ -7,6 +7,7 @@ is made by the tests on the packets received.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections import deque
@@ -206,18 +207,14 @@ class RawClient:
         return packet
 
     def disconnect(self, reason_code: int = 0, properties: Properties | None = None) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.send(Disconnect(reason_code, properties or Properties()))
-        except OSError:
-            pass
         self.close()
 
     def close(self) -> None:
         """Drop the TCP connection without DISCONNECT (an abnormal end as far as MQTT goes)."""
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
     def __enter__(self) -> RawClient:
         return self

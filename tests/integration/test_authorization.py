@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import pytest
 
-from kittiwake.mqtt.packets import PubAck, Publish, PubRec, SubAck, Subscribe, SubscriptionRequest, Will
+from kittiwake.mqtt.packets import (
+    PubAck,
+    Publish,
+    PubRec,
+    SubAck,
+    Subscribe,
+    SubscriptionRequest,
+    Will,
+)
 
-from .clients import MQTTv5, MQTTv311, VERSIONS, unique
+from .clients import VERSIONS, MQTTv5, MQTTv311, unique
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.packettypes import PacketTypes
 
 from kittiwake.mqtt.packets import Publish
 from kittiwake.mqtt.properties import Properties
 
-from .clients import MQTTv5, props, unique
+from .clients import MQTTv5, unique
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from kittiwake.mqtt.packets import (
     Publish,
     Subscribe,
     SubscriptionRequest,
+    Will,
 )
 
 from .clients import unique
@@ -32,7 +33,9 @@ def utf8(text: str | bytes) -> bytes:
     return len(raw).to_bytes(2, "big") + raw
 
 
-def publish_body(topic: bytes | str, payload: bytes, version: int, packet_id: int | None = None) -> bytes:
+def publish_body(
+    topic: bytes | str, payload: bytes, version: int, packet_id: int | None = None
+) -> bytes:
     body = utf8(topic)
     if packet_id is not None:
         body += packet_id.to_bytes(2, "big")
@@ -70,7 +73,9 @@ AFTER_CONNECT = [
 @pytest.mark.parametrize(
     ("make", "v5_reason"), [c[1:] for c in AFTER_CONNECT], ids=[c[0] for c in AFTER_CONNECT]
 )
-def test_malformed_packet_closes_only_that_connection(address, raw, bystander, version, make, v5_reason):
+def test_malformed_packet_closes_only_that_connection(
+    address, raw, bystander, version, make, v5_reason
+):
     """A connected client that sends a malformed or forbidden packet is disconnected: 3.1.1
     just closes (MQTT-4.8.0-1), v5 sends DISCONNECT with the reason code first (MQTT-4.13.1-1).
     Other clients keep working, and the broker keeps accepting connections."""
@@ -184,8 +189,6 @@ def test_truncated_packet_then_hang_up_leaves_broker_healthy(address, raw, bysta
 def test_malformed_packet_from_a_will_holder_publishes_its_will(address, raw, paho):
     """A connection closed for a protocol error ends abnormally, so its will is published
     (MQTT-3.1.2-8: the server closes the connection because of a protocol error)."""
-    from kittiwake.mqtt.packets import Will
-
     topic = unique("malformed/will")
     watcher = paho(address)
     watcher.subscribe(topic, 1)

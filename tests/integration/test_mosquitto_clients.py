@@ -4,6 +4,8 @@ sessions, wills, v5 properties and $SYS, in MQTT 3.1.1 and 5.0."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import kittiwake
@@ -180,8 +182,6 @@ def test_mosquitto_shared_subscription(address, mosquitto_sub):
     lines = [str(i) for i in range(20)]
     mosquitto_pub(address, topic, None, version="mqttv5", qos=1, extra=["-l"],
                   stdin="\n".join(lines) + "\n")
-    import time
-
     deadline = time.monotonic() + 5
     got: list[list[str]] = [[], []]
     while sum(map(len, got)) < 20 and time.monotonic() < deadline:

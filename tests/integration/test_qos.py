@@ -11,7 +11,7 @@ import pytest
 from kittiwake.mqtt.packets import PubComp, Publish, PubRec, PubRel
 from kittiwake.mqtt.properties import Properties
 
-from .clients import MQTTv5, VERSIONS, unique
+from .clients import VERSIONS, MQTTv5, unique
 
 V5_SESSION = {"SessionExpiryInterval": 60}
 

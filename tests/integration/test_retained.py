@@ -7,10 +7,9 @@ Handling).
 from __future__ import annotations
 
 import pytest
-
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from .clients import MQTTv5, VERSIONS, unique
+from .clients import VERSIONS, MQTTv5, unique
 
 
 @pytest.mark.parametrize("qos", [0, 1])

@@ -6,12 +6,14 @@ MQTT 5 §4.8.2.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from kittiwake.mqtt.packets import Disconnect, Publish, SubAck, Subscribe, SubscriptionRequest
 
-from .clients import MQTTv5, MQTTv311, VERSIONS, unique
+from .clients import VERSIONS, MQTTv5, MQTTv311, unique
 
 
 def _members(paho, address, share, count, protocol=MQTTv5, qos=1):
@@ -26,8 +28,6 @@ def _members(paho, address, share, count, protocol=MQTTv5, qos=1):
 def _collect(members, expected_total, timeout=5.0):
     """Everything the members received until ``expected_total`` arrived (or timeout), then a
     short quiet period to catch duplicates."""
-    import time
-
     deadline = time.monotonic() + timeout
     per_member = [[] for _ in members]
     while sum(map(len, per_member)) < expected_total and time.monotonic() < deadline:
@@ -122,7 +122,9 @@ def test_no_local_on_a_shared_subscription_is_a_protocol_error(address, raw):
 
 
 @pytest.mark.parametrize(("version", "refusal"), [(4, 0x80), (5, 0x8F)])
-@pytest.mark.parametrize("share", ["$share/g", "$share/g/", "$share//t", "$share/g+/t", "$share/g#/t"])
+@pytest.mark.parametrize(
+    "share", ["$share/g", "$share/g/", "$share//t", "$share/g+/t", "$share/g#/t"]
+)
 def test_invalid_shared_subscription_filter_is_refused(address, raw, share, version, refusal):
     """A $share filter without a topic filter, or with an empty or wildcard share name, is
     refused in the SUBACK (3.1.1: 0x80; v5: 0x8F Topic Filter invalid, MQTT 5 §4.8.2) and the

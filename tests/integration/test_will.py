@@ -12,7 +12,10 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
 
-from .clients import MQTTv5, VERSIONS, props, unique
+from kittiwake.mqtt.packets import Disconnect, Will
+from kittiwake.mqtt.properties import Properties
+
+from .clients import VERSIONS, MQTTv5, props, unique
 
 
 def _watch(paho, address, topic):
@@ -190,9 +193,6 @@ def test_invalid_disconnect_does_not_discard_the_will(address, paho, raw):
     """A v5 DISCONNECT that sets a Session Expiry Interval when CONNECT had none is a Protocol
     Error, not a valid DISCONNECT (MQTT-3.14.2-2): the broker answers DISCONNECT 0x82 and,
     since the connection did not end normally, publishes the will."""
-    from kittiwake.mqtt.packets import Disconnect, Will
-    from kittiwake.mqtt.properties import Properties
-
     topic = unique("will/bad-disconnect")
     watcher = _watch(paho, address, topic)
     client = raw(address, 5)

@@ -623,10 +623,21 @@ class Broker:
             consumer.deliver(0, entry)
             self.stats.messages_sent += 1
             return False
-        if session.consumer is None and not session.persistent:
+        consumer = session.consumer
+        if consumer is None and not session.persistent:
+            return False
+        stored = entry.persistent and session.persistent
+        if (
+            consumer is not None
+            and not stored
+            and not session.queue.count
+            and len(session.inflight) < session.window
+            and entry.message.delivery_time is None
+        ):
+            # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
+            self._start_delivery(session, consumer, entry, False)
             return False
         accepted, victims = session.queue.push(entry)
-        stored = entry.persistent and session.persistent
         for victim in victims:
             self.stats.messages_dropped += 1
             if victim.persistent and session.persistent:
@@ -658,15 +669,7 @@ class Broker:
             entry = queue.pop(now, expired)
             if entry is None:
                 break
-            delivery_id = session.allocate_delivery_id()
-            inflight[delivery_id] = InflightDelivery(entry)
-            entry.delivery_count += 1
-            if stored and entry.persistent:
-                self.store.mark_delivery(
-                    session.client_id, entry.message.message_id, delivery_id, "sent"
-                )
-            consumer.deliver(delivery_id, entry)
-            self.stats.messages_sent += 1
+            self._start_delivery(session, consumer, entry, stored and entry.persistent)
         if session.drain_waiter is not None and queue.count <= self._flow_depth // 2:
             self._release_drain_waiter(session)
         if queue.next_visible_time() is not None:
@@ -677,6 +680,20 @@ class Broker:
         if queue.counters.expired:
             self.stats.messages_dropped += queue.counters.expired
             queue.counters.expired = 0
+
+    def _start_delivery(
+        self, session: Session, consumer: SessionConsumer, entry: QueuedMessage, stored: bool
+    ) -> None:
+        """Put one QoS 1/2 entry in flight under a fresh delivery id and send it."""
+        delivery_id = session.allocate_delivery_id()
+        session.inflight[delivery_id] = InflightDelivery(entry)
+        entry.delivery_count += 1
+        if stored:
+            self.store.mark_delivery(
+                session.client_id, entry.message.message_id, delivery_id, "sent"
+            )
+        consumer.deliver(delivery_id, entry)
+        self.stats.messages_sent += 1
 
     def acknowledge(self, session: Session, delivery_id: int) -> bool:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""

@@ -600,20 +600,31 @@ class MQTTConnection:
         message = entry.message
         if self.protocol_version == 5:
             data = self._encode_v5(delivery_id, entry, resend)
+        elif resend:
+            data = encode_publish(
+                message.topic.encode(), message.payload, qos, entry.retain, True,
+                delivery_id or None, None,
+            )
         else:
+            # 3.x frames differ between subscribers only in the packet id: encode the rest once
+            # per message (QoS 0: the whole frame) and splice the id in.
             key = (qos, entry.retain)
             cache = message.encoded
-            if qos == 0 and cache is not None and key in cache:
-                data = cache[key]
-            else:
-                data = encode_publish(
-                    message.topic.encode(), message.payload, qos, entry.retain, resend,
-                    delivery_id or None, None,
+            if cache is None:
+                message.encoded = cache = {}
+            cached = cache.get(key)
+            if cached is None:
+                cached = encode_publish(
+                    message.topic.encode(), message.payload, qos, entry.retain, False,
+                    1 if qos else None, None,
                 )
-                if qos == 0:
-                    if cache is None:
-                        message.encoded = cache = {}
-                    cache[key] = data
+                if qos:  # keep the part before the packet id
+                    cached = cached[: len(cached) - len(message.payload) - 2]
+                cache[key] = cached
+            if qos == 0:
+                data = cached
+            else:
+                data = b"".join((cached, delivery_id.to_bytes(2, "big"), message.payload))
         if len(data) > self.peer_max_packet_size:
             # MQTT-3.1.2-25: never send more than the client accepts; the message is dropped.
             log.info("client %s: message on %s exceeds its maximum packet size; dropped",
