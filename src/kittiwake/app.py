@@ -6,6 +6,7 @@ The only place that knows every part; tests embed it to run a real broker on a f
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -39,6 +40,9 @@ class BrokerApp:
         for listener in self.config.listeners:
             self.addresses.append(await self.mqtt.listen(listener.host, listener.port))
         self.sys.start()
+        # Everything built so far lives as long as the broker: keep it out of every future
+        # garbage collection, so a full collection never walks it mid-traffic.
+        gc.freeze()
         log.info("kittiwake %s ready", self.broker.version)
 
     async def stop(self) -> None:
