@@ -255,11 +255,19 @@ class Broker:
                 consumer.deliver(delivery_id, inflight.entry, resend=True)
         self.pump(session)
 
-    def disconnect(self, session: Session, *, publish_will: bool) -> None:
-        """The session's connection ended (cleanly or not)."""
+    def disconnect(
+        self, session: Session, *, publish_will: bool, keep_will: bool = False
+    ) -> None:
+        """The session's connection ended (cleanly or not).
+
+        ``keep_will``: the broker is stopping, which is not the client's doing: a persistent
+        session keeps its will, stored, to be due after the restart like after a crash.
+        """
         if session.consumer is None:
             return
-        self._end_connection(session, publish_will=publish_will, now=self.clock.now())
+        self._end_connection(
+            session, publish_will=publish_will, now=self.clock.now(), keep_will=keep_will
+        )
 
     def set_session_expiry(self, session: Session, expiry_interval: int) -> None:
         """A v5 DISCONNECT may change the expiry interval."""
@@ -270,11 +278,17 @@ class Broker:
         elif was_persistent:
             self.store.delete_session(session.client_id)
 
-    def _end_connection(self, session: Session, *, publish_will: bool, now: float) -> None:
+    def _end_connection(
+        self, session: Session, *, publish_will: bool, now: float, keep_will: bool = False
+    ) -> None:
         session.consumer = None
         self._release_drain_waiter(session)
         self.routing_generation += 1
         self.stats.clients_connected -= 1
+        if keep_will and session.persistent:
+            self._detached.add(session)
+            self._save_session(session)
+            return
         if not publish_will:
             session.will = None
         if session.will is not None:
@@ -466,7 +480,15 @@ class Broker:
             return drained
         future = asyncio.ensure_future(commit)
         if touched:
-            future.add_done_callback(lambda _f: self._pump_all(touched))
+            def after(f: asyncio.Future[None]) -> None:
+                if f.cancelled() or f.exception() is not None:
+                    # Not stored, and its publisher is told so: it must not be delivered.
+                    for session in touched:
+                        session.queue.remove_message(message)
+                    return
+                self._pump_all(touched)
+
+            future.add_done_callback(after)
         if drained is None:
             return future
         return asyncio.ensure_future(_both(future, drained))
@@ -633,6 +655,9 @@ class Broker:
             and not session.queue.count
             and len(session.inflight) < session.window
             and entry.message.delivery_time is None
+            # A QoS 2 copy of a message still being committed waits for the commit: if it
+            # fails, the publisher is refused and resends, and this copy would be a duplicate.
+            and (entry.qos < 2 or not entry.message.persistent)
         ):
             # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
             self._start_delivery(session, consumer, entry, False)
@@ -688,12 +713,26 @@ class Broker:
         delivery_id = session.allocate_delivery_id()
         session.inflight[delivery_id] = InflightDelivery(entry)
         entry.delivery_count += 1
+        self.stats.messages_sent += 1
         if stored:
             self.store.mark_delivery(
                 session.client_id, entry.message.message_id, delivery_id, "sent"
             )
+            if entry.qos == 2:
+                # The client will hold this id until PUBREL: the broker must not forget it.
+                commit = self.store.commit()
+                if commit is not None:
+                    def send(f: asyncio.Future[None]) -> None:
+                        current = session.inflight.get(delivery_id)
+                        if f.cancelled() or f.exception() is not None:
+                            return  # stays in flight; resent on the next connection
+                        if session.consumer is consumer and current is not None \
+                                and current.entry is entry:
+                            consumer.deliver(delivery_id, entry)
+
+                    asyncio.ensure_future(commit).add_done_callback(send)
+                    return
         consumer.deliver(delivery_id, entry)
-        self.stats.messages_sent += 1
 
     def acknowledge(self, session: Session, delivery_id: int) -> bool:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""

@@ -151,6 +151,12 @@ class MessageQueue:
                 continue
             return entry
 
+    def remove_message(self, message: Message) -> None:
+        """Drop every entry of one message (its publication was refused)."""
+        for entry in self.drain():
+            if entry.message is not message:
+                self._insert(entry)
+
     def drain(self) -> list[QueuedMessage]:
         """Remove and return every entry, visible or not (session end, queue deletion)."""
         entries = self.entries()

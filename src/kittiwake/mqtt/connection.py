@@ -153,7 +153,7 @@ class MQTTConnection:
             return
         if self.protocol_version == 5 and self.session is not None:
             self._disconnect_with(ReasonCode.SERVER_SHUTTING_DOWN)
-        self._close(publish_will=False)
+        self._close(publish_will=False, keep_will=True)
 
     # -- CONNECT --------------------------------------------------------------------------
 
@@ -314,7 +314,8 @@ class MQTTConnection:
         packet_id = packet.packet_id or 0
         if qos == 2 and packet_id in session.incoming_qos2:
             # A resend of a publication we already own: exactly once means do not route again.
-            self.transport.write(encode_ack(0x50, packet_id))
+            # Its PUBREC is an acknowledgement like the first: only once the original is stored.
+            self._after_commit(lambda: self.transport.write(encode_ack(0x50, packet_id)))
             return
         if qos and version == 5 and (
             self._awaiting_commit + len(session.incoming_qos2) >= self._receive_maximum
@@ -371,11 +372,11 @@ class MQTTConnection:
         3.1.1 has no negative acknowledgement, so the client is disconnected and will resend.
         """
         log.error("client %s: message not stored (store write failed)", self.client_id)
+        if qos == 2:
+            self.broker.release_incoming_qos2(session, packet_id)
         if self.protocol_version < 5:
             self._close(publish_will=False)
             return
-        if qos == 2:
-            self.broker.release_incoming_qos2(session, packet_id)
         props = Properties(reason_string="the broker could not store the message")
         if qos == 1:
             self._send(PubAck(packet_id, ReasonCode.UNSPECIFIED_ERROR, props), 5)
@@ -474,7 +475,8 @@ class MQTTConnection:
             self.broker.acknowledge(session, packet.packet_id)
             return
         if self.broker.received(session, packet.packet_id):
-            self.transport.write(encode_ack(0x62, packet.packet_id))
+            pid = packet.packet_id
+            self._after_commit(lambda: self.transport.write(encode_ack(0x62, pid)))
         else:
             code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if self.protocol_version == 5 else 0
             self._send(PubRel(packet.packet_id, code), self.protocol_version)
@@ -484,7 +486,8 @@ class MQTTConnection:
         assert session is not None
         found = self.broker.release_incoming_qos2(session, packet.packet_id)
         if found or self.protocol_version < 5:
-            self.transport.write(encode_ack(0x70, packet.packet_id))
+            pid = packet.packet_id
+            self._after_commit(lambda: self.transport.write(encode_ack(0x70, pid)))
         else:
             code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
             self._send(PubComp(packet.packet_id, code), self.protocol_version)
@@ -530,9 +533,15 @@ class MQTTConnection:
             else:
                 codes.append(outcome.granted_qos)
                 accepted.append(outcome)
-        self._send(SubAck(packet.packet_id, codes), version)
-        for subscribed in accepted:
-            self.broker.send_retained(subscribed)
+        def answer() -> None:
+            self._send(SubAck(packet.packet_id, codes), version)
+            for subscribed in accepted:
+                self.broker.send_retained(subscribed)
+
+        if session.persistent:
+            self._after_commit(answer)
+        else:
+            answer()
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
@@ -695,13 +704,31 @@ class MQTTConnection:
         props = Properties(reason_string=why or None)
         self._send(Disconnect(reason, props), 5)
 
-    def _close(self, *, publish_will: bool) -> None:
+    def _after_commit(self, send: Callable[[], None]) -> None:
+        """Run ``send`` once everything handed to the store so far is durable; if that write
+        fails, close instead (the peer resends after reconnecting)."""
+        commit = self.broker.store.commit()
+        if commit is None:
+            send()
+            return
+
+        def done(future: Any) -> None:
+            if self.closed:
+                return
+            if future.cancelled() or future.exception() is not None:
+                self._close(publish_will=False)
+                return
+            send()
+
+        asyncio.ensure_future(commit).add_done_callback(done)
+
+    def _close(self, *, publish_will: bool, keep_will: bool = False) -> None:
         if self.closed:
             return
         self.closed = True
         session = self.session
         if session is not None:
-            self.broker.disconnect(session, publish_will=publish_will)
+            self.broker.disconnect(session, publish_will=publish_will, keep_will=keep_will)
         self.transport.close()
 
 

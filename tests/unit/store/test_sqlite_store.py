@@ -1,0 +1,1189 @@
+"""The SQLite store against a real temporary directory: what is committed comes back on reopen.
+
+Every "process lifetime" of a store is one ``asyncio.run`` (the store binds to the running loop
+on first use); a reopen is a new :class:`SQLiteStore` on the same directory in a new loop.
+No pytest-asyncio: :func:`run` is the whole event-loop harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.sessions import Session
+from kittiwake.broker.store import (
+    QueuedRecord,
+    RecoveredState,
+    SessionRecord,
+    SubscriptionRecord,
+)
+from kittiwake.clock import ManualClock
+from kittiwake.config import Config
+from kittiwake.store.sqlite import (
+    DATABASE_FILE,
+    SCHEMA_VERSION,
+    SQLiteStore,
+    StoreError,
+    StoreWriteError,
+)
+
+T = TypeVar("T")
+SRC_DIR = Path(__file__).resolve().parents[3] / "src"
+COMMIT_TIMEOUT = 10.0
+
+
+def run(body: Callable[[], Awaitable[T]]) -> T:
+    """One event loop for one store lifetime, bounded in time."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(body(), timeout=30)
+
+    return asyncio.run(bounded())
+
+
+async def settle(store: SQLiteStore) -> None:
+    """Wait until everything handed to the store so far is on disk."""
+    future = store.commit()
+    if future is not None:
+        await asyncio.wait_for(future, COMMIT_TIMEOUT)
+
+
+def reopen(directory: Path) -> RecoveredState:
+    """A fresh store on the same directory: what a restarted broker would read back."""
+    store = SQLiteStore(directory, clock=ManualClock())
+    try:
+        return store.recover()
+    finally:
+        store.close()
+
+
+def db_rows(directory: Path, sql: str) -> list[tuple[Any, ...]]:
+    connection = sqlite3.connect(directory / DATABASE_FILE)
+    try:
+        return connection.execute(sql).fetchall()
+    finally:
+        connection.close()
+
+
+def message(topic: str = "a/b", payload: bytes = b"m", qos: int = 1, **fields: Any) -> Message:
+    return Message(topic=topic, payload=payload, qos=qos, persistent=True, **fields)
+
+
+def entry(m: Message, qos: int | None = None, **fields: Any) -> QueuedMessage:
+    return QueuedMessage(m, m.qos if qos is None else qos, True, **fields)
+
+
+# -- records come back ------------------------------------------------------------------------
+
+
+def test_journalled_and_queued_message_survives_reopen(tmp_path: Path) -> None:
+    clock = ManualClock(5_000.0)
+
+    async def write() -> int:
+        store = SQLiteStore(tmp_path, clock=clock)
+        m = message(
+            "sensors/1/temp", b"\x00\x01binary\xff", qos=2, retain=True,
+            created=clock.now(), expiry=clock.now() + 3600,
+            user_properties=[("k", "v"), ("k", "v2")], content_type="text/plain",
+            response_topic="reply/here", correlation_data=b"\x01corr",
+            payload_format_indicator=1, origin="pub-1",
+        )
+        store.journal(m)
+        assert m.message_id > 0
+        store.enqueue("sub-1", entry(m, 2, retain=True, subscription_ids=(3, 7)))
+        await settle(store)
+        store.close()
+        return m.message_id
+
+    message_id = run(write)
+    state = reopen(tmp_path)
+    got = state.messages[message_id]
+    assert (got.topic, got.payload, got.qos, got.retain, got.persistent) == (
+        "sensors/1/temp", b"\x00\x01binary\xff", 2, True, True,
+    )
+    assert got.user_properties == [("k", "v"), ("k", "v2")]
+    assert got.content_type == "text/plain"
+    assert got.response_topic == "reply/here"
+    assert got.correlation_data == b"\x01corr"
+    assert got.payload_format_indicator == 1
+    assert got.origin == "pub-1"
+    # Times are stored as wall time: an hour of expiry is still (about) an hour away.
+    assert got.expiry is not None
+    assert got.expiry - ManualClock().now() == pytest.approx(3600, abs=5)
+    assert state.queued == [QueuedRecord("sub-1", message_id, 2, True, (3, 7), 0, 0, "queued")]
+
+
+def test_delivery_state_and_count_survive_reopen(tmp_path: Path) -> None:
+    async def write() -> tuple[int, int]:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        first, second = message(payload=b"1", qos=1), message(payload=b"2", qos=2)
+        for m in (first, second):
+            store.journal(m)
+            store.enqueue("c", entry(m, delivery_count=0))
+        await settle(store)
+        store.mark_delivery("c", first.message_id, 17, "sent")
+        store.mark_delivery("c", second.message_id, 18, "sent")
+        await settle(store)
+        # A resend after reconnection bumps the count again; a PUBREC does not.
+        store.mark_delivery("c", first.message_id, 17, "sent")
+        store.mark_delivery("c", second.message_id, 18, "received")
+        await settle(store)
+        store.close()
+        return first.message_id, second.message_id
+
+    first_id, second_id = run(write)
+    queued = {r.message_id: r for r in reopen(tmp_path).queued}
+    assert queued[first_id] == QueuedRecord("c", first_id, 1, False, (), 2, 17, "sent")
+    assert queued[second_id] == QueuedRecord("c", second_id, 2, False, (), 1, 18, "received")
+
+
+def test_session_record_with_subscriptions_and_will_survives_reopen(tmp_path: Path) -> None:
+    clock = ManualClock()
+    will = message("wills/c1", b"gone", qos=1, retain=True, user_properties=[("why", "lost")])
+    record = SessionRecord(
+        client_id="c1",
+        expiry_interval=3600,
+        subscriptions=[
+            SubscriptionRecord("a/+/c", 2),
+            SubscriptionRecord("$share/g1/jobs/#", 1, False, False, 0, 42),
+            SubscriptionRecord("x/y", 0, True, True, 2, None),
+        ],
+        will=will,
+        will_delay=30,
+        will_expiry=120,
+    )
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=clock)
+        store.save_session(record)
+        store.save_session(SessionRecord("c2", 0xFFFFFFFF))
+        await settle(store)
+        store.close()
+
+    run(write)
+    sessions = reopen(tmp_path).sessions
+    assert set(sessions) == {"c1", "c2"}
+    got = sessions["c1"]
+    assert got.expiry_interval == 3600
+    assert got.subscriptions == record.subscriptions
+    assert (got.will_delay, got.will_expiry) == (30, 120)
+    assert got.will is not None
+    assert (got.will.topic, got.will.payload, got.will.qos, got.will.retain) == (
+        "wills/c1", b"gone", 1, True,
+    )
+    assert got.will.user_properties == [("why", "lost")]
+    assert sessions["c2"].expiry_interval == 0xFFFFFFFF
+    assert sessions["c2"].will is None
+
+
+def test_saving_a_session_again_replaces_it(tmp_path: Path) -> None:
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("c", 60, [SubscriptionRecord("a", 1)]))
+        await settle(store)
+        store.save_session(SessionRecord("c", 120, [SubscriptionRecord("b", 2)]))
+        await settle(store)
+        store.close()
+
+    run(write)
+    got = reopen(tmp_path).sessions["c"]
+    assert got.expiry_interval == 120
+    assert got.subscriptions == [SubscriptionRecord("b", 2)]
+
+
+def test_retained_set_replace_and_clear_survive_reopen(tmp_path: Path) -> None:
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.set_retained("r/1", message("r/1", b"old", retain=True))
+        store.set_retained("r/2", message("r/2", b"two", qos=2, retain=True))
+        store.set_retained("r/3", message("r/3", b"three", retain=True))
+        await settle(store)
+        store.set_retained("r/1", message("r/1", b"new", retain=True))
+        store.set_retained("r/3", None)
+        await settle(store)
+        store.close()
+
+    run(write)
+    retained = reopen(tmp_path).retained
+    assert sorted(retained) == ["r/1", "r/2"]
+    assert retained["r/1"].payload == b"new"
+    assert (retained["r/2"].payload, retained["r/2"].qos, retained["r/2"].retain) == (
+        b"two", 2, True,
+    )
+    assert retained["r/2"].persistent
+
+
+def test_incoming_qos2_ids_survive_reopen(tmp_path: Path) -> None:
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.add_incoming_qos2("c1", 5)
+        store.add_incoming_qos2("c1", 6)
+        store.add_incoming_qos2("c1", 6)  # a resend: idempotent
+        store.add_incoming_qos2("c2", 9)
+        await settle(store)
+        store.remove_incoming_qos2("c1", 6)
+        await settle(store)
+        store.close()
+
+    run(write)
+    assert reopen(tmp_path).incoming_qos2 == {"c1": {5}, "c2": {9}}
+
+
+# -- references and their release ------------------------------------------------------------
+
+
+def test_release_removes_the_message_once_no_reference_remains(tmp_path: Path) -> None:
+    async def write() -> int:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message(payload=b"shared")
+        store.journal(m)
+        store.enqueue("a", entry(m))
+        store.enqueue("b", entry(m))
+        await settle(store)
+        store.release("a", m.message_id)
+        await settle(store)
+        assert db_rows(tmp_path, "SELECT id FROM messages") == [(m.message_id,)]
+        store.release("b", m.message_id)
+        await settle(store)
+        store.close()
+        return m.message_id
+
+    run(write)
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM messages") == [(0,)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queued") == [(0,)]
+    state = reopen(tmp_path)
+    assert state.messages == {}
+    assert state.queued == []
+
+
+def test_release_of_one_reference_keeps_the_message_for_the_others(tmp_path: Path) -> None:
+    async def write() -> int:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message(payload=b"shared")
+        store.journal(m)
+        store.enqueue("a", entry(m))
+        store.enqueue("b", entry(m))
+        await settle(store)
+        store.release("a", m.message_id)
+        await settle(store)
+        store.close()
+        return m.message_id
+
+    message_id = run(write)
+    state = reopen(tmp_path)
+    assert state.messages[message_id].payload == b"shared"
+    assert [(r.client_id, r.message_id) for r in state.queued] == [("b", message_id)]
+
+
+def test_a_message_nobody_references_is_never_written(tmp_path: Path) -> None:
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.journal(message(payload=b"orphan"))
+        await settle(store)
+        store.close()
+
+    run(write)
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM messages") == [(0,)]
+
+
+def test_delete_session_drops_its_references_and_state(tmp_path: Path) -> None:
+    async def write() -> tuple[int, int]:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        only_a, shared = message(payload=b"only-a"), message(payload=b"shared")
+        store.save_session(SessionRecord("a", 60, [SubscriptionRecord("#", 1)]))
+        store.save_session(SessionRecord("b", 60, [SubscriptionRecord("#", 1)]))
+        store.journal(only_a)
+        store.enqueue("a", entry(only_a))
+        store.journal(shared)
+        store.enqueue("a", entry(shared))
+        store.enqueue("b", entry(shared))
+        store.add_incoming_qos2("a", 1)
+        store.add_incoming_qos2("b", 2)
+        await settle(store)
+        store.delete_session("a")
+        await settle(store)
+        store.close()
+        return only_a.message_id, shared.message_id
+
+    only_a_id, shared_id = run(write)
+    state = reopen(tmp_path)
+    assert set(state.sessions) == {"b"}
+    assert [(r.client_id, r.message_id) for r in state.queued] == [("b", shared_id)]
+    assert set(state.messages) == {shared_id}
+    assert state.incoming_qos2 == {"b": {2}}
+    assert db_rows(tmp_path, f"SELECT COUNT(*) FROM messages WHERE id={only_a_id}") == [(0,)]
+
+
+def test_message_ids_keep_increasing_across_reopen(tmp_path: Path) -> None:
+    """An id is never handed out twice, even when the store was reopened in between: a reused
+    id would make ``INSERT OR IGNORE`` drop the new message and point its queue entry at the
+    old one."""
+
+    async def first_life() -> list[int]:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        ids = []
+        for n in range(3):
+            m = message(payload=f"first-{n}".encode())
+            store.journal(m)
+            store.enqueue("c", entry(m))
+            ids.append(m.message_id)
+        await settle(store)
+        # Acknowledge the newest, keep the older two referenced.
+        store.release("c", ids[-1])
+        await settle(store)
+        store.close()
+        return ids
+
+    async def second_life() -> list[int]:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.recover()
+        ids = []
+        for n in range(3):
+            m = message(payload=f"second-{n}".encode())
+            store.journal(m)
+            store.enqueue("c", entry(m))
+            ids.append(m.message_id)
+        await settle(store)
+        store.close()
+        return ids
+
+    first = run(first_life)
+    second = run(second_life)
+    assert min(second) > max(first), f"ids reused: first life {first}, second life {second}"
+    state = reopen(tmp_path)
+    payloads = sorted(state.messages[r.message_id].payload for r in state.queued)
+    assert payloads == [b"first-0", b"first-1", b"second-0", b"second-1", b"second-2"]
+
+
+def test_message_ids_never_reused_even_when_the_store_emptied(tmp_path: Path) -> None:
+    async def life(tag: str) -> int:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message(payload=tag.encode())
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        await settle(store)
+        store.release("c", m.message_id)
+        await settle(store)
+        store.close()
+        return m.message_id
+
+    ids = [run(lambda tag=tag: life(tag)) for tag in ("a", "b", "c")]
+    assert ids == sorted(set(ids)), ids
+
+
+def test_enqueue_in_a_later_turn_after_release_keeps_the_message(tmp_path: Path) -> None:
+    """A message object the broker keeps in memory (a retained message) can be queued again
+    after every earlier reference was released; the queue entry must still find its message."""
+
+    async def write() -> int:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message("r/t", b"retained payload", retain=True)
+        store.journal(m)
+        store.enqueue("early", entry(m))
+        await settle(store)
+        store.release("early", m.message_id)
+        await settle(store)
+        # A later subscriber gets the same (retained) message object queued.
+        store.enqueue("late", entry(m, retain=True))
+        await settle(store)
+        store.close()
+        return m.message_id
+
+    message_id = run(write)
+    state = reopen(tmp_path)
+    assert [(r.client_id, r.message_id) for r in state.queued] == [("late", message_id)]
+    assert message_id in state.messages, "the queue entry survived but its message did not"
+    assert state.messages[message_id].payload == b"retained payload"
+
+
+def test_commit_is_none_when_nothing_is_pending(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        assert store.commit() is None
+        store.save_session(SessionRecord("c", 60))
+        future = store.commit()
+        assert future is not None
+        # Every commit() of one loop turn shares the batch.
+        assert store.commit() is future
+        await asyncio.wait_for(future, COMMIT_TIMEOUT)
+        assert store.commit() is None
+        store.close()
+
+    run(body)
+
+
+def test_many_batches_in_flight_all_land_in_order(tmp_path: Path) -> None:
+    """Group commit: futures from many loop turns resolve, and the last write wins."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), max_batch=7)
+        futures = []
+        for n in range(200):
+            store.save_session(SessionRecord("c", n + 1))
+            store.add_incoming_qos2("c", n + 1)
+            future = store.commit()
+            assert future is not None
+            futures.append(future)
+            await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*futures), COMMIT_TIMEOUT)
+        store.close()
+
+    run(body)
+    state = reopen(tmp_path)
+    assert state.sessions["c"].expiry_interval == 200
+    assert state.incoming_qos2 == {"c": set(range(1, 201))}
+
+
+def test_close_writes_what_is_pending(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("c", 60))
+        store.set_retained("r", message("r", b"x", retain=True))
+        store.close()  # before the loop turn that would hand the batch over
+
+    run(body)
+    state = reopen(tmp_path)
+    assert "c" in state.sessions
+    assert "r" in state.retained
+
+
+# -- schema and migrations --------------------------------------------------------------------
+
+
+def schema_version(directory: Path) -> int:
+    rows = db_rows(directory, "SELECT value FROM meta WHERE key='schema_version'")
+    return int(rows[0][0])
+
+
+def tables(directory: Path) -> set[str]:
+    return {r[0] for r in db_rows(directory, "SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+EXPECTED_TABLES = {"meta", "messages", "sessions", "queued", "retained", "incoming_qos2"}
+
+
+def test_new_directory_gets_the_current_schema(tmp_path: Path) -> None:
+    directory = tmp_path / "deep" / "data"
+    SQLiteStore(directory).close()
+    assert schema_version(directory) == SCHEMA_VERSION
+    assert tables(directory) >= EXPECTED_TABLES
+
+
+def test_migration_from_an_empty_file(tmp_path: Path) -> None:
+    (tmp_path / DATABASE_FILE).write_bytes(b"")
+    SQLiteStore(tmp_path).close()
+    assert schema_version(tmp_path) == SCHEMA_VERSION
+    assert tables(tmp_path) >= EXPECTED_TABLES
+
+
+def test_migration_from_a_version_0_database(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE)
+    connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    connection.commit()
+    connection.close()
+    SQLiteStore(tmp_path).close()
+    assert schema_version(tmp_path) == SCHEMA_VERSION
+    assert tables(tmp_path) >= EXPECTED_TABLES
+    # And the migrated store works.
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("c", 60))
+        await settle(store)
+        store.close()
+
+    run(body)
+    assert "c" in reopen(tmp_path).sessions
+
+
+def test_reopening_a_current_database_does_not_migrate_again(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("c", 60))
+        await settle(store)
+        store.close()
+
+    run(body)
+    for _ in range(3):
+        SQLiteStore(tmp_path).close()
+    assert schema_version(tmp_path) == SCHEMA_VERSION
+    assert "c" in reopen(tmp_path).sessions
+
+
+def test_a_newer_schema_version_is_refused_naming_the_file(tmp_path: Path) -> None:
+    SQLiteStore(tmp_path).close()
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE)
+    connection.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    connection.commit()
+    connection.close()
+    with pytest.raises(StoreError) as caught:
+        SQLiteStore(tmp_path)
+    text = str(caught.value)
+    assert str(tmp_path / DATABASE_FILE) in text
+    assert "99" in text
+    # Refused, not touched: still version 99.
+    assert schema_version(tmp_path) == 99
+
+
+# -- corrupt and unreadable databases ---------------------------------------------------------
+
+
+def assert_refused(directory: Path) -> StoreError:
+    path = directory / DATABASE_FILE
+    before = path.read_bytes() if path.is_file() else None
+    with pytest.raises(StoreError) as caught:
+        store = SQLiteStore(directory, clock=ManualClock())
+        # Opening may succeed if the damage is only in the rows; reading them back must not.
+        try:
+            store.recover()
+        finally:
+            store.close()
+    assert str(directory / DATABASE_FILE) in str(caught.value), caught.value
+    if before is not None:
+        # Never "repaired" into an empty store behind the operator's back.
+        assert (directory / DATABASE_FILE).read_bytes() == before
+    return caught.value
+
+
+def test_random_bytes_are_refused(tmp_path: Path) -> None:
+    (tmp_path / DATABASE_FILE).write_bytes(os.urandom(64 * 1024))
+    assert_refused(tmp_path)
+
+
+def test_a_text_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / DATABASE_FILE).write_text("this is not a database\n" * 100)
+    assert_refused(tmp_path)
+
+
+def populated_database(directory: Path, count: int = 400) -> None:
+    async def body() -> None:
+        store = SQLiteStore(directory, clock=ManualClock())
+        for n in range(count):
+            m = message(f"t/{n}", os.urandom(1024))
+            store.journal(m)
+            store.enqueue("c", entry(m))
+            store.save_session(SessionRecord(f"s{n}", 60, [SubscriptionRecord(f"t/{n}", 1)]))
+        await settle(store)
+        store.close()
+
+    run(body)
+    # Closing the last connection checkpoints the WAL into the main file.
+    assert not (directory / (DATABASE_FILE + "-wal")).exists() or (
+        (directory / (DATABASE_FILE + "-wal")).stat().st_size == 0
+    )
+    assert (directory / DATABASE_FILE).stat().st_size > count * 1024
+
+
+def test_a_truncated_database_is_refused(tmp_path: Path) -> None:
+    populated_database(tmp_path)
+    path = tmp_path / DATABASE_FILE
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate((size // 2) // 4096 * 4096)
+    assert_refused(tmp_path)
+
+
+def test_overwritten_pages_are_refused(tmp_path: Path) -> None:
+    populated_database(tmp_path)
+    path = tmp_path / DATABASE_FILE
+    with open(path, "r+b") as f:
+        # Keep the header page; smash a run of b-tree pages in the middle.
+        f.seek(8 * 4096)
+        f.write(os.urandom(16 * 4096))
+    assert_refused(tmp_path)
+
+
+def test_a_damaged_header_is_refused(tmp_path: Path) -> None:
+    populated_database(tmp_path, count=20)
+    path = tmp_path / DATABASE_FILE
+    with open(path, "r+b") as f:
+        f.write(b"SQLite format 2\x00")  # the 16-byte magic string
+    assert_refused(tmp_path)
+
+
+def test_a_directory_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / DATABASE_FILE).mkdir()
+    (tmp_path / DATABASE_FILE / "x").write_text("not a db")
+    error = assert_refused(tmp_path)
+    assert "refusing to start" in str(error) or "cannot" in str(error)
+
+
+def test_an_undecodable_session_row_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """Damage inside a row passes SQLite's page checks; reading it back must still stop the
+    start-up with a StoreError naming the file, not a bare traceback or a silently empty store."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("c", 60, [SubscriptionRecord("a", 1)]))
+        await settle(store)
+        store.close()
+
+    run(body)
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE)
+    connection.execute(
+        "UPDATE sessions SET record=? WHERE client_id='c'", ('{"e": 60, "s": [["a"',)
+    )
+    connection.commit()
+    connection.close()
+    assert_refused(tmp_path)
+
+
+def test_an_undecodable_retained_row_is_refused_naming_the_file(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.set_retained("r", message("r", b"x", retain=True))
+        await settle(store)
+        store.close()
+
+    run(body)
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE)
+    connection.execute("UPDATE retained SET message=? WHERE topic='r'", (json.dumps({"t": "r"}),))
+    connection.commit()
+    connection.close()
+    assert_refused(tmp_path)
+
+
+# -- write errors -----------------------------------------------------------------------------
+
+
+def test_a_failed_batch_fails_its_commit_future_and_later_batches_succeed(tmp_path: Path) -> None:
+    """A write the database refuses (here: a trigger aborting inserts into ``queued`` under the
+    store, the way a full disk aborts them) fails the whole batch atomically; the store keeps
+    working once the cause is gone."""
+
+    async def body() -> tuple[int, int]:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("before", 60))
+        await settle(store)
+
+        side = sqlite3.connect(tmp_path / DATABASE_FILE)
+        side.execute(
+            "CREATE TRIGGER simulated_io_error BEFORE INSERT ON queued "
+            "BEGIN SELECT RAISE(ABORT, 'simulated I/O error'); END"
+        )
+        side.commit()
+        lost = message(payload=b"lost")
+        store.journal(lost)
+        store.enqueue("c", entry(lost))
+        store.save_session(SessionRecord("same-batch", 60))
+        future = store.commit()
+        assert future is not None
+        with pytest.raises(StoreWriteError, match="simulated I/O error"):
+            await asyncio.wait_for(future, COMMIT_TIMEOUT)
+        assert store.failed_batches == 1
+
+        side.execute("DROP TRIGGER simulated_io_error")
+        side.commit()
+        side.close()
+        kept = message(payload=b"kept")
+        store.journal(kept)
+        store.enqueue("c", entry(kept))
+        store.save_session(SessionRecord("after", 60))
+        await settle(store)
+        assert store.failed_batches == 1
+        store.close()
+        return lost.message_id, kept.message_id
+
+    lost_id, kept_id = run(body)
+    state = reopen(tmp_path)
+    assert set(state.sessions) == {"before", "after"}  # the failed batch is all or nothing
+    assert [r.message_id for r in state.queued] == [kept_id]
+    assert state.messages[kept_id].payload == b"kept"
+    assert lost_id not in state.messages
+    assert kept_id > lost_id
+
+
+def test_a_dropped_table_fails_the_batch_and_recreating_it_recovers(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.set_retained("r/0", message("r/0", b"0", retain=True))
+        await settle(store)
+        side = sqlite3.connect(tmp_path / DATABASE_FILE)
+        side.execute("DROP TABLE retained")
+        side.commit()
+        store.set_retained("r/1", message("r/1", b"1", retain=True))
+        future = store.commit()
+        assert future is not None
+        with pytest.raises(StoreWriteError):
+            await asyncio.wait_for(future, COMMIT_TIMEOUT)
+        side.execute("CREATE TABLE retained (topic TEXT PRIMARY KEY, message TEXT NOT NULL)")
+        side.commit()
+        side.close()
+        store.set_retained("r/2", message("r/2", b"2", retain=True))
+        await settle(store)
+        store.close()
+
+    run(body)
+    assert sorted(reopen(tmp_path).retained) == ["r/2"]
+
+
+IO_ERROR_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, resource, sys
+    from kittiwake.broker.message import Message
+    from kittiwake.broker.queues import QueuedMessage
+    from kittiwake.store.sqlite import SQLiteStore, StoreWriteError
+
+    async def main():
+        store = SQLiteStore(sys.argv[1])
+        acked, failed = [], 0
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        # Python ignores SIGXFSZ, so writes past the limit fail with EFBIG: a "disk full".
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, hard))
+        for n in range(200):
+            m = Message(topic="t", payload=bytes([n % 256]) * 16384, qos=1, persistent=True)
+            store.journal(m)
+            store.enqueue("c", QueuedMessage(m, 1, True))
+            try:
+                await asyncio.wait_for(store.commit(), 10)
+                acked.append(m.message_id)
+            except StoreWriteError as exc:
+                failed += 1
+                error = str(exc)
+                if failed >= 3:
+                    break
+        # Space comes back: later batches succeed again.
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        m = Message(topic="t", payload=b"after", qos=1, persistent=True)
+        store.journal(m)
+        store.enqueue("c", QueuedMessage(m, 1, True))
+        await asyncio.wait_for(store.commit(), 10)
+        acked.append(m.message_id)
+        store.close()
+        print(json.dumps({"acked": acked, "failed": failed, "error": error}))
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_real_io_error_fails_the_commit_and_keeps_what_was_acknowledged(tmp_path: Path) -> None:
+    """A genuine write failure (file size limit → EFBIG), in a child process so the limit does
+    not touch pytest's own files."""
+    env = dict(os.environ, PYTHONPATH=str(SRC_DIR))
+    done = subprocess.run(
+        [sys.executable, "-c", IO_ERROR_SCRIPT, str(tmp_path)],
+        capture_output=True, env=env, timeout=60, check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert result["failed"] >= 1, result
+    assert len(result["acked"]) >= 2, result
+    state = reopen(tmp_path)
+    stored = {r.message_id for r in state.queued}
+    missing = set(result["acked"]) - stored
+    assert not missing, f"acknowledged messages lost after I/O errors: {sorted(missing)}"
+    for message_id in result["acked"][:-1]:
+        assert len(state.messages[message_id].payload) == 16384
+    assert state.messages[result["acked"][-1]].payload == b"after"
+
+
+# -- the broker on the SQLite store -----------------------------------------------------------
+
+
+class RecordingConsumer:
+    """A SessionConsumer that remembers what the broker asked of it."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[int, QueuedMessage, bool]] = []
+        self.releases: list[int] = []
+
+    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
+        self.deliveries.append((delivery_id, entry, resend))
+
+    def release(self, delivery_id: int) -> None:
+        self.releases.append(delivery_id)
+
+    def taken_over(self) -> None:
+        pass
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return [e.message.payload for _, e, _ in self.deliveries]
+
+
+class Life:
+    """One broker process lifetime on a SQLite store: build, recover, use, then stop.
+
+    ``crash()`` stops the way kill -9 would as far as the store goes: nothing more is written
+    (everything awaited is already on disk), no session is disconnected.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.clock = ManualClock()
+        self.store = SQLiteStore(directory, clock=self.clock)
+        self.broker = Broker(Config(), clock=self.clock, store=self.store)
+        self.broker.recover()
+
+    def connect(
+        self, client_id: str, *, clean: bool = False, expiry: int = 3600, start: bool = True,
+        will: Message | None = None, will_delay: int = 0,
+    ) -> tuple[Session, RecordingConsumer, bool]:
+        consumer = RecordingConsumer()
+        session, present = self.broker.connect(
+            client_id, consumer, clean_start=clean, expiry_interval=expiry, window=10,
+            will=will, will_delay=will_delay,
+        )
+        if start:
+            self.broker.start_delivery(session)
+        return session, consumer, present
+
+    def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
+        result = self.broker.subscribe(session, topic_filter, SubscriptionOptions(max_qos=qos))
+        assert isinstance(result, Subscribed)
+        self.broker.send_retained(result)
+
+    async def publish(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> None:
+        m = Message(topic=topic, payload=payload, qos=qos, retain=retain, persistent=qos > 0)
+        commit = self.broker.publish(m)
+        if commit is not None:
+            await asyncio.wait_for(commit, COMMIT_TIMEOUT)
+        await self.settle()  # let the post-commit pump (and its deliveries) run
+
+    async def settle(self) -> None:
+        """Everything so far is on disk and whatever waited for that has run."""
+        for _ in range(3):
+            await settle(self.store)
+            await asyncio.sleep(0)
+
+    async def crash(self) -> None:
+        await self.settle()
+        self.store.close()
+
+
+def test_broker_queued_message_for_offline_session_survives_restart(tmp_path: Path) -> None:
+    async def first() -> None:
+        life = Life(tmp_path)
+        session, _, present = life.connect("sub", clean=True)
+        await life.settle()
+        assert not present
+        life.subscribe(session, "t/#", 2)
+        await life.settle()
+        life.broker.disconnect(session, publish_will=False)
+        await life.publish("t/1", b"q1 while offline", 1)
+        await life.publish("t/2", b"q2 while offline", 2)
+        await life.publish("t/0", b"q0 while offline", 0)  # never stored, never queued
+        await life.crash()
+
+    async def second() -> None:
+        life = Life(tmp_path)
+        _session, consumer, present = life.connect("sub")
+        await life.settle()
+        assert present
+        got = [(e.message.payload, e.qos, resend) for _, e, resend in consumer.deliveries]
+        assert got == [(b"q1 while offline", 1, False), (b"q2 while offline", 2, False)]
+        await life.crash()
+
+    run(first)
+    run(second)
+
+
+def test_broker_subscriptions_survive_restart(tmp_path: Path) -> None:
+    async def first() -> None:
+        life = Life(tmp_path)
+        session, _, _ = life.connect("sub")
+        await life.settle()
+        life.subscribe(session, "a/+", 1)
+        await life.settle()
+        life.subscribe(session, "$share/g/b/#", 2)
+        await life.settle()
+        await life.crash()
+
+    async def second() -> None:
+        life = Life(tmp_path)
+        session = life.broker.sessions["sub"]
+        assert sorted(session.subscriptions) == ["$share/g/b/#", "a/+"]
+        # Routed without any new SUBSCRIBE, while offline.
+        await life.publish("a/x", b"one", 1)
+        await life.publish("b/y/z", b"two", 2)
+        await life.crash()
+
+    async def third() -> None:
+        life = Life(tmp_path)
+        _, consumer, present = life.connect("sub")
+        await life.settle()
+        assert present
+        assert consumer.payloads == [b"one", b"two"]
+
+    run(first)
+    run(second)
+    run(third)
+
+
+def test_broker_inflight_delivery_comes_back_as_a_resend(tmp_path: Path) -> None:
+    async def first() -> int:
+        life = Life(tmp_path)
+        session, consumer, _ = life.connect("sub")
+        await life.settle()
+        life.subscribe(session, "t", 1)
+        await life.settle()
+        await life.publish("t", b"in flight", 1)
+        assert len(consumer.deliveries) == 1
+        delivery_id, _, resend = consumer.deliveries[0]
+        assert not resend
+        await life.crash()  # no PUBACK came
+        return delivery_id
+
+    async def second(delivery_id: int) -> None:
+        life = Life(tmp_path)
+        session, consumer, present = life.connect("sub")
+        await life.settle()
+        assert present
+        assert len(consumer.deliveries) == 1
+        got_id, got_entry, resend = consumer.deliveries[0]
+        assert (got_id, got_entry.message.payload, resend) == (delivery_id, b"in flight", True)
+        # The count recorded when it was first sent came back with it.
+        assert got_entry.delivery_count == 1
+        # Acknowledged now: gone for good.
+        assert life.broker.acknowledge(session, got_id)
+        await life.crash()
+
+    async def third() -> None:
+        life = Life(tmp_path)
+        _, consumer, _ = life.connect("sub")
+        await life.settle()
+        assert consumer.deliveries == []
+
+    delivery_id = run(first)
+    run(lambda: second(delivery_id))
+    run(third)
+
+
+def test_broker_pubrecd_qos2_delivery_comes_back_as_a_release(tmp_path: Path) -> None:
+    async def first() -> int:
+        life = Life(tmp_path)
+        session, consumer, _ = life.connect("sub")
+        await life.settle()
+        life.subscribe(session, "t", 2)
+        await life.settle()
+        await life.publish("t", b"exactly once", 2)
+        delivery_id = consumer.deliveries[0][0]
+        assert life.broker.received(session, delivery_id)  # PUBREC from the subscriber
+        await life.crash()
+        return delivery_id
+
+    async def second(delivery_id: int) -> None:
+        life = Life(tmp_path)
+        session, consumer, _ = life.connect("sub")
+        await life.settle()
+        assert consumer.deliveries == [], "a PUBREC'd QoS 2 message must not be published again"
+        assert consumer.releases == [delivery_id]
+        assert life.broker.acknowledge(session, delivery_id)  # PUBCOMP
+        await life.crash()
+
+    async def third() -> None:
+        life = Life(tmp_path)
+        _, consumer, _ = life.connect("sub")
+        await life.settle()
+        assert consumer.deliveries == [] and consumer.releases == []
+
+    delivery_id = run(first)
+    run(lambda: second(delivery_id))
+    run(third)
+
+
+def test_broker_incoming_qos2_state_survives_restart(tmp_path: Path) -> None:
+    async def first() -> None:
+        life = Life(tmp_path)
+        sub, _, _ = life.connect("sub")
+        await life.settle()
+        life.subscribe(sub, "t", 2)
+        await life.settle()
+        life.broker.disconnect(sub, publish_will=False)
+        pub, _, _ = life.connect("pub")
+        await life.settle()
+        assert life.broker.begin_incoming_qos2(pub, 7)
+        await life.publish("t", b"once", 2)
+        await life.crash()  # PUBREC went out; no PUBREL yet
+
+    async def second() -> None:
+        life = Life(tmp_path)
+        pub, _, present = life.connect("pub")
+        await life.settle()
+        assert present
+        assert pub.incoming_qos2 == {7}
+        # The publisher resends PUBLISH (DUP) with id 7: it must not be routed again.
+        assert not life.broker.begin_incoming_qos2(pub, 7)
+        assert life.broker.release_incoming_qos2(pub, 7)  # PUBREL
+        await life.crash()
+
+    async def third() -> None:
+        life = Life(tmp_path)
+        pub, _, _ = life.connect("pub")
+        await life.settle()
+        assert pub.incoming_qos2 == set()
+        _, consumer, _ = life.connect("sub")
+        await life.settle()
+        assert consumer.payloads == [b"once"]
+
+    run(first)
+    run(second)
+    run(third)
+
+
+def test_broker_retained_persistent_survive_restart_and_nonpersistent_do_not(
+    tmp_path: Path,
+) -> None:
+    async def first() -> None:
+        life = Life(tmp_path)
+        await life.publish("r/q1", b"kept-1", 1, retain=True)
+        await life.publish("r/q2", b"kept-2", 2, retain=True)
+        await life.publish("r/q0", b"gone", 0, retain=True)
+        await life.publish("r/replaced", b"old persistent", 1, retain=True)
+        await life.publish("r/replaced", b"new nonpersistent", 0, retain=True)
+        await life.publish("r/cleared", b"x", 1, retain=True)
+        await life.publish("r/cleared", b"", 1, retain=True)
+        await life.crash()
+
+    async def second() -> None:
+        life = Life(tmp_path)
+        session, consumer, _ = life.connect("fresh", clean=True, expiry=0)
+        await life.settle()
+        life.subscribe(session, "r/#", 2)
+        await life.settle()
+        got = {
+            e.message.topic: (e.message.payload, e.qos, e.retain) for _, e, _ in consumer.deliveries
+        }
+        assert got == {"r/q1": (b"kept-1", 1, True), "r/q2": (b"kept-2", 2, True)}
+
+    run(first)
+    run(second)
+
+
+def test_broker_retained_copy_sent_to_a_later_subscriber_survives_restart(tmp_path: Path) -> None:
+    """A retained message is queued for a new persistent subscriber after its first subscribers
+    acknowledged it (its journal row was released); that in-flight copy must come back."""
+
+    async def first() -> None:
+        life = Life(tmp_path)
+        early, early_consumer, _ = life.connect("early")
+        await life.settle()
+        life.subscribe(early, "r", 1)
+        await life.settle()
+        await life.publish("r", b"retained", 1, retain=True)
+        life.broker.acknowledge(early, early_consumer.deliveries[0][0])
+        await life.settle()
+        late, late_consumer, _ = life.connect("late")
+        await life.settle()
+        life.subscribe(late, "r", 1)
+        await life.settle()
+        assert late_consumer.payloads == [b"retained"]
+        await life.crash()  # no PUBACK from "late"
+
+    async def second() -> None:
+        life = Life(tmp_path)
+        _, consumer, _ = life.connect("late")
+        await life.settle()
+        assert consumer.payloads == [b"retained"], "the unacknowledged retained copy was lost"
+        assert consumer.deliveries[0][2]  # a resend
+
+    run(first)
+    run(second)
+
+
+def test_broker_will_of_persistent_session_survives_restart(tmp_path: Path) -> None:
+    async def first() -> None:
+        life = Life(tmp_path)
+        watcher, _, _ = life.connect("watcher")
+        await life.settle()
+        life.subscribe(watcher, "wills/#", 1)
+        await life.settle()
+        will = Message(topic="wills/w", payload=b"w is gone", qos=1, persistent=True)
+        life.connect("w", will=will, will_delay=5)
+        await life.settle()
+        await life.crash()  # "w" never disconnected: its will is due after the restart
+
+    async def second() -> None:
+        life = Life(tmp_path)
+        session = life.broker.sessions["w"]
+        assert session.will is not None and session.will.payload == b"w is gone"
+        life.clock.advance(6)
+        life.broker.tick()
+        await life.settle()
+        await asyncio.sleep(0)
+        await life.crash()
+
+    async def third() -> None:
+        life = Life(tmp_path)
+        _, consumer, _ = life.connect("watcher")
+        await life.settle()
+        assert consumer.payloads == [b"w is gone"]
+        assert life.broker.sessions["w"].will is None  # published once, not again
+
+    run(first)
+    run(second)
+    run(third)
+
+
+def test_broker_message_ids_after_restart_do_not_clobber_queued_messages(tmp_path: Path) -> None:
+    async def life_with(payload: bytes) -> None:
+        life = Life(tmp_path)
+        if "sub" not in life.broker.sessions:
+            session, _, _ = life.connect("sub")
+            await life.settle()
+            life.subscribe(session, "t", 1)
+            await life.settle()
+            life.broker.disconnect(session, publish_will=False)
+        await life.publish("t", payload, 1)
+        await life.crash()
+
+    async def last() -> None:
+        life = Life(tmp_path)
+        _, consumer, _ = life.connect("sub")
+        await life.settle()
+        assert consumer.payloads == [b"first", b"second", b"third"]
+
+    for payload in (b"first", b"second", b"third"):
+        run(lambda payload=payload: life_with(payload))
+    run(last)
+
+
+def test_broker_clean_session_drops_stored_state(tmp_path: Path) -> None:
+    async def first() -> None:
+        life = Life(tmp_path)
+        session, _, _ = life.connect("c")
+        await life.settle()
+        life.subscribe(session, "t", 1)
+        await life.settle()
+        life.broker.disconnect(session, publish_will=False)
+        await life.publish("t", b"queued", 1)
+        life.connect("c", clean=True, expiry=0)
+        await life.settle()
+        await life.crash()
+
+    run(first)
+    state = reopen(tmp_path)
+    assert "c" not in state.sessions
+    assert state.queued == []
+    assert state.messages == {}
+
+
+def test_broker_nonpersistent_messages_never_touch_disk(tmp_path: Path) -> None:
+    async def first() -> None:
+        life = Life(tmp_path)
+        session, _, _ = life.connect("sub")
+        await life.settle()
+        life.subscribe(session, "t", 2)
+        await life.settle()
+        life.broker.disconnect(session, publish_will=False)
+        for n in range(20):
+            await life.publish("t", f"qos0-{n}".encode(), 0, retain=n % 2 == 0)
+        await life.crash()
+
+    run(first)
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM messages") == [(0,)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queued") == [(0,)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM retained") == [(0,)]
