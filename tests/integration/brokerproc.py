@@ -57,6 +57,10 @@ def to_toml(config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _PortTaken(Exception):
+    """The broker could not bind the port we picked: someone else got there first."""
+
+
 class BrokerProcess:
     """One broker subprocess; ``host``/``port`` once :meth:`start` returned.
 
@@ -80,7 +84,17 @@ class BrokerProcess:
     def address(self) -> tuple[str, int]:
         return self.host, self.port
 
-    def start(self) -> BrokerProcess:
+    def start(self, attempts: int = 3) -> BrokerProcess:
+        """Start on a free port; retried on a fresh port if another process took it first."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once()
+            except _PortTaken:
+                if attempt == attempts - 1:
+                    raise RuntimeError(f"no free port after {attempts} attempts") from None
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> BrokerProcess:
         self.port = free_port()
         config: dict[str, Any] = {"log_level": "debug"}
         for name, values in self.sections.items():
@@ -89,15 +103,13 @@ class BrokerProcess:
             else:
                 config[name] = dict(values)
         config["listeners"] = [{"protocol": "mqtt", "host": self.host, "port": self.port}]
-        # Each broker keeps its durable store in its own directory (the default is ./data).
-        config.setdefault("store", {}).setdefault("data_dir", str(self.workdir / "data"))
         self.config_path.write_text(to_toml(config), encoding="utf-8")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(SRC_DIR), env.get("PYTHONPATH", "")) if p
         )
         env["PYTHONUNBUFFERED"] = "1"
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kittiwake", "serve", "--config", str(self.config_path)],
             stdout=self._log,
@@ -106,22 +118,34 @@ class BrokerProcess:
             cwd=self.workdir,
         )
         deadline = time.monotonic() + START_TIMEOUT
+        bound = f"{self.host}:{self.port}"
         while True:
             if self.proc.poll() is not None:
+                self._log.close()
+                text = self.log_text()
+                if "in use" in text.lower():
+                    raise _PortTaken
                 raise RuntimeError(
-                    f"broker exited with {self.proc.returncode} during start-up:\n{self.log_text()}"
+                    f"broker exited with {self.proc.returncode} during start-up:\n{text}"
                 )
             try:
+                # Accepting connections on the port, and our own log says it bound it (so the
+                # listener is not some other process that grabbed the port meanwhile).
                 with socket.create_connection(self.address, timeout=0.5):
-                    return self
+                    # The "listening" line is logged at info: quieter brokers are taken at
+                    # their port's word.
+                    quiet = self.sections.get("log_level") in ("warning", "error")
+                    if quiet or bound in self.log_text():
+                        return self
             except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(
-                        f"broker did not accept connections on {self.address} within "
-                        f"{START_TIMEOUT}s:\n{self.log_text()}"
-                    ) from None
-                time.sleep(0.05)
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"broker did not accept connections on {self.address} within "
+                    f"{START_TIMEOUT}s:\n{self.log_text()}"
+                )
+            time.sleep(0.05)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -137,7 +161,8 @@ class BrokerProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
 
     def log_text(self) -> str:
         try:

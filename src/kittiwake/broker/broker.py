@@ -318,7 +318,8 @@ class Broker:
         self._detached.discard(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
-        self.store.delete_session(session.client_id)
+        if session.persistent:  # a session that ends with its connection was never stored
+            self.store.delete_session(session.client_id)
         log.debug("session %s ended", session.client_id)
 
     def _publish_will(self, session: Session) -> None:

@@ -36,10 +36,15 @@ from kittiwake.store.codec import (
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DATABASE_FILE = "kittiwake.db"
 
-Operation = tuple[str, tuple[Any, ...]]
+# A run of one statement over many parameter rows: consecutive operations with the same SQL
+# share a run, so the writer thread hands each run to executemany (one C loop, not one call
+# per row).
+Operation = tuple[str, list[tuple[Any, ...]]]
+# How often released messages are swept out of the journal (seconds).
+SWEEP_INTERVAL = 1.0
 
 _MIGRATIONS: dict[int, list[str]] = {
     # 0 → 1: the first schema.
@@ -85,8 +90,12 @@ _MIGRATIONS: dict[int, list[str]] = {
         ) WITHOUT ROWID""",
         "INSERT INTO meta (key, value) VALUES ('last_message_id', '0')",
     ],
+    # 1 → 2: the journal sweep finds messages past their retention by age.
+    2: ["CREATE INDEX messages_by_age ON messages (stored_at)"],
 }
 
+
+_INSERT_MESSAGE = "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 class StoreError(RuntimeError):
     """The store cannot be used; the message names the file and what to do."""
@@ -115,6 +124,10 @@ class SQLiteStore:
         self._retention = journal_retention_seconds
         self._synchronous = synchronous
         self._ops: list[Operation] = []
+        # Released references since the last journal sweep; the sweep deletes messages that no
+        # queue references any more (after the retention), once a second rather than per ack.
+        self._released = 0
+        self._last_sweep = time.monotonic()
         self._unwritten: dict[int, Message] = {}
         # Ids inserted by the operations of the current loop turn (cleared at hand-off).
         self._inserted: set[int] = set()
@@ -217,12 +230,12 @@ class SQLiteStore:
         message = entry.message
         unwritten = self._unwritten.pop(message.message_id, None)
         if unwritten is not None:
-            self._ops.append(self._insert_message(unwritten))
+            self._add(_INSERT_MESSAGE, self._message_row(unwritten))
             self._inserted.add(message.message_id)
         elif message.message_id not in self._inserted:
             # Queued again in a later turn (a retained message sent to a new subscriber): the
             # row may have been deleted when its earlier references were released.
-            self._ops.append(self._insert_message(message))
+            self._add(_INSERT_MESSAGE, self._message_row(message))
             self._inserted.add(message.message_id)
         self._add(
             "INSERT OR REPLACE INTO queued VALUES (?, ?, ?, ?, ?, ?, 0, 'queued')",
@@ -240,12 +253,7 @@ class SQLiteStore:
 
     def release(self, client_id: str, message_id: int) -> None:
         self._add("DELETE FROM queued WHERE client_id=? AND message_id=?", (client_id, message_id))
-        if not self._retention:
-            self._add(
-                "DELETE FROM messages WHERE id=? AND NOT EXISTS "
-                "(SELECT 1 FROM queued WHERE message_id=?)",
-                (message_id, message_id),
-            )
+        self._released += 1
 
     def save_session(self, record: SessionRecord) -> None:
         self._add(
@@ -257,12 +265,7 @@ class SQLiteStore:
         self._add("DELETE FROM sessions WHERE client_id=?", (client_id,))
         self._add("DELETE FROM incoming_qos2 WHERE client_id=?", (client_id,))
         self._add("DELETE FROM queued WHERE client_id=?", (client_id,))
-        if not self._retention:
-            self._add(
-                "DELETE FROM messages WHERE NOT EXISTS "
-                "(SELECT 1 FROM queued WHERE message_id=messages.id)",
-                (),
-            )
+        self._released += 1
 
     def set_retained(self, topic: str, message: Message | None) -> None:
         if message is None:
@@ -349,6 +352,8 @@ class SQLiteStore:
 
     def close(self) -> None:
         """Write what is pending and stop the writer (graceful shutdown)."""
+        if self._released:
+            self._sweep_journal()
         if self._ops or self._unwritten or self._ids_dirty:
             self._hand_off()
         if self._writer is not None:
@@ -359,7 +364,11 @@ class SQLiteStore:
     # -- batching -------------------------------------------------------------------------
 
     def _add(self, sql: str, params: tuple[Any, ...]) -> None:
-        self._ops.append((sql, params))
+        ops = self._ops
+        if ops and ops[-1][0] is sql:
+            ops[-1][1].append(params)
+        else:
+            ops.append((sql, [params]))
         self._schedule()
 
     def _schedule(self) -> None:
@@ -373,16 +382,21 @@ class SQLiteStore:
 
     def _hand_off(self) -> None:
         self._scheduled = False
+        if self._retention and self._unwritten:
+            for message in self._unwritten.values():
+                self._add(_INSERT_MESSAGE, self._message_row(message))
+        self._unwritten.clear()
+        now = time.monotonic()
+        if (self._released or self._retention) and now - self._last_sweep >= SWEEP_INTERVAL:
+            self._sweep_journal()
+            self._last_sweep = now
         ops = self._ops
         self._ops = []
-        if self._retention and self._unwritten:
-            ops.extend(self._insert_message(m) for m in self._unwritten.values())
-        self._unwritten.clear()
         self._inserted.clear()
         if self._ids_dirty:
             # In the same transaction as the rows using the new ids, so an id never comes back.
             ops.append(
-                ("UPDATE meta SET value=? WHERE key='last_message_id'", (str(self._last_id),))
+                ("UPDATE meta SET value=? WHERE key='last_message_id'", [(str(self._last_id),)])
             )
             self._ids_dirty = False
         future = self._pending_future
@@ -402,14 +416,22 @@ class SQLiteStore:
         self._last_future = future
         self._queue.put((ops, future))
 
-    def _insert_message(self, message: Message) -> Operation:
+    def _message_row(self, message: Message) -> tuple[Any, ...]:
         offset = self._offset
         return (
-            "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (message.message_id, message.topic, message.payload, message.qos,
-             int(message.retain), message.priority, to_wall(message.expiry, offset),
-             to_wall(message.delivery_time, offset), to_wall(message.created, offset) or 0.0,
-             message.origin, message_properties_json(message), time.time()),
+            message.message_id, message.topic, message.payload, message.qos,
+            int(message.retain), message.priority, to_wall(message.expiry, offset),
+            to_wall(message.delivery_time, offset), to_wall(message.created, offset) or 0.0,
+            message.origin, message_properties_json(message), time.time(),
+        )
+
+    def _sweep_journal(self) -> None:
+        """Delete journalled messages no queue references, once past the retention."""
+        self._released = 0
+        self._add(
+            "DELETE FROM messages WHERE stored_at < ? AND NOT EXISTS "
+            "(SELECT 1 FROM queued WHERE message_id = messages.id)",
+            (time.time() - self._retention,),
         )
 
     # -- the writer thread ----------------------------------------------------------------
@@ -424,7 +446,7 @@ class SQLiteStore:
                 if self._max_delay:
                     time.sleep(self._max_delay)
                 batch = [item]
-                count = len(item[0])
+                count = sum(len(rows) for _sql, rows in item[0])
                 stop = False
                 # Group commit: everything that queued up while we were busy goes in one go.
                 while count < self._max_batch:
@@ -436,7 +458,7 @@ class SQLiteStore:
                         stop = True
                         break
                     batch.append(more)
-                    count += len(more[0])
+                    count += sum(len(rows) for _sql, rows in more[0])
                 self._write_batch(connection, batch)
                 if stop:
                     return
@@ -452,14 +474,17 @@ class SQLiteStore:
         try:
             connection.execute("BEGIN")
             for ops, _future in batch:
-                for sql, params in ops:
-                    connection.execute(sql, params)
+                for sql, rows in ops:
+                    if len(rows) == 1:
+                        connection.execute(sql, rows[0])
+                    else:
+                        connection.executemany(sql, rows)
             connection.execute("COMMIT")
         except sqlite3.Error as exc:
             error = exc
             self.failed_batches += 1
             log.error("store %s: write failed (%s); %d operations not stored",
-                      self.path, exc, sum(len(ops) for ops, _ in batch))
+                      self.path, exc, sum(len(rows) for ops, _ in batch for _s, rows in ops))
             with contextlib.suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
         futures = [f for _ops, f in batch if f is not None]
