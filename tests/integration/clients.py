@@ -3,6 +3,7 @@ command-line tools. They add no protocol logic of their own, only waiting and co
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -100,8 +101,17 @@ class PahoClient:
         c.on_unsubscribe = self._on_unsubscribe
         c.on_publish = self._on_publish
         c.on_disconnect = self._on_disconnect
+        c.on_log = self._on_log
+        self.log: collections.deque[str] = collections.deque(maxlen=50)
 
     # -- callbacks (paho's thread) -----------------------------------------------------
+
+    def _on_log(self, client, userdata, level, text) -> None:  # type: ignore[no-untyped-def]
+        self.log.append(text)
+
+    def diagnosis(self) -> str:
+        """paho's recent log lines and disconnect reasons, for assertion messages."""
+        return f"disconnects={self.disconnects!r}; paho log: {list(self.log)!r}"
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
         self.connack = (flags, reason_code.value, properties)
@@ -158,7 +168,7 @@ class PahoClient:
         c.loop_start()
         assert self._connected.wait(timeout), "no CONNACK within the timeout"
         if expect_success:
-            assert self.connack is not None, f"connection failed: {self.disconnects!r}"
+            assert self.connack is not None, f"connection failed: {self.diagnosis()}"
             assert self.connack[1] == 0, f"CONNECT refused with reason {self.connack[1]:#x}"
         return self
 
@@ -187,7 +197,9 @@ class PahoClient:
             result, mid = self.client.subscribe(topic, options=opts, properties=properties)
         else:
             result, mid = self.client.subscribe(topic, qos)
-        assert result == mqtt.MQTT_ERR_SUCCESS, f"subscribe failed locally: {result}"
+        assert result == mqtt.MQTT_ERR_SUCCESS, (
+            f"subscribe failed locally: {result}; {self.diagnosis()}"
+        )
         got = wait_until(lambda: self._subacks.get(mid), timeout)
         assert got is not None, f"no SUBACK for {topic!r} within {timeout}s"
         return list(got[0])
@@ -212,10 +224,14 @@ class PahoClient:
     ) -> mqtt.MQTTMessageInfo:
         """Publish; with ``wait`` block until the exchange for its QoS is complete."""
         info = self.client.publish(topic, payload, qos, retain, properties=properties)
-        assert info.rc == mqtt.MQTT_ERR_SUCCESS, f"publish failed locally: {info.rc}"
+        assert info.rc == mqtt.MQTT_ERR_SUCCESS, (
+            f"publish failed locally: {info.rc}; {self.diagnosis()}"
+        )
         if wait:
             info.wait_for_publish(timeout)
-            assert info.is_published(), f"publish to {topic!r} (QoS {qos}) not completed"
+            assert info.is_published(), (
+                f"publish to {topic!r} (QoS {qos}) not completed; {self.diagnosis()}"
+            )
         return info
 
     def publish_result(self, info: mqtt.MQTTMessageInfo, timeout: float = 5.0) -> int:
