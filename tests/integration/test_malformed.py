@@ -197,3 +197,26 @@ def test_malformed_packet_from_a_will_holder_publishes_its_will(address, raw, pa
     client.send_raw(b"\x00\x00")
     client.recv_until_closed()
     assert watcher.get().payload == b"broke the rules"
+
+
+@pytest.mark.parametrize(
+    "flags", [0x03, 0x1E], ids=["reserved-bit", "will-qos-3"]
+)
+def test_malformed_v5_connect_gets_connack_with_reason(address, raw, bystander, flags):
+    """A 5.0 CONNECT that turns out malformed is answered with CONNACK 0x81 before the close,
+    so the client can tell a broken packet from a network failure (MQTT 5 §3.1.4)."""
+    client = raw(address, 5)
+    client.send_raw(frame(0x10, _connect_body("MQTT", 5, flags)))
+    packets = client.recv_until_closed()
+    assert len(packets) == 1 and isinstance(packets[0], ConnAck), packets
+    assert packets[0].reason_code == 0x81
+    bystander.check()
+
+
+def test_short_non_mqtt_greeting_is_closed_at_once(address, raw, bystander):
+    """Bytes that cannot start a CONNECT close the connection on arrival, without waiting
+    for a packet to complete (a port scanner's 'HELO' must not hold a connection open)."""
+    client = raw(address, 4)
+    client.send_raw(b"HELO")
+    assert client.recv_until_closed(timeout=2.0) == []
+    bystander.check()

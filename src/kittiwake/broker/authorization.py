@@ -75,7 +75,7 @@ def _filter_covers(rule: str, topic_filter: str) -> bool:
             continue
         if level != expected:
             return False
-    return len(rule_levels) == len(levels) or rule_levels[len(levels):] == ["#"]
+    return len(rule_levels) == len(levels) or rule_levels[len(levels) :] == ["#"]
 
 
 def _filters_overlap(a: str, b: str) -> bool:

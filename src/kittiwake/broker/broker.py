@@ -145,8 +145,11 @@ class Broker:
             for stored in record.subscriptions:
                 group, topic_filter = parse_shared(stored.topic_filter)
                 subscription = Subscription(
-                    session=session, topic_filter=topic_filter, max_qos=stored.max_qos,
-                    share_group=group, no_local=stored.no_local,
+                    session=session,
+                    topic_filter=topic_filter,
+                    max_qos=stored.max_qos,
+                    share_group=group,
+                    no_local=stored.no_local,
                     retain_as_published=stored.retain_as_published,
                     retain_handling=stored.retain_handling,
                     subscription_id=stored.subscription_id,
@@ -166,7 +169,11 @@ class Broker:
             if owner is None or stored_message is None:
                 continue
             entry = QueuedMessage(
-                stored_message, queued.qos, True, queued.retain, queued.subscription_ids,
+                stored_message,
+                queued.qos,
+                True,
+                queued.retain,
+                queued.subscription_ids,
                 queued.delivery_count,
             )
             if queued.state in ("sent", "received") and queued.delivery_id:
@@ -176,7 +183,9 @@ class Broker:
             recovered += 1
         log.info(
             "recovered %d sessions, %d messages, %d retained",
-            len(state.sessions), recovered, len(state.retained),
+            len(state.sessions),
+            recovered,
+            len(state.retained),
         )
 
     # -- sessions -------------------------------------------------------------------------
@@ -255,9 +264,7 @@ class Broker:
                 consumer.deliver(delivery_id, inflight.entry, resend=True)
         self.pump(session)
 
-    def disconnect(
-        self, session: Session, *, publish_will: bool, keep_will: bool = False
-    ) -> None:
+    def disconnect(self, session: Session, *, publish_will: bool, keep_will: bool = False) -> None:
         """The session's connection ended (cleanly or not).
 
         ``keep_will``: the broker is stopping, which is not the client's doing: a persistent
@@ -481,6 +488,7 @@ class Broker:
             return drained
         future = asyncio.ensure_future(commit)
         if touched:
+
             def after(f: asyncio.Future[None]) -> None:
                 if f.cancelled() or f.exception() is not None:
                     # Not stored, and its publisher is told so: it must not be delivered.
@@ -571,6 +579,7 @@ class Broker:
         self._pump_pending.clear()
         for session in sessions:
             self.pump(session)
+
     def _retain(self, message: Message) -> None:
         previous = self.retained.update(message)
         if message.persistent and message.payload:
@@ -632,7 +641,10 @@ class Broker:
         qos, persistent = delivery_level(message.qos, message.persistent, subscription.max_qos)
         sub_id = subscription.subscription_id
         entry = QueuedMessage(
-            message, qos, persistent, message.retain and subscription.retain_as_published,
+            message,
+            qos,
+            persistent,
+            message.retain and subscription.retain_as_published,
             () if sub_id is None else (sub_id,),
         )
         return [session] if self._enqueue(session, entry) else []
@@ -723,12 +735,16 @@ class Broker:
                 # The client will hold this id until PUBREL: the broker must not forget it.
                 commit = self.store.commit()
                 if commit is not None:
+
                     def send(f: asyncio.Future[None]) -> None:
                         current = session.inflight.get(delivery_id)
                         if f.cancelled() or f.exception() is not None:
                             return  # stays in flight; resent on the next connection
-                        if session.consumer is consumer and current is not None \
-                                and current.entry is entry:
+                        if (
+                            session.consumer is consumer
+                            and current is not None
+                            and current.entry is entry
+                        ):
                             consumer.deliver(delivery_id, entry)
 
                     asyncio.ensure_future(commit).add_done_callback(send)
@@ -796,8 +812,12 @@ class Broker:
                 expiry_interval=session.expiry_interval,
                 subscriptions=[
                     SubscriptionRecord(
-                        s.full_filter, s.max_qos, s.no_local, s.retain_as_published,
-                        s.retain_handling, s.subscription_id,
+                        s.full_filter,
+                        s.max_qos,
+                        s.no_local,
+                        s.retain_as_published,
+                        s.retain_handling,
+                        s.subscription_id,
                     )
                     for s in session.subscriptions.values()
                 ],

@@ -107,7 +107,10 @@ class MessageQueue:
             if self.counters.rejected == 1 or self.counters.rejected % 1000 == 0:
                 log.warning(
                     "queue %s full (%d messages, %d bytes): rejected %d so far",
-                    self.name, len(self), self.bytes, self.counters.rejected,
+                    self.name,
+                    len(self),
+                    self.bytes,
+                    self.counters.rejected,
                 )
             return False, victims
         self._sequence += 1
@@ -124,9 +127,7 @@ class MessageQueue:
         else:
             self._ready.appendleft(entry)
 
-    def pop(
-        self, now: float, expired: list[QueuedMessage] | None = None
-    ) -> QueuedMessage | None:
+    def pop(self, now: float, expired: list[QueuedMessage] | None = None) -> QueuedMessage | None:
         """The next visible, unexpired entry, or None.
 
         Expired entries are skipped and counted; when ``expired`` is given they are appended to
@@ -220,4 +221,3 @@ class MessageQueue:
                 "queue %s full: discarded %d oldest so far", self.name, self.counters.discarded
             )
         return True
-

@@ -131,7 +131,11 @@ class MemoryStore:
         if key not in self.queued:
             self._refcounts[message_id] = self._refcounts.get(message_id, 0) + 1
         self.queued[key] = QueuedRecord(
-            client_id, message_id, entry.qos, entry.retain, entry.subscription_ids,
+            client_id,
+            message_id,
+            entry.qos,
+            entry.retain,
+            entry.subscription_ids,
             entry.delivery_count,
         )
 

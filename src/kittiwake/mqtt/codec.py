@@ -94,10 +94,10 @@ def encode_remaining_length(n: int) -> bytes:
 # Decoding
 
 
-
 def _minimal_header_size(length: int) -> int:
     """Bytes of a fixed header whose remaining length uses the fewest bytes (MQTT-1.5.5-1)."""
     return 2 if length < 128 else 3 if length < 16_384 else 4 if length < 2_097_152 else 5
+
 
 class PacketDecoder:
     """Turns a byte stream from one connection into packets, keeping any partial tail.

@@ -115,18 +115,22 @@ class MQTTConnection:
             )
         handler(self, packet)
 
-    def protocol_error(self, error: MQTTProtocolError) -> None:
-        """The peer broke the protocol: answer as its version says, then close."""
+    def protocol_error(self, error: MQTTProtocolError, decoded_version: int = 4) -> None:
+        """The peer broke the protocol: answer as its version says, then close.
+
+        ``decoded_version`` is the level the decoder read from a CONNECT it then found
+        malformed, so a 5.0 client still gets a CONNACK with the reason code (MQTT 5 §3.1.4).
+        """
         log.info("client %s (%s): protocol error: %s", self.client_id or "-", self.peer, error)
         if self.closed:
             return
         if self.session is None:
             if isinstance(error, UnsupportedProtocolVersionError):
-                if error.protocol_version == 5:
-                    self._send(ConnAck(False, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION), 5)
-                else:
-                    self._send(ConnAck(False, ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
-            elif self.protocol_version == 5 and self._connect_seen:
+                # A level we do not know: answer in the 3.1.1 form every level understands.
+                self._send(ConnAck(False, ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION), 4)
+            elif (self.protocol_version == 5 and self._connect_seen) or (
+                decoded_version == 5 and not self._connect_seen
+            ):
                 self._send(ConnAck(False, error.reason_code), 5)
         elif self.protocol_version == 5:
             self._disconnect_with(error.reason_code, str(error))
@@ -214,8 +218,10 @@ class MQTTConnection:
             if props.request_problem_information == 0:
                 self._problem_information = False
         else:
-            expiry = 0 if packet.clean_start else (
-                config.sessions.persistent_session_expiry_v3 or NEVER_EXPIRES
+            expiry = (
+                0
+                if packet.clean_start
+                else (config.sessions.persistent_session_expiry_v3 or NEVER_EXPIRES)
             )
             window = config.limits.max_inflight
         will_message, will_delay, will_expiry = self._will_message(packet)
@@ -234,8 +240,12 @@ class MQTTConnection:
         self.session = session
         log.info(
             "client %s connected from %s (MQTT %s, clean=%s, keepalive=%ss, present=%s)",
-            client_id, self.peer, {3: "3.1", 4: "3.1.1", 5: "5.0"}[version],
-            packet.clean_start, keepalive, present,
+            client_id,
+            self.peer,
+            {3: "3.1", 4: "3.1.1", 5: "5.0"}[version],
+            packet.clean_start,
+            keepalive,
+            present,
         )
         ack_props = Properties()
         if version == 5:
@@ -317,8 +327,10 @@ class MQTTConnection:
             # Its PUBREC is an acknowledgement like the first: only once the original is stored.
             self._after_commit(lambda: self.transport.write(encode_ack(0x50, packet_id)))
             return
-        if qos and version == 5 and (
-            self._awaiting_commit + len(session.incoming_qos2) >= self._receive_maximum
+        if (
+            qos
+            and version == 5
+            and (self._awaiting_commit + len(session.incoming_qos2) >= self._receive_maximum)
         ):
             raise MQTTProtocolError(
                 ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
@@ -400,9 +412,7 @@ class MQTTConnection:
             sessions = broker.plain_targets(topic)
             if sessions is not None:
                 connections = [s.consumer for s in sessions]
-                if all(
-                    type(c) is MQTTConnection and c.protocol_version < 5 for c in connections
-                ):
+                if all(type(c) is MQTTConnection and c.protocol_version < 5 for c in connections):
                     receivers = tuple(connections)  # type: ignore[arg-type]
             if len(self._forward_cache) >= 256:
                 self._forward_cache.clear()
@@ -527,12 +537,15 @@ class MQTTConnection:
             if isinstance(outcome, SubscribeRefusal):
                 log.info(
                     "client %s: subscription to %r refused: %s",
-                    self.client_id, request.topic_filter, outcome.value,
+                    self.client_id,
+                    request.topic_filter,
+                    outcome.value,
                 )
                 codes.append(_REFUSAL_REASON[outcome] if version == 5 else SUBACK_FAILURE_V3)
             else:
                 codes.append(outcome.granted_qos)
                 accepted.append(outcome)
+
         def answer() -> None:
             self._send(SubAck(packet.packet_id, codes), version)
             for subscribed in accepted:
@@ -611,8 +624,13 @@ class MQTTConnection:
             data = self._encode_v5(delivery_id, entry, resend)
         elif resend:
             data = encode_publish(
-                message.topic.encode(), message.payload, qos, entry.retain, True,
-                delivery_id or None, None,
+                message.topic.encode(),
+                message.payload,
+                qos,
+                entry.retain,
+                True,
+                delivery_id or None,
+                None,
             )
         else:
             # 3.x frames differ between subscribers only in the packet id: encode the rest once
@@ -624,8 +642,13 @@ class MQTTConnection:
             cached = cache.get(key)
             if cached is None:
                 cached = encode_publish(
-                    message.topic.encode(), message.payload, qos, entry.retain, False,
-                    1 if qos else None, None,
+                    message.topic.encode(),
+                    message.payload,
+                    qos,
+                    entry.retain,
+                    False,
+                    1 if qos else None,
+                    None,
                 )
                 if qos:  # keep the part before the packet id
                     cached = cached[: len(cached) - len(message.payload) - 2]
@@ -636,8 +659,11 @@ class MQTTConnection:
                 data = b"".join((cached, delivery_id.to_bytes(2, "big"), message.payload))
         if len(data) > self.peer_max_packet_size:
             # MQTT-3.1.2-25: never send more than the client accepts; the message is dropped.
-            log.info("client %s: message on %s exceeds its maximum packet size; dropped",
-                     self.client_id, message.topic)
+            log.info(
+                "client %s: message on %s exceeds its maximum packet size; dropped",
+                self.client_id,
+                message.topic,
+            )
             self.broker.stats.messages_dropped += 1
             if delivery_id and self.session is not None:
                 _schedule_acknowledge(self, self.session, delivery_id)
@@ -670,7 +696,12 @@ class MQTTConnection:
                 self._outgoing_aliases[topic] = alias
                 props.topic_alias = alias
         return encode_publish(
-            topic_bytes, message.payload, entry.qos, entry.retain, resend, delivery_id or None,
+            topic_bytes,
+            message.payload,
+            entry.qos,
+            entry.retain,
+            resend,
+            delivery_id or None,
             encode_properties(props, _PUBLISH),
         )
 
@@ -691,8 +722,10 @@ class MQTTConnection:
     # -- output helpers -------------------------------------------------------------------
 
     def _send(self, packet: Packet, version: int) -> None:
-        if version == 5 and not self._problem_information and not isinstance(
-            packet, (ConnAck, Disconnect, Publish)
+        if (
+            version == 5
+            and not self._problem_information
+            and not isinstance(packet, (ConnAck, Disconnect, Publish))
         ):
             props = getattr(packet, "properties", None)
             if props is not None and (props.reason_string or props.user_properties):

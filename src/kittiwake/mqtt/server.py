@@ -25,6 +25,7 @@ class MQTTServerProtocol(asyncio.Protocol):
 
     __slots__ = (
         "_buffer",
+        "_first_read",
         "_flush_scheduled",
         "_loop",
         "_paused",
@@ -39,6 +40,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._buffer: list[bytes] = []
         self._flush_scheduled = False
+        self._first_read = True
         # Set while the socket's send buffer is above its high-water mark (pause_writing).
         self._paused = False
         self.transport: asyncio.Transport | None = None
@@ -63,6 +65,15 @@ class MQTTServerProtocol(asyncio.Protocol):
         connection = self.connection
         if connection is None or connection.closed:
             return
+        if self._first_read:
+            self._first_read = False
+            if data[0] != 0x10:
+                # Not even the start of a CONNECT (an HTTP request, say): answer at once rather
+                # than buffer up to max_packet_size waiting for a packet to end.
+                connection.protocol_error(
+                    MQTTProtocolError(0x82, "the first packet must be CONNECT")
+                )
+                return
         broker = self._server.broker
         broker.stats.bytes_received += len(data)
         connection.last_received = broker.clock.now()
@@ -72,7 +83,7 @@ class MQTTServerProtocol(asyncio.Protocol):
                 if connection.closed:
                     break
         except MQTTProtocolError as error:
-            connection.protocol_error(error)
+            connection.protocol_error(error, self.decoder.protocol_version)
         except Exception:
             # A bug must cost one connection, never the loop.
             log.exception("client %s: internal error; closing", connection.client_id)
@@ -156,8 +167,9 @@ class MQTTServer:
                     continue
                 if connection.session is None:
                     if now - connection.last_received > CONNECT_TIMEOUT:
-                        log.info("client %s: no CONNECT within %ss", connection.peer,
-                                 CONNECT_TIMEOUT)
+                        log.info(
+                            "client %s: no CONNECT within %ss", connection.peer, CONNECT_TIMEOUT
+                        )
                         protocol.close()
                 elif connection.keepalive_expired(now):
                     connection.close_for_keepalive()

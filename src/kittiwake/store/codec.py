@@ -96,8 +96,14 @@ def session_to_json(record: SessionRecord, offset: float) -> str:
         {
             "e": record.expiry_interval,
             "s": [
-                [s.topic_filter, s.max_qos, s.no_local, s.retain_as_published,
-                 s.retain_handling, s.subscription_id]
+                [
+                    s.topic_filter,
+                    s.max_qos,
+                    s.no_local,
+                    s.retain_as_published,
+                    s.retain_handling,
+                    s.subscription_id,
+                ]
                 for s in record.subscriptions
             ],
             "w": None if record.will is None else message_to_json(record.will, offset),

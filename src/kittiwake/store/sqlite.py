@@ -97,6 +97,7 @@ _MIGRATIONS: dict[int, list[str]] = {
 
 _INSERT_MESSAGE = "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
+
 class StoreError(RuntimeError):
     """The store cannot be used; the message names the file and what to do."""
 
@@ -239,8 +240,14 @@ class SQLiteStore:
             self._inserted.add(message.message_id)
         self._add(
             "INSERT OR REPLACE INTO queued VALUES (?, ?, ?, ?, ?, ?, 0, 'queued')",
-            (client_id, message.message_id, entry.qos, int(entry.retain),
-             ",".join(map(str, entry.subscription_ids)), entry.delivery_count),
+            (
+                client_id,
+                message.message_id,
+                entry.qos,
+                int(entry.retain),
+                ",".join(map(str, entry.subscription_ids)),
+                entry.delivery_count,
+            ),
         )
 
     def mark_delivery(self, client_id: str, message_id: int, delivery_id: int, state: str) -> None:
@@ -309,10 +316,17 @@ class SQLiteStore:
                 "WHERE id IN (SELECT message_id FROM queued) ORDER BY id"
             ):
                 message = Message(
-                    topic=row[1], payload=bytes(row[2]), qos=row[3], retain=bool(row[4]),
-                    persistent=True, priority=row[5], expiry=from_wall(row[6], offset),
+                    topic=row[1],
+                    payload=bytes(row[2]),
+                    qos=row[3],
+                    retain=bool(row[4]),
+                    persistent=True,
+                    priority=row[5],
+                    expiry=from_wall(row[6], offset),
                     delivery_time=from_wall(row[7], offset),
-                    created=from_wall(row[8], offset) or 0.0, origin=row[9], message_id=row[0],
+                    created=from_wall(row[8], offset) or 0.0,
+                    origin=row[9],
+                    message_id=row[0],
                 )
                 apply_message_properties(message, row[10])
                 state.messages[message.message_id] = message
@@ -345,7 +359,10 @@ class SQLiteStore:
             connection.close()
         log.info(
             "store %s: recovered %d sessions, %d queued messages, %d retained in %.3fs",
-            self.path, len(state.sessions), len(state.queued), len(state.retained),
+            self.path,
+            len(state.sessions),
+            len(state.queued),
+            len(state.retained),
             time.monotonic() - started,
         )
         return state
@@ -410,8 +427,9 @@ class SQLiteStore:
             assert self._loop is not None
             future = self._loop.create_future()
         if self._writer is None:
-            self._writer = threading.Thread(target=self._write_loop, name="kittiwake-store",
-                                            daemon=True)
+            self._writer = threading.Thread(
+                target=self._write_loop, name="kittiwake-store", daemon=True
+            )
             self._writer.start()
         self._last_future = future
         self._queue.put((ops, future))
@@ -419,10 +437,18 @@ class SQLiteStore:
     def _message_row(self, message: Message) -> tuple[Any, ...]:
         offset = self._offset
         return (
-            message.message_id, message.topic, message.payload, message.qos,
-            int(message.retain), message.priority, to_wall(message.expiry, offset),
-            to_wall(message.delivery_time, offset), to_wall(message.created, offset) or 0.0,
-            message.origin, message_properties_json(message), time.time(),
+            message.message_id,
+            message.topic,
+            message.payload,
+            message.qos,
+            int(message.retain),
+            message.priority,
+            to_wall(message.expiry, offset),
+            to_wall(message.delivery_time, offset),
+            to_wall(message.created, offset) or 0.0,
+            message.origin,
+            message_properties_json(message),
+            time.time(),
         )
 
     def _sweep_journal(self) -> None:
@@ -483,8 +509,12 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             error = exc
             self.failed_batches += 1
-            log.error("store %s: write failed (%s); %d operations not stored",
-                      self.path, exc, sum(len(rows) for ops, _ in batch for _s, rows in ops))
+            log.error(
+                "store %s: write failed (%s); %d operations not stored",
+                self.path,
+                exc,
+                sum(len(rows) for ops, _ in batch for _s, rows in ops),
+            )
             with contextlib.suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
         futures = [f for _ops, f in batch if f is not None]
