@@ -294,6 +294,19 @@ def test_request_response_round_trip(address, paho):
     assert (reply.payload, reply.properties.CorrelationData) == (b"pong!", b"42")
 
 
+def test_response_information_only_when_requested(address, raw):
+    """A client that sets Request Response Information = 1 gets a Response Information string
+    in CONNACK, usable as a response-topic prefix; one that does not ask gets none
+    (MQTT 5 §3.1.2.11.7, §3.2.2.3.15)."""
+    asking = raw(address, 5)
+    connack = asking.connect(unique("rri"), properties=Properties(request_response_information=1))
+    info = connack.properties.response_information
+    assert info, connack
+    assert "+" not in info and "#" not in info
+    silent = raw(address, 5)
+    assert silent.connect(unique("no-rri")).properties.response_information is None
+
+
 def test_unsuback_reason_codes(address, paho):
     """UNSUBACK says Success (0x00) for a subscription that existed and No subscription existed
     (0x11) otherwise (MQTT 5 §3.11.3)."""
