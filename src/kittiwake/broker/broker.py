@@ -143,19 +143,14 @@ class Broker:
             )
             self.sessions[record.client_id] = session
             for stored in record.subscriptions:
-                group, topic_filter = parse_shared(stored.topic_filter)
-                subscription = Subscription(
-                    session=session,
-                    topic_filter=topic_filter,
-                    max_qos=stored.max_qos,
-                    share_group=group,
-                    no_local=stored.no_local,
-                    retain_as_published=stored.retain_as_published,
-                    retain_handling=stored.retain_handling,
-                    subscription_id=stored.subscription_id,
+                options = SubscriptionOptions(
+                    stored.max_qos,
+                    stored.no_local,
+                    stored.retain_as_published,
+                    stored.retain_handling,
+                    stored.subscription_id,
                 )
-                session.subscriptions[stored.topic_filter] = subscription
-                self._add_subscription(subscription)
+                self._attach_subscription(session, stored.topic_filter, options)
             session.incoming_qos2 = set(state.incoming_qos2.get(record.client_id, ()))
             if session.expiry_interval != NEVER_EXPIRES:
                 session.expires_at = now + session.expiry_interval
@@ -376,7 +371,7 @@ class Broker:
         and then calls :meth:`send_retained`, so they never overtake the acknowledgement.
         """
         try:
-            group, topic_filter = parse_shared(full_filter)
+            _group, topic_filter = parse_shared(full_filter)
             validate_topic_filter(topic_filter, self.config.limits.max_topic_levels)
         except TopicError:
             return SubscribeRefusal.INVALID_FILTER
@@ -396,18 +391,7 @@ class Broker:
             subscription = existing
             self.routing_generation += 1
         else:
-            subscription = Subscription(
-                session=session,
-                topic_filter=topic_filter,
-                max_qos=options.max_qos,
-                share_group=group,
-                no_local=options.no_local,
-                retain_as_published=options.retain_as_published,
-                retain_handling=options.retain_handling,
-                subscription_id=options.subscription_id,
-            )
-            session.subscriptions[full_filter] = subscription
-            self._add_subscription(subscription)
+            subscription = self._attach_subscription(session, full_filter, options)
         if session.persistent:
             self._save_session(session)
         return Subscribed(subscription, existing is None)
@@ -424,6 +408,25 @@ class Broker:
     @property
     def subscription_count(self) -> int:
         return sum(len(s.subscriptions) for s in self.sessions.values())
+
+    def _attach_subscription(
+        self, session: Session, full_filter: str, options: SubscriptionOptions
+    ) -> Subscription:
+        """Create a subscription from a (validated) filter and route messages to it."""
+        group, topic_filter = parse_shared(full_filter)
+        subscription = Subscription(
+            session=session,
+            topic_filter=topic_filter,
+            max_qos=options.max_qos,
+            share_group=group,
+            no_local=options.no_local,
+            retain_as_published=options.retain_as_published,
+            retain_handling=options.retain_handling,
+            subscription_id=options.subscription_id,
+        )
+        session.subscriptions[full_filter] = subscription
+        self._add_subscription(subscription)
+        return subscription
 
     def _add_subscription(self, subscription: Subscription) -> None:
         self.routing_generation += 1
