@@ -109,6 +109,10 @@ class Broker:
         # and publication of a read, instead of one pump each. None = no loop, pump at once.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump_pending: dict[Session, None] = {}
+        # Publications (with the sessions they were queued on) waiting for their commit.
+        self._held_for_commit: dict[
+            asyncio.Future[None], list[tuple[Message, list[Session]]]
+        ] = {}
         # Bumped by every change that can alter who receives a live publication (subscribe,
         # unsubscribe, connect, disconnect); caches of routing answers compare against it.
         self.routing_generation = 0
@@ -491,16 +495,12 @@ class Broker:
             return drained
         future = asyncio.ensure_future(commit)
         if touched:
-
-            def after(f: asyncio.Future[None]) -> None:
-                if f.cancelled() or f.exception() is not None:
-                    # Not stored, and its publisher is told so: it must not be delivered.
-                    for session in touched:
-                        session.queue.remove_message(message)
-                    return
-                self._pump_all(touched)
-
-            future.add_done_callback(after)
+            # One callback per commit, however many publications it holds.
+            held = self._held_for_commit.get(future)
+            if held is None:
+                held = self._held_for_commit[future] = []
+                future.add_done_callback(self._after_commit)
+            held.append((message, touched))
         if drained is None:
             return future
         return asyncio.ensure_future(_both(future, drained))
@@ -563,9 +563,17 @@ class Broker:
         cache[topic] = result
         return result
 
-    def _pump_all(self, sessions: list[Session]) -> None:
-        for session in sessions:
-            self.pump_soon(session)
+    def _after_commit(self, future: asyncio.Future[None]) -> None:
+        """Dispatch what a commit made safe; if it failed, deliver none of it."""
+        held = self._held_for_commit.pop(future, [])
+        failed = future.cancelled() or future.exception() is not None
+        for message, touched in held:
+            for session in touched:
+                if failed:
+                    # Not stored, and its publisher is told so: it must not be delivered.
+                    session.queue.remove_message(message)
+                else:
+                    self.pump_soon(session)
 
     def pump_soon(self, session: Session) -> None:
         """Pump this session once the current loop turn has done its reading."""

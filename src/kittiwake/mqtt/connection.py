@@ -87,6 +87,7 @@ class MQTTConnection:
         # QoS 1 publications whose PUBACK awaits a store commit; with incoming_qos2 they make
         # up the client's use of our Receive Maximum.
         self._awaiting_commit = 0
+        self._held_acks: dict[asyncio.Future[None], list[tuple[bytes, int, int]]] = {}
         self._receive_maximum = limits.receive_maximum
         self._max_backlog = limits.max_queued_bytes
         self._max_topic_levels = limits.max_topic_levels
@@ -365,17 +366,24 @@ class MQTTConnection:
             self.transport.write(ack)
             return
         self._awaiting_commit += 1
+        # Acknowledgements waiting on one commit go out together, from one callback.
+        held = self._held_acks.get(commit)
+        if held is None:
+            held = self._held_acks[commit] = []
+            commit.add_done_callback(self._release_acks)
+        held.append((ack, qos, packet_id))
 
-        def acknowledge(future: asyncio.Future[None]) -> None:
-            self._awaiting_commit -= 1
-            if self.closed:
-                return
-            if future.cancelled() or future.exception() is not None:
+    def _release_acks(self, commit: asyncio.Future[None]) -> None:
+        held = self._held_acks.pop(commit, [])
+        self._awaiting_commit -= len(held)
+        session = self.session
+        if self.closed or session is None:
+            return
+        if commit.cancelled() or commit.exception() is not None:
+            for _ack, qos, packet_id in held:
                 self._refuse_unstored(session, qos, packet_id)
-            else:
-                self.transport.write(ack)
-
-        commit.add_done_callback(acknowledge)
+            return
+        self.transport.write(b"".join(ack for ack, _qos, _packet_id in held))
 
     def _refuse_unstored(self, session: Session, qos: int, packet_id: int) -> None:
         """The store could not take the message: never acknowledge it as safe.

@@ -125,6 +125,9 @@ class SQLiteStore:
         self._retention = journal_retention_seconds
         self._synchronous = synchronous
         self._ops: list[Operation] = []
+        # Journal rows of this turn, written first in their batch as one executemany run:
+        # only the sweep deletes from that table, and it always comes last.
+        self._message_rows: list[tuple[Any, ...]] = []
         # Released references since the last journal sweep; the sweep deletes messages that no
         # queue references any more (after the retention), once a second rather than per ack.
         self._released = 0
@@ -231,12 +234,12 @@ class SQLiteStore:
         message = entry.message
         unwritten = self._unwritten.pop(message.message_id, None)
         if unwritten is not None:
-            self._add(_INSERT_MESSAGE, self._message_row(unwritten))
+            self._message_rows.append(self._message_row(unwritten))
             self._inserted.add(message.message_id)
         elif message.message_id not in self._inserted:
             # Queued again in a later turn (a retained message sent to a new subscriber): the
             # row may have been deleted when its earlier references were released.
-            self._add(_INSERT_MESSAGE, self._message_row(message))
+            self._message_rows.append(self._message_row(message))
             self._inserted.add(message.message_id)
         self._add(
             "INSERT OR REPLACE INTO queued VALUES (?, ?, ?, ?, ?, ?, 0, 'queued')",
@@ -245,7 +248,7 @@ class SQLiteStore:
                 message.message_id,
                 entry.qos,
                 int(entry.retain),
-                ",".join(map(str, entry.subscription_ids)),
+                ",".join(map(str, entry.subscription_ids)) if entry.subscription_ids else "",
                 entry.delivery_count,
             ),
         )
@@ -293,7 +296,7 @@ class SQLiteStore:
 
     def commit(self) -> asyncio.Future[None] | None:
         """The future of the batch that will hold every operation so far, or None."""
-        if self._ops or self._unwritten:
+        if self._ops or self._message_rows or self._unwritten:
             self._schedule()
             if self._pending_future is None:
                 assert self._loop is not None
@@ -371,7 +374,7 @@ class SQLiteStore:
         """Write what is pending and stop the writer (graceful shutdown)."""
         if self._released:
             self._sweep_journal()
-        if self._ops or self._unwritten or self._ids_dirty:
+        if self._ops or self._message_rows or self._unwritten or self._ids_dirty:
             self._hand_off()
         if self._writer is not None:
             self._queue.put(None)
@@ -401,7 +404,7 @@ class SQLiteStore:
         self._scheduled = False
         if self._retention and self._unwritten:
             for message in self._unwritten.values():
-                self._add(_INSERT_MESSAGE, self._message_row(message))
+                self._message_rows.append(self._message_row(message))
         self._unwritten.clear()
         now = time.monotonic()
         if (self._released or self._retention) and now - self._last_sweep >= SWEEP_INTERVAL:
@@ -409,6 +412,9 @@ class SQLiteStore:
             self._last_sweep = now
         ops = self._ops
         self._ops = []
+        if self._message_rows:
+            ops.insert(0, (_INSERT_MESSAGE, self._message_rows))
+            self._message_rows = []
         self._inserted.clear()
         if self._ids_dirty:
             # In the same transaction as the rows using the new ids, so an id never comes back.
