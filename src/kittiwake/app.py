@@ -65,6 +65,8 @@ def open_store(config: StoreConfig, clock: Clock | None) -> Store:
         max_batch=config.max_batch,
         max_delay=config.max_delay,
         journal_retention_seconds=config.journal_retention_seconds,
+        journal_retention_bytes=config.journal_retention_bytes,
+        wal_autocheckpoint=config.wal_autocheckpoint,
         synchronous=config.synchronous.upper(),
     )
 

@@ -106,6 +106,11 @@ class StoreConfig:
     # Keep journalled messages this long after every subscriber acknowledged them (for the
     # Spark data source); 0 = only while referenced.
     journal_retention_seconds: float = 0.0
+    # Also (or instead) keep the newest acknowledged messages up to this many payload bytes;
+    # 0 = no size bound. Either retention makes every persistent publication journalled.
+    journal_retention_bytes: int = 0
+    # WAL pages after which SQLite checkpoints the WAL into the database (bounds the WAL file).
+    wal_autocheckpoint: int = 1000
     # SQLite synchronous mode: "full" fsyncs every commit, which the acknowledgement promise needs.
     synchronous: Literal["full", "normal"] = "full"
 

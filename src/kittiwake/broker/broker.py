@@ -484,6 +484,8 @@ class Broker:
         if not message.created:
             message.created = now
         self.stats.messages_received += 1
+        if message.persistent and not message.message_id:
+            self.store.journal(message)
         if message.retain:
             self._retain(message)
         touched = self._route(message)

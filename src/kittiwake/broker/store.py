@@ -70,7 +70,12 @@ class Store(Protocol):
     """Durable state changes, in the order the core makes them."""
 
     def journal(self, message: Message) -> None:
-        """Record a persistent message; assigns ``message.message_id``."""
+        """Record a persistent publication; assigns ``message.message_id``.
+
+        Called for every persistent publication, referenced or not: a store with a journal
+        retention keeps it (and makes the publisher's acknowledgement wait for it), one without
+        keeps it only once a queue references it.
+        """
 
     def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
         """Reference a journalled message from a persistent session's queue."""
@@ -119,14 +124,14 @@ class MemoryStore:
         self.incoming_qos2: dict[str, set[int]] = {}
 
     def journal(self, message: Message) -> None:
+        # No retention here: a message is kept only while a queue references it.
         if message.message_id == 0:
             self._next_id += 1
             message.message_id = self._next_id
-        self.messages[message.message_id] = message
-        self._refcounts.setdefault(message.message_id, 0)
 
     def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
         message_id = entry.message.message_id
+        self.messages[message_id] = entry.message
         key = (client_id, message_id)
         if key not in self.queued:
             self._refcounts[message_id] = self._refcounts.get(message_id, 0) + 1

@@ -113,7 +113,9 @@ class SQLiteStore:
         max_batch: int = 5000,
         max_delay: float = 0.0,
         journal_retention_seconds: float = 0.0,
+        journal_retention_bytes: int = 0,
         synchronous: str = "FULL",
+        wal_autocheckpoint: int = 1000,
     ) -> None:
         self.directory = Path(data_dir)
         self.path = self.directory / DATABASE_FILE
@@ -123,6 +125,11 @@ class SQLiteStore:
         self._max_batch = max_batch
         self._max_delay = max_delay
         self._retention = journal_retention_seconds
+        self._retention_bytes = journal_retention_bytes
+        # With a retention, every persistent publication is journalled (for the Spark source),
+        # not only those a durable subscriber references.
+        self._keeps_journal = journal_retention_seconds > 0 or journal_retention_bytes > 0
+        self._wal_autocheckpoint = wal_autocheckpoint
         self._synchronous = synchronous
         self._ops: list[Operation] = []
         # Journal rows of this turn, written first in their batch as one executemany run:
@@ -158,6 +165,8 @@ class SQLiteStore:
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute(f"PRAGMA synchronous={self._synchronous}")
+        # Bounds the WAL file: SQLite copies it back into the database every N pages.
+        connection.execute(f"PRAGMA wal_autocheckpoint={int(self._wal_autocheckpoint)}")
         return connection
 
     def _open_and_migrate(self) -> None:
@@ -226,9 +235,11 @@ class SQLiteStore:
             self._last_id += 1
             message.message_id = self._last_id
             self._ids_dirty = True
-        # Written only once something references it (or retention keeps every message).
-        self._unwritten[message.message_id] = message
-        self._schedule()
+        if self._keeps_journal:
+            # Every persistent publication is written, referenced or not.
+            self._unwritten[message.message_id] = message
+            self._schedule()
+        # Otherwise the row is written by enqueue(), once a durable queue references it.
 
     def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
         message = entry.message
@@ -296,7 +307,7 @@ class SQLiteStore:
 
     def commit(self) -> asyncio.Future[None] | None:
         """The future of the batch that will hold every operation so far, or None."""
-        if self._ops or self._message_rows or self._unwritten:
+        if self._ops or self._message_rows or (self._unwritten and self._keeps_journal):
             self._schedule()
             if self._pending_future is None:
                 assert self._loop is not None
@@ -402,12 +413,12 @@ class SQLiteStore:
 
     def _hand_off(self) -> None:
         self._scheduled = False
-        if self._retention and self._unwritten:
+        if self._keeps_journal and self._unwritten:
             for message in self._unwritten.values():
                 self._message_rows.append(self._message_row(message))
         self._unwritten.clear()
         now = time.monotonic()
-        if (self._released or self._retention) and now - self._last_sweep >= SWEEP_INTERVAL:
+        if (self._released or self._keeps_journal) and now - self._last_sweep >= SWEEP_INTERVAL:
             self._sweep_journal()
             self._last_sweep = now
         ops = self._ops
@@ -416,8 +427,9 @@ class SQLiteStore:
             ops.insert(0, (_INSERT_MESSAGE, self._message_rows))
             self._message_rows = []
         self._inserted.clear()
-        if self._ids_dirty:
-            # In the same transaction as the rows using the new ids, so an id never comes back.
+        if self._ids_dirty and ops:
+            # In the same transaction as the rows using the new ids, so an id never comes back;
+            # ids no stored row uses need not be remembered.
             ops.append(
                 ("UPDATE meta SET value=? WHERE key='last_message_id'", [(str(self._last_id),)])
             )
@@ -458,13 +470,32 @@ class SQLiteStore:
         )
 
     def _sweep_journal(self) -> None:
-        """Delete journalled messages no queue references, once past the retention."""
+        """Delete journalled messages no queue references, once past the retention.
+
+        The time retention keeps acknowledged messages for so many seconds; the size retention
+        keeps the newest ones whose payloads fit in so many bytes (whichever is stricter wins).
+        Referenced messages are never deleted.
+        """
         self._released = 0
-        self._add(
-            "DELETE FROM messages WHERE stored_at < ? AND NOT EXISTS "
-            "(SELECT 1 FROM queued WHERE message_id = messages.id)",
-            (time.time() - self._retention,),
-        )
+        # Appended, not _add()ed: the sweep rides on a batch and must not schedule another.
+        if self._retention or not self._retention_bytes:
+            self._ops.append(
+                (
+                    "DELETE FROM messages WHERE stored_at < ? AND NOT EXISTS "
+                    "(SELECT 1 FROM queued WHERE message_id = messages.id)",
+                    [(time.time() - self._retention,)],
+                )
+            )
+        if self._retention_bytes:
+            self._ops.append(
+                (
+                    "DELETE FROM messages WHERE id IN (SELECT id FROM (SELECT id, "
+                    "SUM(length(payload)) OVER (ORDER BY id DESC) AS newer FROM messages) "
+                    "WHERE newer > ?) AND NOT EXISTS "
+                    "(SELECT 1 FROM queued WHERE message_id = messages.id)",
+                    [(self._retention_bytes,)],
+                )
+            )
 
     # -- the writer thread ----------------------------------------------------------------
 

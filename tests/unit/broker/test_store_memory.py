@@ -25,7 +25,17 @@ def test_journal_assigns_increasing_ids() -> None:
     store = MemoryStore()
     a, b = stored(store), stored(store)
     assert 0 < a.message_id < b.message_id
-    assert store.messages == {a.message_id: a, b.message_id: b}
+
+
+def test_journal_keeps_only_referenced_messages() -> None:
+    """The memory store has no journal retention: a message is kept while a queue
+    references it, so publications nobody durable subscribed to cost no memory."""
+    store = MemoryStore()
+    a, b = stored(store), stored(store)
+    assert store.messages == {}
+    ref(store, "c", a)
+    assert store.messages == {a.message_id: a}
+    assert b.message_id not in store.messages
 
 
 def test_journal_keeps_an_existing_id() -> None:
@@ -33,6 +43,7 @@ def test_journal_keeps_an_existing_id() -> None:
     store = MemoryStore()
     message = stored(store)
     first = message.message_id
+    ref(store, "c", message)
     store.journal(message)
     assert message.message_id == first
     assert len(store.messages) == 1
@@ -186,6 +197,7 @@ def test_recover_is_a_snapshot() -> None:
     """Changing the recovered collections does not change the store."""
     store = MemoryStore()
     message = stored(store)
+    ref(store, "c", message)
     store.add_incoming_qos2("a", 1)
     state = store.recover()
     state.messages.clear()
