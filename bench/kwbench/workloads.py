@@ -52,6 +52,9 @@ FULL: list[Workload] = [
     # no durable store and is skipped.
     Workload("qos1-persistent-1to1", "QoS 1, persistent sessions + durable store, 1 -> 1",
              qos=1, count=20_000, clean=False, durable=True),
+    Workload("qos1-persistent-10to1",
+             "QoS 1 fan-in, persistent sessions + durable store, 10 -> 1",
+             qos=1, pubs=10, count=2_000, clean=False, durable=True),
     Workload("idle-conns", "idle connections with keepalive 60 s", kind="idle",
              conns=10_000, hold_s=5.0),
 ]
@@ -59,7 +62,7 @@ FULL: list[Workload] = [
 SMOKE_COUNTS = {
     "qos0-1to1": 300, "qos1-1to1": 300, "qos0-10to1": 30, "qos1-10to1": 30,
     "qos0-1to50": 6, "qos1-1to50": 6, "paced-qos0": 300, "paced-qos1": 300,
-    "qos1-persistent-1to1": 300,
+    "qos1-persistent-1to1": 300, "qos1-persistent-10to1": 30,
 }
 
 
