@@ -110,9 +110,7 @@ class Broker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pump_pending: dict[Session, None] = {}
         # Publications (with the sessions they were queued on) waiting for their commit.
-        self._held_for_commit: dict[
-            asyncio.Future[None], list[tuple[Message, list[Session]]]
-        ] = {}
+        self._held_for_commit: dict[asyncio.Future[None], list[tuple[Message, list[Session]]]] = {}
         # Bumped by every change that can alter who receives a live publication (subscribe,
         # unsubscribe, connect, disconnect); caches of routing answers compare against it.
         self.routing_generation = 0
