@@ -155,14 +155,18 @@ class PacketDecoder:
                 flags = first & 0x0F
                 if ptype != 3 and flags != _FIXED_FLAGS[ptype]:
                     _check_fixed_flags(ptype, flags, self.protocol_version)
-                packet = _DECODERS[ptype](self, flags, mv[body:end])
-                if (
-                    first == 0x30
-                    and self.protocol_version != 5
-                    and body - pos == _minimal_header_size(length)
-                ):
-                    packet.raw = bytes(mv[pos:end])  # type: ignore[union-attr]
-                packets.append(packet)
+                if ptype == 3:
+                    # The hot path: PUBLISH is read straight from the input by offsets.
+                    publish = _decode_publish_at(self, flags, src, mv, body, end)
+                    if (
+                        first == 0x30
+                        and self.protocol_version != 5
+                        and body - pos == _minimal_header_size(length)
+                    ):
+                        publish.raw = _bytes_of(src, pos, end)
+                    packets.append(publish)
+                else:
+                    packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
                 pos = end
         except BaseException:
             self._buf = bytearray()  # the connection is dead; drop the tail with the error
@@ -329,7 +333,25 @@ def _decode_connack(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
 _NO_PROPERTIES = Properties()
 
 
+def _bytes_of(src: bytes | bytearray, start: int, end: int) -> bytes:
+    piece = src[start:end]
+    return piece if type(piece) is bytes else bytes(piece)
+
+
 def _decode_publish(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    """The table's entry for PUBLISH (feed() calls :func:`_decode_publish_at` directly)."""
+    return _decode_publish_at(dec, flags, body.tobytes(), body, 0, len(body))
+
+
+def _decode_publish_at(
+    dec: PacketDecoder,
+    flags: int,
+    src: bytes | bytearray,
+    view: memoryview,
+    start: int,
+    end: int,
+) -> Publish:
+    """Decode the PUBLISH whose body is ``src[start:end]`` (``view`` is a view of ``src``)."""
     qos = (flags >> 1) & 0x03
     if qos == 3:
         raise MalformedPacketError("PUBLISH with QoS 3")
@@ -337,14 +359,13 @@ def _decode_publish(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
     version = dec.protocol_version
     if dup and not qos and version != 3:
         raise MalformedPacketError("PUBLISH with DUP set at QoS 0 (MQTT-3.3.1-2)")
-    end = len(body)
-    if end < 2:
+    if end - start < 2:
         raise MalformedPacketError("PUBLISH too short for a topic")
-    pos = 2 + ((body[0] << 8) | body[1])
+    pos = start + 2 + ((src[start] << 8) | src[start + 1])
     if pos > end:
         raise MalformedPacketError("PUBLISH topic runs past the end of the packet")
     try:
-        topic = str(body[2:pos], "utf-8")
+        topic = src[start + 2 : pos].decode("utf-8")
     except UnicodeDecodeError:
         raise MalformedPacketError("PUBLISH topic is not valid UTF-8") from None
     if "\x00" in topic:
@@ -355,23 +376,25 @@ def _decode_publish(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
     if qos:
         if pos + 2 > end:
             raise MalformedPacketError("PUBLISH too short for a packet identifier")
-        packet_id = (body[pos] << 8) | body[pos + 1]
+        packet_id = (src[pos] << 8) | src[pos + 1]
         if not packet_id:
             raise MQTTProtocolError(_PROTOCOL_ERROR, "PUBLISH with packet identifier 0")
         pos += 2
     if version == 5:
-        if pos < end and not body[pos]:
+        if pos < end and not src[pos]:
             props = Properties()
             pos += 1
         else:
-            props, pos = decode_properties(body, pos, PacketType.PUBLISH)
+            # Properties are read from a view ending at the packet's end, as they require.
+            props, offset = decode_properties(view[start:end], pos - start, PacketType.PUBLISH)
+            pos = start + offset
         if not topic and props.topic_alias is None:
             raise MQTTProtocolError(_PROTOCOL_ERROR, "PUBLISH with empty topic and no alias")
     else:
         if not topic:
             raise MalformedPacketError("PUBLISH with empty topic")
         props = _NO_PROPERTIES
-    return Publish(topic, bytes(body[pos:]), qos, bool(flags & 0x01), dup, packet_id, props)
+    return Publish(topic, _bytes_of(src, pos, end), qos, bool(flags & 0x01), dup, packet_id, props)
 
 
 def _ack_decoder(
