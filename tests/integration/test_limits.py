@@ -139,6 +139,22 @@ def test_exceeding_receive_maximum_gets_disconnect_0x93(address, raw, bystander)
     bystander.check()
 
 
+def test_qos2_awaiting_a_slow_commit_counts_once_against_receive_maximum(broker, raw):
+    """A QoS 2 publication whose PUBREC waits for the store is one open exchange, not two:
+    with Receive Maximum 4 and commits held back for 0.5 s, three open QoS 2 publications of
+    a persistent session are within the quota and no 0x93 follows."""
+    address = broker(limits={"receive_maximum": 4}, store={"max_delay": 0.5}).address
+    client = raw(address, 5)
+    client.connect(unique("rm-slow"), clean_start=False,
+                   properties=Properties(session_expiry_interval=60))
+    for packet_id in (1, 2, 3):
+        client.send(Publish("limits/rm-slow", b"q2", 2, packet_id=packet_id))
+    assert sorted(client.expect(PubRec, timeout=5.0).packet_id for _ in range(3)) == [1, 2, 3]
+    for packet_id in (1, 2, 3):
+        client.send(PubRel(packet_id))
+    assert sorted(client.expect(PubComp, timeout=5.0).packet_id for _ in range(3)) == [1, 2, 3]
+
+
 def test_released_publications_free_receive_maximum_quota(address, raw):
     """Completed QoS 2 exchanges (PUBREL/PUBCOMP) no longer count: a client can keep sending
     as long as no more than Receive Maximum are open at once."""

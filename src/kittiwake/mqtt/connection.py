@@ -84,8 +84,9 @@ class MQTTConnection:
         self._outgoing_aliases: dict[str, int] = {}
         self._incoming_aliases: dict[int, str] = {}
         self._problem_information = True
-        # QoS 1 publications whose PUBACK awaits a store commit; with incoming_qos2 they make
-        # up the client's use of our Receive Maximum.
+        # QoS 1 publications whose PUBACK is held (store commit, flow control); with the
+        # session's incoming_qos2 ids (which already include held QoS 2 ones) they make up
+        # the client's use of our Receive Maximum.
         self._awaiting_commit = 0
         self._held_acks: dict[asyncio.Future[None], list[tuple[bytes, int, int]]] = {}
         self._receive_maximum = limits.receive_maximum
@@ -365,7 +366,8 @@ class MQTTConnection:
         if commit is None:
             self.transport.write(ack)
             return
-        self._awaiting_commit += 1
+        if qos == 1:
+            self._awaiting_commit += 1
         # Acknowledgements waiting on one commit go out together, from one callback.
         held = self._held_acks.get(commit)
         if held is None:
@@ -375,7 +377,7 @@ class MQTTConnection:
 
     def _release_acks(self, commit: asyncio.Future[None]) -> None:
         held = self._held_acks.pop(commit, [])
-        self._awaiting_commit -= len(held)
+        self._awaiting_commit -= sum(1 for _ack, qos, _packet_id in held if qos == 1)
         session = self.session
         if self.closed or session is None:
             return
