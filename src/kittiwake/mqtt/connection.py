@@ -226,7 +226,7 @@ class MQTTConnection:
                 else (config.sessions.persistent_session_expiry_v3 or NEVER_EXPIRES)
             )
             window = config.limits.max_inflight
-        will_message, will_delay, will_expiry = self._will_message(packet)
+        will_message, will_delay, will_expiry = self._will_message(packet, client_id)
         self.client_id = client_id
         self.keepalive = keepalive
         session, present = broker.connect(
@@ -263,7 +263,9 @@ class MQTTConnection:
         self._send(ConnAck(present, 0, ack_props), version)
         broker.start_delivery(session)
 
-    def _will_message(self, packet: Connect) -> tuple[Message | None, int, int | None]:
+    def _will_message(
+        self, packet: Connect, client_id: str
+    ) -> tuple[Message | None, int, int | None]:
         """The will as a core message, its delay and its expiry interval (counted from when
         it is published, not from now)."""
         will = packet.will
@@ -276,7 +278,7 @@ class MQTTConnection:
             qos=will.qos,
             retain=will.retain,
             persistent=will.qos > 0,
-            origin=packet.client_id or None,
+            origin=client_id,
             user_properties=list(props.user_properties),
             content_type=props.content_type,
             response_topic=props.response_topic,
