@@ -543,7 +543,7 @@ class SQLiteStore:
                     else:
                         connection.executemany(sql, rows)
             connection.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except Exception as exc:  # not only sqlite3.Error: the writer thread must never die
             error = exc
             self.failed_batches += 1
             log.error(
