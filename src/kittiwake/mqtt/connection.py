@@ -92,9 +92,10 @@ class MQTTConnection:
         self._receive_maximum = limits.receive_maximum
         self._max_backlog = limits.max_queued_bytes
         self._max_topic_levels = limits.max_topic_levels
-        # Topics this connection already published to and we validated; publishers repeat
-        # a handful of topics, so validating each once saves work on every message.
-        self._valid_topics: set[str] = set()
+        # Topics this connection already published to: valid, and whether it may publish
+        # there. Publishers repeat a handful of topics, and the authorisation rules are fixed
+        # for the broker's life, so each topic is checked once instead of per message.
+        self._topic_verdicts: dict[str, bool] = {}
         # topic -> (routing generation, receivers or None): the QoS 0 fast path's plan.
         self._forward_cache: dict[str, tuple[int, tuple[MQTTConnection, ...] | None]] = {}
 
@@ -316,14 +317,16 @@ class MQTTConnection:
         topic = packet.topic
         if version == 5 and props.topic_alias is not None:
             topic = self._resolve_alias(props.topic_alias, topic)
-        if topic not in self._valid_topics:
+        allowed = self._topic_verdicts.get(topic)
+        if allowed is None:
             try:
                 validate_topic_name(topic, self._max_topic_levels)
             except TopicError as exc:
                 raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
-            if len(self._valid_topics) >= 1024:
-                self._valid_topics.clear()
-            self._valid_topics.add(topic)
+            allowed = self.broker.authorizer.may_publish(topic)
+            if len(self._topic_verdicts) >= 1024:
+                self._topic_verdicts.clear()
+            self._topic_verdicts[topic] = allowed
         qos = packet.qos
         packet_id = packet.packet_id or 0
         if qos == 2 and packet_id in session.incoming_qos2:
@@ -340,7 +343,7 @@ class MQTTConnection:
                 ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                 f"more than {self._receive_maximum} unacknowledged QoS 1/2 publications",
             )
-        if not self.broker.authorizer.may_publish(topic):
+        if not allowed:
             log.info("client %s: publish to %s not authorised", self.client_id, topic)
             if qos == 1:
                 self._send(PubAck(packet_id, self._denied_code()), version)
