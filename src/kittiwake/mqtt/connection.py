@@ -447,12 +447,18 @@ class MQTTConnection:
 
     def deliver_frame(self, frame: bytes) -> None:
         """Write an already encoded QoS 0 PUBLISH (see :meth:`_forward`)."""
+        if not self._cannot_take_qos0():
+            self.transport.write(frame)
+
+    def _cannot_take_qos0(self) -> bool:
+        """A closed connection, or a subscriber so far behind that its QoS 0 is dropped:
+        a slow reader loses QoS 0 messages, never the broker's memory."""
         if self.closed:
-            return
+            return True
         if self.transport.write_backlog() > self._max_backlog:
             self.broker.stats.messages_dropped += 1
-            return
-        self.transport.write(frame)
+            return True
+        return False
 
     def _denied_code(self) -> int:
         # 3.1.1 has no negative PUBACK: the publication is acknowledged and dropped.
@@ -628,12 +634,9 @@ class MQTTConnection:
     # -- SessionConsumer: deliveries from the broker --------------------------------------
 
     def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
-        if self.closed:
-            return
         qos = entry.qos
-        if qos == 0 and self.transport.write_backlog() > self._max_backlog:
-            self.broker.stats.messages_dropped += 1
-            return  # a subscriber that cannot keep up loses QoS 0, never memory
+        if self.closed or (qos == 0 and self._cannot_take_qos0()):
+            return
         message = entry.message
         if self.protocol_version == 5:
             data = self._encode_v5(delivery_id, entry, resend)
