@@ -690,16 +690,33 @@ class MQTTConnection:
 
     def _encode_v5(self, delivery_id: int, entry: QueuedMessage, resend: bool) -> bytes:
         message = entry.message
-        props = Properties()
+        if (
+            message.expiry is None
+            and not entry.subscription_ids
+            and not self.peer_topic_alias_maximum
+        ):
+            # Nothing subscriber-specific in the property block: encode it once per message.
+            cache = message.encoded
+            if cache is None:
+                message.encoded = cache = {}
+            block = cache.get(_V5_SHARED_PROPERTIES)
+            if block is None:
+                block = cache[_V5_SHARED_PROPERTIES] = encode_properties(
+                    _message_properties(message), _PUBLISH
+                )
+            return encode_publish(
+                message.topic.encode(),
+                message.payload,
+                entry.qos,
+                entry.retain,
+                resend,
+                delivery_id or None,
+                block,
+            )
+        props = _message_properties(message)
         remaining = message.remaining_expiry(self.broker.clock.now())
         if remaining is not None:
             props.message_expiry_interval = remaining
-        props.payload_format_indicator = message.payload_format_indicator
-        props.content_type = message.content_type
-        props.response_topic = message.response_topic
-        props.correlation_data = message.correlation_data
-        if message.user_properties:
-            props.user_properties = message.user_properties
         if entry.subscription_ids:
             props.subscription_identifiers = list(entry.subscription_ids)
         topic = message.topic
@@ -781,6 +798,23 @@ class MQTTConnection:
         if session is not None:
             self.broker.disconnect(session, publish_will=publish_will, keep_will=keep_will)
         self.transport.close()
+
+
+# Key of a message's cached 5.0 property block in Message.encoded.
+_V5_SHARED_PROPERTIES = "v5-properties"
+
+
+def _message_properties(message: Message) -> Properties:
+    """The 5.0 PUBLISH properties a message carries to every subscriber alike."""
+    props = Properties(
+        payload_format_indicator=message.payload_format_indicator,
+        content_type=message.content_type,
+        response_topic=message.response_topic,
+        correlation_data=message.correlation_data,
+    )
+    if message.user_properties:
+        props.user_properties = message.user_properties
+    return props
 
 
 def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery_id: int) -> None:
