@@ -338,9 +338,9 @@ def _bytes_of(src: bytes | bytearray, start: int, end: int) -> bytes:
     return piece if type(piece) is bytes else bytes(piece)
 
 
-def _decode_publish(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
-    """The table's entry for PUBLISH (feed() calls :func:`_decode_publish_at` directly)."""
-    return _decode_publish_at(dec, flags, body.tobytes(), body, 0, len(body))
+def _decoded_by_feed(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
+    """PUBLISH's place in the table: feed() decodes it by offsets (:func:`_decode_publish_at`)."""
+    raise AssertionError("PUBLISH never goes through the decoder table")
 
 
 def _decode_publish_at(
@@ -544,7 +544,7 @@ _DECODERS: Final[tuple[Callable[[PacketDecoder, int, memoryview], Packet], ...]]
     _decode_reserved,
     _decode_connect,
     _decode_connack,
-    _decode_publish,
+    _decoded_by_feed,
     _ack_decoder(PubAck),
     _ack_decoder(PubRec),
     _ack_decoder(PubRel),
