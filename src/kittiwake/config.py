@@ -102,6 +102,7 @@ class StoreConfig:
     # Most operations one transaction holds; a group commit takes whatever queued up meanwhile.
     max_batch: int = 5000
     # Extra wait before each commit to gather a bigger group (seconds); 0 = commit at once.
+    # Without it a group is whatever gathered while the writer was busy with the last one.
     max_delay: float = 0.0
     # Keep journalled messages this long after every subscriber acknowledged them (for the
     # Spark data source); 0 = only while referenced.

@@ -740,7 +740,11 @@ class Broker:
         self.stats.messages_sent += 1
         if stored:
             self.store.mark_delivery(
-                session.client_id, entry.message.message_id, delivery_id, "sent"
+                session.client_id,
+                entry.message.message_id,
+                delivery_id,
+                "sent",
+                lazy=entry.qos == 1,
             )
             if entry.qos == 2:
                 # The client will hold this id until PUBREL: the broker must not forget it.

@@ -80,8 +80,16 @@ class Store(Protocol):
     def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
         """Reference a journalled message from a persistent session's queue."""
 
-    def mark_delivery(self, client_id: str, message_id: int, delivery_id: int, state: str) -> None:
-        """Record that a queued message is in flight (or PUBREC'd) under ``delivery_id``."""
+    def mark_delivery(
+        self, client_id: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
+    ) -> None:
+        """Record that a queued message is in flight (or PUBREC'd) under ``delivery_id``.
+
+        ``lazy``: the mark may be written late, after later commits, and not at all when the
+        entry is released first. For at-least-once deliveries only: a crash before the mark is
+        written sends the message again as a first delivery, which at-least-once allows. An
+        exactly-once delivery must keep its id, so its marks are never lazy.
+        """
 
     def release(self, client_id: str, message_id: int) -> None:
         """The session is done with this message (acknowledged, expired or discarded)."""
@@ -144,7 +152,9 @@ class MemoryStore:
             entry.delivery_count,
         )
 
-    def mark_delivery(self, client_id: str, message_id: int, delivery_id: int, state: str) -> None:
+    def mark_delivery(
+        self, client_id: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
+    ) -> None:
         record = self.queued.get((client_id, message_id))
         if record is not None:
             record.delivery_id = delivery_id

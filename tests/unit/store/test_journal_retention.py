@@ -27,6 +27,20 @@ def journal_ids(directory: Path) -> list[int]:
         connection.close()
 
 
+def inline_ids(directory: Path) -> list[int]:
+    """Messages stored inside their (only) queue row instead of the journal."""
+    connection = sqlite3.connect(directory / DATABASE_FILE)
+    try:
+        return [
+            row[0]
+            for row in connection.execute(
+                "SELECT message_id FROM queued WHERE topic IS NOT NULL ORDER BY message_id"
+            )
+        ]
+    finally:
+        connection.close()
+
+
 async def settle(store: SQLiteStore) -> None:
     for _ in range(3):  # the sweep rides on the next batch
         future = store.commit()
@@ -54,10 +68,13 @@ def test_without_retention_unreferenced_messages_are_not_journalled(tmp_path: Pa
         publish(store, b"nobody durable wants this")
         store.enqueue("durable", QueuedMessage(kept, 1, True))
         await settle(store)
-        assert journal_ids(tmp_path) == [kept.message_id]
+        # The one referenced message rides inline in its queue row: no journal row at all.
+        assert journal_ids(tmp_path) == []
+        assert inline_ids(tmp_path) == [kept.message_id]
         store.release("durable", kept.message_id)
         await settle(store)
         assert journal_ids(tmp_path) == []
+        assert inline_ids(tmp_path) == []
         store.close()
 
     asyncio.run(body())
@@ -72,6 +89,8 @@ def test_time_retention_keeps_acknowledged_and_unreferenced_messages(tmp_path: P
         commit = store.commit()
         assert commit is not None, "a journalled publication must be committed before its ack"
         await settle(store)
+        # With a retention the journal holds every message; queue rows only point to it.
+        assert inline_ids(tmp_path) == []
         store.release("durable", first.message_id)
         await settle(store)
         assert journal_ids(tmp_path) == [first.message_id, second.message_id]

@@ -32,6 +32,7 @@ from kittiwake.broker.store import (
 )
 from kittiwake.clock import ManualClock
 from kittiwake.config import Config
+from kittiwake.store import sqlite as sqlite_module
 from kittiwake.store.sqlite import (
     DATABASE_FILE,
     SCHEMA_VERSION,
@@ -327,6 +328,169 @@ def test_delete_session_drops_its_references_and_state(tmp_path: Path) -> None:
     assert db_rows(tmp_path, f"SELECT COUNT(*) FROM messages WHERE id={only_a_id}") == [(0,)]
 
 
+def test_a_message_one_queue_references_is_stored_inline(tmp_path: Path) -> None:
+    """One row written and one deleted per message: the common durable 1→1 case."""
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message(payload=b"alone")
+        store.journal(m)
+        store.enqueue("a", entry(m))
+        await settle(store)
+        assert db_rows(tmp_path, "SELECT COUNT(*) FROM messages") == [(0,)]
+        assert db_rows(tmp_path, "SELECT payload FROM queued") == [(b"alone",)]
+        store.release("a", m.message_id)
+        await settle(store)
+        store.close()
+
+    run(write)
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queued") == [(0,)]
+    assert reopen(tmp_path).messages == {}
+
+
+def test_a_second_reference_in_the_same_turn_moves_the_message_to_the_journal(
+    tmp_path: Path,
+) -> None:
+    async def write() -> int:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message(payload=b"shared")
+        store.journal(m)
+        store.enqueue("a", entry(m))
+        store.enqueue("b", entry(m))
+        await settle(store)
+        store.close()
+        return m.message_id
+
+    message_id = run(write)
+    assert db_rows(tmp_path, "SELECT id, payload FROM messages") == [(message_id, b"shared")]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queued WHERE payload IS NOT NULL") == [(0,)]
+    state = reopen(tmp_path)
+    assert state.messages[message_id].payload == b"shared"
+    assert sorted(r.client_id for r in state.queued) == ["a", "b"]
+
+
+def test_an_inline_copy_and_a_later_reference_each_keep_the_message(tmp_path: Path) -> None:
+    """A retained message queued for a new subscriber in a later turn: two inline rows."""
+
+    async def write() -> int:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message(payload=b"retained", retain=True)
+        store.journal(m)
+        store.enqueue("a", entry(m))
+        await settle(store)
+        store.enqueue("b", entry(m))
+        await settle(store)
+        store.release("a", m.message_id)
+        await settle(store)
+        store.close()
+        return m.message_id
+
+    message_id = run(write)
+    state = reopen(tmp_path)
+    assert state.messages[message_id].payload == b"retained"
+    assert [(r.client_id, r.message_id) for r in state.queued] == [("b", message_id)]
+
+
+def test_large_mixed_batches_keep_every_row_and_release_exactly_the_released(
+    tmp_path: Path,
+) -> None:
+    """Multi-row statements: odd batch sizes, several clients, shared and inline messages."""
+
+    async def write() -> set[tuple[str, int]]:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        expected: set[tuple[str, int]] = set()
+        for n in range(203):
+            m = message(payload=b"p%d" % n)
+            store.journal(m)
+            clients = ["a", "b"] if n % 5 == 0 else ["abc"[n % 3]]
+            for client in clients:
+                store.enqueue(client, entry(m))
+                expected.add((client, m.message_id))
+        await settle(store)
+        released = sorted(expected)[::3]
+        for client, message_id in released:
+            store.release(client, message_id)
+        await settle(store)
+        store.close()
+        return expected - set(released)
+
+    kept = run(write)
+    state = reopen(tmp_path)
+    assert {(r.client_id, r.message_id) for r in state.queued} == kept
+    for record in state.queued:
+        assert state.messages[record.message_id].payload.startswith(b"p")
+
+
+# -- lazy delivery marks ------------------------------------------------------------------------
+
+
+def test_a_lazy_mark_released_before_it_is_due_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "LAZY_MARK_DELAY", 60.0)
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        kept, acked = message(payload=b"kept"), message(payload=b"acked")
+        for m in (kept, acked):
+            store.journal(m)
+            store.enqueue("c", entry(m))
+        await settle(store)
+        store.mark_delivery("c", kept.message_id, 5, "sent", lazy=True)
+        store.mark_delivery("c", acked.message_id, 6, "sent", lazy=True)
+        await settle(store)
+        # Not due yet: the rows still say queued, and commit() does not wait for the marks.
+        assert db_rows(tmp_path, "SELECT DISTINCT state FROM queued") == [("queued",)]
+        store.release("c", acked.message_id)
+        await settle(store)
+        store.close()
+
+    run(write)
+    # The graceful stop wrote the mark still pending; the released one never was.
+    assert db_rows(tmp_path, "SELECT payload, state, delivery_id, delivery_count FROM queued") == [
+        (b"kept", "sent", 5, 1)
+    ]
+
+
+def test_a_lazy_mark_is_written_once_due(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_module, "LAZY_MARK_DELAY", 0.01)
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message(payload=b"in flight")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        await settle(store)
+        store.mark_delivery("c", m.message_id, 9, "sent", lazy=True)
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if db_rows(tmp_path, "SELECT state FROM queued") == [("sent",)]:
+                break
+        # Written while the store is still open: a kill -9 now would keep it.
+        assert db_rows(tmp_path, "SELECT state, delivery_id FROM queued") == [("sent", 9)]
+        store.close()
+
+    run(write)
+
+
+def test_an_eager_mark_after_a_lazy_one_keeps_both_counts(tmp_path: Path) -> None:
+    """A resend marked lazily, then a QoS 2-style eager mark: the count still counts both."""
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message(payload=b"x")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        await settle(store)
+        store.mark_delivery("c", m.message_id, 3, "sent", lazy=True)
+        store.mark_delivery("c", m.message_id, 3, "sent")
+        await settle(store)
+        assert db_rows(tmp_path, "SELECT state, delivery_count FROM queued") == [("sent", 2)]
+        store.close()
+
+    run(write)
+
+
 def test_message_ids_keep_increasing_across_reopen(tmp_path: Path) -> None:
     """An id is never handed out twice, even when the store was reopened in between: a reused
     id would make ``INSERT OR IGNORE`` drop the new message and point its queue entry at the
@@ -507,6 +671,41 @@ def test_migration_from_a_version_0_database(tmp_path: Path) -> None:
 
     run(body)
     assert "c" in reopen(tmp_path).sessions
+
+
+def test_migration_from_a_version_2_database_keeps_its_queue(tmp_path: Path) -> None:
+    """Rows written before messages could ride inline still come back, and new ones do."""
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    for version in (1, 2):
+        for statement in sqlite_module._MIGRATIONS[version]:
+            connection.execute(statement)
+    connection.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    connection.execute(
+        "INSERT INTO messages VALUES (7, 'old/topic', x'6f6c64', 1, 0, 4, NULL, NULL, 1.0, "
+        "'pub', '', 1.0)"
+    )
+    connection.execute("INSERT INTO queued VALUES ('c', 7, 1, 0, '', 1, 12, 'sent')")
+    connection.execute("UPDATE meta SET value='7' WHERE key='last_message_id'")
+    connection.close()
+
+    async def write() -> int:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        m = message(payload=b"new")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        await settle(store)
+        store.close()
+        return m.message_id
+
+    new_id = run(write)
+    assert schema_version(tmp_path) == SCHEMA_VERSION
+    assert new_id == 8
+    state = reopen(tmp_path)
+    assert state.messages[7].payload == b"old" and state.messages[7].topic == "old/topic"
+    assert state.messages[8].payload == b"new"
+    assert state.queued[0] == QueuedRecord("c", 7, 1, False, (), 1, 12, "sent")
+    assert [r.message_id for r in state.queued] == [7, 8]
 
 
 def test_reopening_a_current_database_does_not_migrate_again(tmp_path: Path) -> None:
