@@ -147,6 +147,21 @@ class Broker:
         # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
+    def side_thread_cpu_seconds(self) -> float:
+        """CPU time of every thread but the main one (kittiwake's store writer; 0 for the
+        single-threaded peers), from /proc/PID/task/TID/stat."""
+        total = 0
+        for task in os.listdir(f"/proc/{self.pid}/task"):
+            if int(task) == self.pid:
+                continue
+            try:
+                with open(f"/proc/{self.pid}/task/{task}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            total += int(fields[11]) + int(fields[12])
+        return total / CLK_TCK
+
     def rss_kb(self) -> int:
         with open(f"/proc/{self.pid}/status") as f:
             for line in f:

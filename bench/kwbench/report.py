@@ -61,7 +61,8 @@ def workload_table(w: Workload, runs: dict[str, list[dict[str, Any]]], gen_cores
     chosen = {b: pick(rs, "p99_ms" if paced else "msg_per_s") for b, rs in runs.items()}
     kw = chosen.get("kittiwake")
     header = ["broker", "msg/s", "p50 ms", "p99 ms", "delivered", "lost",
-              "broker CPU s", "broker CPU %", "CPU us/msg", "gen CPU %", "other CPU %",
+              "broker CPU s", "broker CPU %", "side-thread CPU %", "CPU us/msg", "gen CPU %",
+              "other CPU %",
               "saturated",
               ("kw/peer p99" if paced else "kw/peer msg/s"), "kw/peer CPU/msg"]
     rows = []
@@ -84,7 +85,7 @@ def workload_table(w: Workload, runs: dict[str, list[dict[str, Any]]], gen_cores
         rows.append([
             name, _f(r["msg_per_s"]), _f(r["p50_ms"], "{:.2f}"), _f(r["p99_ms"], "{:.2f}"),
             delivered, lost, _f(r["broker_cpu_s"], "{:.2f}"), _f(r["broker_cpu_pct"], "{:.0f}"),
-            _f(r["broker_cpu_us_per_msg"], "{:.1f}"), _f(r["gen_cpu_pct"], "{:.0f}"),
+            _f(r.get("broker_side_cpu_pct"), "{:.0f}"), _f(r["broker_cpu_us_per_msg"], "{:.1f}"), _f(r["gen_cpu_pct"], "{:.0f}"),
             _f(r.get("other_cpu_pct"), "{:.0f}"), saturated(r, gen_cores), ratio, ratio_cpu,
         ])
     title = f"### {w.name}: {w.title} ({w.deliveries:,} deliveries, 64-byte payloads)"
