@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import sqlite3
@@ -299,7 +300,8 @@ class SQLiteStore:
     def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
         message = entry.message
         message_id = message.message_id
-        self._forget_mark(client_id, message_id)
+        if self._marks:
+            self._marks.pop((client_id, message_id), None)
         unwritten = self._unwritten.pop(message_id, None)
         if unwritten is not None:
             self._message_rows.append(self._message_row(unwritten))
@@ -347,7 +349,7 @@ class SQLiteStore:
         if earlier is not None:
             bump += earlier[2]
         if lazy:
-            loop = self._get_loop()
+            loop = self._loop or self._get_loop()
             due = loop.time() + LAZY_MARK_DELAY
             self._marks[(client_id, message_id)] = (delivery_id, state, bump, due)
             if self._mark_timer is None:
@@ -356,7 +358,8 @@ class SQLiteStore:
             self._add(_MARK, (delivery_id, state, bump, client_id, message_id))
 
     def release(self, client_id: str, message_id: int) -> None:
-        self._forget_mark(client_id, message_id)
+        if self._marks:
+            self._marks.pop((client_id, message_id), None)
         self._add(_RELEASE, (client_id, message_id))
         self._released += 1
 
@@ -488,11 +491,8 @@ class SQLiteStore:
             ops[-1][1].append(params)
         else:
             ops.append((sql, [params]))
-        self._schedule()
-
-    def _forget_mark(self, client_id: str, message_id: int) -> None:
-        if self._marks:
-            self._marks.pop((client_id, message_id), None)
+        if self._scheduled is None:
+            self._schedule()
 
     def _schedule(self) -> None:
         """Hand this loop turn's operations to the writer once the turn ends."""
@@ -704,21 +704,15 @@ def _execute(connection: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...
     if len(rows) == 1:
         connection.execute(sql, rows[0])
     elif sql in _BULK_INSERTS:
-        head, values = _BULK_INSERTS[sql]
         for chunk in _chunks(rows):
-            statement = head + ", ".join([values] * len(chunk))
-            connection.execute(statement, list(chain.from_iterable(chunk)))
+            connection.execute(_bulk_insert(sql, len(chunk)), list(chain.from_iterable(chunk)))
     elif sql is _RELEASE:
         by_client: dict[str, list[int]] = {}
         for client_id, message_id in rows:
             by_client.setdefault(client_id, []).append(message_id)
         for client_id, ids in by_client.items():
             for chunk in _chunks(ids):
-                marks = ", ".join("?" * len(chunk))
-                connection.execute(
-                    f"DELETE FROM queued WHERE client_id=? AND message_id IN ({marks})",
-                    [client_id, *chunk],
-                )
+                connection.execute(_bulk_release(len(chunk)), [client_id, *chunk])
     else:
         connection.executemany(sql, rows)
 
@@ -730,6 +724,18 @@ def _chunks(rows: list[Any]) -> Iterator[list[Any]]:
             yield rows[start : start + size]
             start += size
             left -= size
+
+
+@functools.cache
+def _bulk_insert(sql: str, rows: int) -> str:
+    head, values = _BULK_INSERTS[sql]
+    return head + ", ".join([values] * rows)
+
+
+@functools.cache
+def _bulk_release(rows: int) -> str:
+    marks = ", ".join("?" * rows)
+    return f"DELETE FROM queued WHERE client_id=? AND message_id IN ({marks})"
 
 
 # INSERT statements that can take many rows: (everything up to the values, one row's values).
