@@ -111,6 +111,10 @@ class Broker:
         self._pump_pending: dict[Session, None] = {}
         # Publications (with the sessions they were queued on) waiting for their commit.
         self._held_for_commit: dict[asyncio.Future[None], list[tuple[Message, list[Session]]]] = {}
+        # A commit and a drain both waited for: one shared future per pair, not one per message.
+        self._both_waiters: dict[
+            tuple[asyncio.Future[None], asyncio.Future[None]], asyncio.Future[None]
+        ] = {}
         # Bumped by every change that can alter who receives a live publication (subscribe,
         # unsubscribe, connect, disconnect); caches of routing answers compare against it.
         self.routing_generation = 0
@@ -503,7 +507,7 @@ class Broker:
             held.append((message, touched))
         if drained is None:
             return future
-        return asyncio.ensure_future(_both(future, drained))
+        return self._commit_and_drain(future, drained)
 
     def _flow_control(self, touched: list[Session]) -> asyncio.Future[None] | None:
         """A future that resolves once every congested receiver has drained, or None.
@@ -522,6 +526,37 @@ class Broker:
                     waiter = session.drain_waiter = self._loop.create_future()
                 return waiter
         return None
+
+    def _commit_and_drain(
+        self, commit: asyncio.Future[None], drained: asyncio.Future[None]
+    ) -> asyncio.Future[None]:
+        """Resolves once both are done: with the drain's cancellation or error if it has one,
+        else with the commit's outcome (a failed commit must reach the publisher)."""
+        key = (commit, drained)
+        both = self._both_waiters.get(key)
+        if both is not None:
+            return both
+        both = self._both_waiters[key] = commit.get_loop().create_future()
+
+        def settle(_: object) -> None:
+            if not (commit.done() and drained.done()):
+                return
+            self._both_waiters.pop(key, None)
+            if both.done():
+                return
+            for source in (drained, commit):
+                if source.cancelled():
+                    both.cancel()
+                    return
+                error = source.exception()
+                if error is not None:
+                    both.set_exception(error)
+                    return
+            both.set_result(None)
+
+        commit.add_done_callback(settle)
+        drained.add_done_callback(settle)
+        return both
 
     def _release_drain_waiter(self, session: Session) -> None:
         waiter = session.drain_waiter
@@ -868,9 +903,3 @@ class Broker:
                 handle.cancel()
 
         return cancel
-
-
-async def _both(first: asyncio.Future[None], second: asyncio.Future[None]) -> None:
-    """Wait for a commit and for flow control; the commit's failure is what matters."""
-    await second
-    await first

@@ -1,0 +1,145 @@
+"""Producer flow control together with a pending commit: what a publisher's acknowledgement waits
+for when its message is both not yet durable and headed for a buried subscriber.
+
+The store is a MemoryStore whose commit() hands out a future the test resolves, so the order of
+"commit done" and "subscriber drained" is chosen by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from kittiwake.broker.broker import Broker, SubscriptionOptions
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.sessions import Session
+from kittiwake.broker.store import MemoryStore
+from kittiwake.clock import ManualClock
+from kittiwake.config import config_from_dict
+
+DEPTH = 4
+
+
+class HeldCommitStore(MemoryStore):
+    """Every commit() until release() returns the same unresolved future."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: asyncio.Future[None] | None = None
+
+    def commit(self) -> asyncio.Future[None]:  # type: ignore[override]
+        if self.pending is None:
+            self.pending = asyncio.get_running_loop().create_future()
+        return self.pending
+
+
+class RecordingConsumer:
+    """Remembers the delivery ids the broker sent, for the test to acknowledge."""
+
+    def __init__(self) -> None:
+        self.delivery_ids: list[int] = []
+
+    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
+        self.delivery_ids.append(delivery_id)
+
+    def release(self, delivery_id: int) -> None:
+        pass
+
+    def taken_over(self) -> None:
+        pass
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def buried_subscriber() -> tuple[Broker, HeldCommitStore, Session, RecordingConsumer]:
+    """A connected QoS 1 subscriber with a window of 1 and DEPTH messages already queued."""
+    store = HeldCommitStore()
+    config = config_from_dict({"limits": {"flow_control_depth": DEPTH}})
+    broker = Broker(config, clock=ManualClock(), store=store)
+    broker.schedule_ticks(asyncio.get_running_loop())
+    consumer = RecordingConsumer()
+    session, _ = broker.connect("sub", consumer, clean_start=True, expiry_interval=0, window=1)
+    broker.start_delivery(session)
+    broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
+    for n in range(DEPTH + 1):  # one goes in flight, DEPTH wait in the queue
+        broker.publish(Message("t", b"%d" % n, qos=1, persistent=False))
+    assert session.queue.count == DEPTH
+    return broker, store, session, consumer
+
+
+def persistent(payload: bytes) -> Message:
+    return Message("t", payload, qos=1, persistent=True)
+
+
+async def drain(broker: Broker, session: Session, consumer: RecordingConsumer) -> None:
+    """Acknowledge deliveries until the queue is empty, as a fast subscriber would."""
+    while session.queue.count or session.inflight:
+        ids, consumer.delivery_ids = consumer.delivery_ids, []
+        for delivery_id in ids:
+            broker.acknowledge(session, delivery_id)
+        await asyncio.sleep(0)
+
+
+def test_the_acknowledgement_waits_for_the_commit_and_the_drain() -> None:
+    async def body() -> None:
+        broker, store, session, consumer = buried_subscriber()
+        waiting = broker.publish(persistent(b"held"))
+        assert waiting is not None
+        assert store.pending is not None
+        store.pending.set_result(None)
+        await asyncio.sleep(0.01)
+        assert not waiting.done(), "acknowledged while the subscriber is still buried"
+        await drain(broker, session, consumer)
+        await asyncio.wait_for(waiting, 5)
+
+    run(body)
+
+
+def test_the_drain_alone_does_not_acknowledge_an_uncommitted_message() -> None:
+    async def body() -> None:
+        broker, store, session, consumer = buried_subscriber()
+        waiting = broker.publish(persistent(b"held"))
+        assert waiting is not None and store.pending is not None
+        await drain(broker, session, consumer)
+        await asyncio.sleep(0.01)
+        assert not waiting.done(), "acknowledged before the message was durable"
+        store.pending.set_result(None)
+        await asyncio.wait_for(waiting, 5)
+
+    run(body)
+
+
+def test_a_failed_commit_reaches_the_publisher_after_the_drain() -> None:
+    async def body() -> None:
+        broker, store, session, consumer = buried_subscriber()
+        waiting = broker.publish(persistent(b"lost"))
+        assert waiting is not None and store.pending is not None
+        store.pending.set_exception(OSError("disk full"))
+        await drain(broker, session, consumer)
+        try:
+            await asyncio.wait_for(waiting, 5)
+        except OSError as exc:
+            assert "disk full" in str(exc)
+        else:
+            raise AssertionError("a failed commit was acknowledged")
+
+    run(body)
+
+
+def test_publications_waiting_on_the_same_commit_and_drain_share_one_waiter() -> None:
+    """Not a task per message: the whole held window resolves through one future."""
+
+    async def body() -> None:
+        broker, store, session, consumer = buried_subscriber()
+        waiters = [broker.publish(persistent(b"%d" % n)) for n in range(50)]
+        assert all(w is not None for w in waiters)
+        assert len({id(w) for w in waiters}) == 1
+        assert store.pending is not None
+        store.pending.set_result(None)
+        await drain(broker, session, consumer)
+        await asyncio.wait_for(asyncio.gather(*[w for w in waiters if w is not None]), 5)
+
+    run(body)
