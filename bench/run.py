@@ -210,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
                         b.durable = w.durable  # its config changes: start it afresh
                         if not (w.kind == "idle" and opt.restart_for_idle):
                             b.restart()  # (run_idle restarts it anyway)
+                    for other in live.values():
+                        # A peer still working off its last run (amqtt can take seconds) would
+                        # share the pinned core with this one.
+                        if other is not b and other.alive():
+                            other.settle()
                     t0 = time.monotonic()
                     r = (runner.run_idle if w.kind == "idle" else runner.run_flow)(b, w, opt)
                     r["repeat"] = rep
