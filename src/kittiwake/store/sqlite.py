@@ -532,7 +532,7 @@ class SQLiteStore:
         if self._scheduled is not None:
             self._scheduled.cancel()
             self._scheduled = None
-        if self._writing and not final:
+        if (self._writing or self._closed) and not final:
             return  # _batch_written hands this over when the writer is free again
         if self._keeps_journal and self._unwritten:
             for message in self._unwritten.values():
