@@ -85,7 +85,8 @@ def workload_table(w: Workload, runs: dict[str, list[dict[str, Any]]], gen_cores
         rows.append([
             name, _f(r["msg_per_s"]), _f(r["p50_ms"], "{:.2f}"), _f(r["p99_ms"], "{:.2f}"),
             delivered, lost, _f(r["broker_cpu_s"], "{:.2f}"), _f(r["broker_cpu_pct"], "{:.0f}"),
-            _f(r.get("broker_side_cpu_pct"), "{:.0f}"), _f(r["broker_cpu_us_per_msg"], "{:.1f}"), _f(r["gen_cpu_pct"], "{:.0f}"),
+            _f(r.get("broker_side_cpu_pct"), "{:.0f}"), _f(r["broker_cpu_us_per_msg"], "{:.1f}"),
+            _f(r["gen_cpu_pct"], "{:.0f}"),
             _f(r.get("other_cpu_pct"), "{:.0f}"), saturated(r, gen_cores), ratio, ratio_cpu,
         ])
     title = f"### {w.name}: {w.title} ({w.deliveries:,} deliveries, 64-byte payloads)"
