@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from kittiwake.mqtt.packets import PubAck, Publish
 
 from .clients import unique
@@ -28,11 +30,13 @@ def _collect_acks(client, within: float) -> list[int]:
     return acks
 
 
-def _start(broker, raw):
+def _start(broker, raw, durable=False):
+    """``durable``: the subscriber's session is persistent, so each publication also waits for
+    its commit, and its acknowledgement for both the commit and the drain."""
     address = broker(limits={"flow_control_depth": DEPTH, "max_inflight": 1}).address
     topic = unique("fc/t")
     subscriber = raw(address, 4)
-    subscriber.connect(unique("fc-sub"))
+    subscriber.connect(unique("fc-sub"), clean_start=not durable)
     subscriber.subscribe(topic, 1)
     publisher = raw(address, 4)
     publisher.connect(unique("fc-pub"))
@@ -41,10 +45,11 @@ def _start(broker, raw):
     return subscriber, publisher
 
 
+@pytest.mark.parametrize("durable", [False, True], ids=["clean-session", "persistent-session"])
 def test_acks_are_held_while_the_subscriber_is_behind_and_released_as_it_catches_up(
-    broker, raw
+    broker, raw, durable
 ):
-    subscriber, publisher = _start(broker, raw)
+    subscriber, publisher = _start(broker, raw, durable)
     early = _collect_acks(publisher, 0.7)
     assert 0 < len(early) <= DEPTH + 1, f"acknowledgements not held back: {early}"
     assert early == list(range(1, len(early) + 1))

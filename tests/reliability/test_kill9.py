@@ -36,6 +36,7 @@ from reliability_harness import (
 )
 
 from kittiwake.mqtt.packets import (
+    PubAck,
     PubComp,
     Publish,
     PubRec,
@@ -440,6 +441,37 @@ def test_v5_persistent_session_and_queue_survive_kill(tmp_path: Path) -> None:
         packet = sub.expect(Publish, timeout=3.0)
         assert (packet.topic, packet.payload, packet.qos) == ("t/1", b"qos1", 1)
         sub.no_packet(0.3)
+    finally:
+        ctl.shutdown()
+
+
+def test_qos1_delivery_unacknowledged_at_kill_comes_back(tmp_path: Path) -> None:
+    """The subscriber got the PUBLISH but never sent PUBACK; the broker is killed at once, before
+    the delivery's lazy in-flight mark is written. After the restart the message comes again
+    (as a first delivery or a DUP resend: at least once), and once acknowledged it is gone."""
+    ctl = make_ctl(tmp_path, "b")
+    try:
+        ctl.start()
+        sub = _durable_subscriber(ctl.address, "sub", "t", 1)  # type: ignore[arg-type]
+        pub = RawClient(ctl.address, 4, timeout=5.0)  # type: ignore[arg-type]
+        pub.connect("pub", clean_start=True)
+        pub.publish("t", b"unacked", 1)  # returns after PUBACK: the message is on disk
+        first = sub.expect(Publish, timeout=5.0)
+        assert (first.payload, first.dup) == (b"unacked", False)
+        ctl.kill9()
+        ctl.start()
+        sub = RawClient(ctl.address, 4, timeout=5.0)  # type: ignore[arg-type]
+        assert sub.connect("sub", clean_start=False).session_present
+        again = sub.expect(Publish, timeout=5.0)
+        assert again.payload == b"unacked"
+        sub.send(PubAck(again.packet_id))  # type: ignore[arg-type]
+        sub.no_packet(0.3)
+        sub.disconnect()
+        assert ctl.terminate() == 0  # graceful: the acknowledgement is written
+        ctl.start()
+        sub = RawClient(ctl.address, 4, timeout=5.0)  # type: ignore[arg-type]
+        assert sub.connect("sub", clean_start=False).session_present
+        sub.no_packet(0.5)
     finally:
         ctl.shutdown()
 
