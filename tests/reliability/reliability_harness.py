@@ -645,6 +645,26 @@ class PahoSubscriber(PahoClient):
         self.deliveries.append((message.topic, bytes(message.payload), message.qos))
 
 
+def start_soak_subscribers(
+    ctl: BrokerCtl, deadline: float, threads: list[Any]
+) -> dict[str, Any]:
+    """The soaks' three durable subscribers on k/# at QoS 2 (raw 3.1.1, raw 5.0, paho), started,
+    added to ``threads`` and subscribed."""
+    filters = [("k/#", 2)]
+    subscribers: dict[str, Any] = {
+        "raw-v4-sub": RawSubscriber(ctl, "raw-v4-sub", version=4, filters=filters,
+                                    deadline=deadline),
+        "raw-v5-sub": RawSubscriber(ctl, "raw-v5-sub", version=5, filters=filters,
+                                    deadline=deadline),
+        "paho-sub": PahoSubscriber(ctl, "paho-sub", filters=filters, deadline=deadline),
+    }
+    for sub in subscribers.values():
+        sub.start()
+        threads.append(sub)
+    assert wait_for(lambda: all(s.subscribed.is_set() for s in subscribers.values()), 10)
+    return subscribers
+
+
 def retained_snapshot(
     address: tuple[str, int], filters: list[str], sentinel: str
 ) -> dict[str, bytes]:

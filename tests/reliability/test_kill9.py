@@ -24,7 +24,6 @@ from pathlib import Path
 from reliability_harness import (
     BrokerCtl,
     PahoPublisher,
-    PahoSubscriber,
     RawPublisher,
     RawSubscriber,
     Stream,
@@ -32,6 +31,7 @@ from reliability_harness import (
     check,
     diagnose,
     retained_snapshot,
+    start_soak_subscribers,
     wait_for,
 )
 
@@ -75,18 +75,7 @@ def test_kill9_under_load_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     threads: list = []
     try:
         ctl.start()
-        filters = [("k/#", 2)]
-        subscribers = {
-            "raw-v4-sub": RawSubscriber(ctl, "raw-v4-sub", version=4, filters=filters,
-                                        deadline=deadline),
-            "raw-v5-sub": RawSubscriber(ctl, "raw-v5-sub", version=5, filters=filters,
-                                        deadline=deadline),
-            "paho-sub": PahoSubscriber(ctl, "paho-sub", filters=filters, deadline=deadline),
-        }
-        for sub in subscribers.values():
-            sub.start()
-            threads.append(sub)
-        assert wait_for(lambda: all(s.subscribed.is_set() for s in subscribers.values()), 10)
+        subscribers = start_soak_subscribers(ctl, deadline, threads)
 
         # A persistent session with a will that never reconnects: after the first restart
         # its will is due (3.1.1 has no will delay) and must reach the subscribers.

@@ -15,13 +15,12 @@ from pathlib import Path
 from reliability_harness import (
     BrokerCtl,
     PahoPublisher,
-    PahoSubscriber,
     RawPublisher,
-    RawSubscriber,
     Stream,
     all_delivered,
     check,
     retained_snapshot,
+    start_soak_subscribers,
     wait_for,
 )
 
@@ -41,18 +40,7 @@ def test_graceful_restarts_under_load_lose_and_duplicate_nothing(tmp_path: Path)
     threads: list = []
     try:
         ctl.start()
-        filters = [("k/#", 2)]
-        subscribers = {
-            "raw-v4-sub": RawSubscriber(ctl, "raw-v4-sub", version=4, filters=filters,
-                                        deadline=deadline),
-            "raw-v5-sub": RawSubscriber(ctl, "raw-v5-sub", version=5, filters=filters,
-                                        deadline=deadline),
-            "paho-sub": PahoSubscriber(ctl, "paho-sub", filters=filters, deadline=deadline),
-        }
-        for sub in subscribers.values():
-            sub.start()
-            threads.append(sub)
-        assert wait_for(lambda: all(s.subscribed.is_set() for s in subscribers.values()), 10)
+        subscribers = start_soak_subscribers(ctl, deadline, threads)
         with RawClient(ctl.address, 4) as c:  # type: ignore[arg-type]
             c.connect("setup")
             c.publish("r/sentinel", b"s", 1, retain=True)  # also a barrier: sessions are stored
