@@ -499,6 +499,7 @@ class Broker:
             return drained
         future = asyncio.ensure_future(commit)
         if touched:
+            message.awaiting_commit = True
             # One callback per commit, however many publications it holds.
             held = self._held_for_commit.get(future)
             if held is None:
@@ -603,6 +604,7 @@ class Broker:
         held = self._held_for_commit.pop(future, [])
         failed = future.cancelled() or future.exception() is not None
         for message, touched in held:
+            message.awaiting_commit = False
             for session in touched:
                 if failed:
                     # Not stored, and its publisher is told so: it must not be delivered.
@@ -752,6 +754,11 @@ class Broker:
         while len(inflight) < session.window:
             entry = queue.pop(now, expired)
             if entry is None:
+                break
+            if entry.message.awaiting_commit and (entry.qos == 2 or (stored and entry.persistent)):
+                # Its commit's callback pumps again. (A QoS 1 copy nobody stores may go first,
+                # as in _enqueue: a failed commit only makes it a duplicate, which QoS 1 allows.)
+                queue.push_front(entry)
                 break
             self._start_delivery(session, consumer, entry, stored and entry.persistent)
         if session.drain_waiter is not None and queue.count <= self._flow_depth // 2:

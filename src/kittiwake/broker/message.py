@@ -45,6 +45,9 @@ class Message:
     message_id: int = 0
     # Front ends memoize wire encodings here so a fan-out encodes once, not once per subscriber.
     encoded: dict[object, bytes] | None = None
+    # Set while the commit that makes it durable is pending: stored copies are not dispatched
+    # before it (persist -> acknowledge -> dispatch), whatever triggers a pump meanwhile.
+    awaiting_commit: bool = False
 
     @property
     def size(self) -> int:

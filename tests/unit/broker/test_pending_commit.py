@@ -1,5 +1,6 @@
-"""Producer flow control together with a pending commit: what a publisher's acknowledgement waits
-for when its message is both not yet durable and headed for a buried subscriber.
+"""What waits for a pending commit: a stored copy's dispatch (persist -> acknowledge ->
+dispatch), and, with producer flow control, a publisher's acknowledgement whose message is both
+not yet durable and headed for a buried subscriber.
 
 The store is a MemoryStore whose commit() hands out a future the test resolves, so the order of
 "commit done" and "subscriber drained" is chosen by the test.
@@ -32,6 +33,12 @@ class HeldCommitStore(MemoryStore):
         if self.pending is None:
             self.pending = asyncio.get_running_loop().create_future()
         return self.pending
+
+    def resolve(self) -> None:
+        """The pending commit is durable; the next commit() starts a new one."""
+        assert self.pending is not None
+        self.pending.set_result(None)
+        self.pending = None
 
 
 class RecordingConsumer:
@@ -81,6 +88,35 @@ async def drain(broker: Broker, session: Session, consumer: RecordingConsumer) -
         for delivery_id in ids:
             broker.acknowledge(session, delivery_id)
         await asyncio.sleep(0)
+
+
+def test_a_stored_copy_is_not_dispatched_before_its_commit() -> None:
+    """An acknowledgement from the subscriber pumps its queue; the next message in it must still
+    wait for its own commit, even though the session has room in its window."""
+
+    async def body() -> None:
+        store = HeldCommitStore()
+        broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        consumer = RecordingConsumer()
+        session, _ = broker.connect(
+            "sub", consumer, clean_start=False, expiry_interval=3600, window=10
+        )
+        broker.start_delivery(session)
+        broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
+        broker.publish(persistent(b"first"))
+        store.resolve()
+        await asyncio.sleep(0.01)
+        assert len(consumer.delivery_ids) == 1
+        broker.publish(persistent(b"second"))  # its commit stays pending
+        broker.acknowledge(session, consumer.delivery_ids.pop())
+        await asyncio.sleep(0.01)
+        assert consumer.delivery_ids == [], "dispatched before it was durable"
+        store.resolve()
+        await asyncio.sleep(0.01)
+        assert len(consumer.delivery_ids) == 1
+
+    run(body)
 
 
 def test_the_acknowledgement_waits_for_the_commit_and_the_drain() -> None:
