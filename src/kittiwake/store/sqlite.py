@@ -133,6 +133,7 @@ _MARK = (
     "WHERE client_id=? AND message_id=?"
 )
 _RELEASE = "DELETE FROM queued WHERE client_id=? AND message_id=?"
+_SET_LAST_ID = "UPDATE meta SET value=? WHERE key='last_message_id'"
 # The message columns of a queue row that references a journal row instead.
 _NO_MESSAGE: tuple[None, ...] = (None,) * 10
 # The columns of a message, in journal-row and inline-queue-row order.
@@ -202,9 +203,11 @@ class SQLiteStore:
         # The writer holds a batch: operations gather on the loop until it is done (group
         # commit), which also gives lazy marks the time to be cancelled by their acknowledgement.
         self._writing = False
+        # Turns handed off while the writer was busy, each (operations, future); sent together.
+        self._sealed: list[tuple[list[Operation], asyncio.Future[None]]] = []
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: queue.SimpleQueue[tuple[list[Operation], asyncio.Future[None]] | None]
+        self._queue: queue.SimpleQueue[list[tuple[list[Operation], asyncio.Future[None]]] | None]
         self._queue = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self.failed_batches = 0
@@ -532,8 +535,8 @@ class SQLiteStore:
         if self._scheduled is not None:
             self._scheduled.cancel()
             self._scheduled = None
-        if (self._writing or self._closed) and not final:
-            return  # _batch_written hands this over when the writer is free again
+        if self._closed and not final:
+            return
         if self._keeps_journal and self._unwritten:
             for message in self._unwritten.values():
                 self._message_rows.append(self._message_row(message))
@@ -555,9 +558,7 @@ class SQLiteStore:
         if self._ids_dirty and ops:
             # In the same transaction as the rows using the new ids, so an id never comes back;
             # ids no stored row uses need not be remembered.
-            ops.append(
-                ("UPDATE meta SET value=? WHERE key='last_message_id'", [(str(self._last_id),)])
-            )
+            ops.append((_SET_LAST_ID, [(str(self._last_id),)]))
             self._ids_dirty = False
         future = self._pending_future
         self._pending_future = None
@@ -568,26 +569,35 @@ class SQLiteStore:
         if future is None:
             # Even an unawaited batch gets a future, so a later commit() can wait for it.
             future = self._get_loop().create_future()
+        self._last_future = future
+        # A turn's operations stay together: the writer commits whole turns, never a part of
+        # one (a QoS 2 id and the message it admits are stored together or not at all).
+        self._sealed.append((ops, future))
+        if not self._writing or final:
+            self._send()
+
+    def _send(self) -> None:
+        """Give the writer every sealed turn; it commits them in groups of whole turns."""
         if self._writer is None:
             self._writer = threading.Thread(
                 target=self._write_loop, name="kittiwake-store", daemon=True
             )
             self._writer.start()
-        self._last_future = future
         self._writing = True
-        self._queue.put((ops, future))
+        self._queue.put(self._sealed)
+        self._sealed = []
 
-    def _batch_written(self, future: asyncio.Future[None], error: BaseException | None) -> None:
-        """On the loop: the writer committed (or failed) a batch and is free for the next."""
+    def _batch_written(
+        self, results: list[tuple[asyncio.Future[None], BaseException | None]]
+    ) -> None:
+        """On the loop: the writer committed (or failed) what it was given and is free again."""
         self._writing = False
-        _resolve(future, error)
-        if not self._closed and (
-            self._ops
-            or self._message_rows
-            or (self._unwritten and self._keeps_journal)
-            or (self._marks and self._mark_timer is None)
-        ):
-            self._hand_off()
+        for future, error in results:
+            _resolve(future, error)
+        if self._sealed and not self._closed:
+            self._send()
+        elif not self._closed and self._marks and self._mark_timer is None:
+            self._hand_off()  # lazy marks fell due while the writer was busy
 
     def _message_row(self, message: Message) -> tuple[Any, ...]:
         return (message.message_id, *self._message_columns(message), time.time())
@@ -644,36 +654,34 @@ class SQLiteStore:
         connection = self._connect()
         try:
             while True:
-                item = self._queue.get()
-                if item is None:
+                turns = self._queue.get()
+                if turns is None:
                     return
-                ops, future = item
-                error = self._write_batch(connection, ops)
+                results: list[tuple[asyncio.Future[None], BaseException | None]] = []
+                while turns:
+                    # Group commit: whole turns, up to max_batch operations (at least one turn).
+                    count, taken = 0, 0
+                    while taken < len(turns) and (not taken or count < self._max_batch):
+                        count += sum(len(rows) for _sql, rows in turns[taken][0])
+                        taken += 1
+                    group, turns = turns[:taken], turns[taken:]
+                    error = self._write_batch(connection, _merged([ops for ops, _ in group]))
+                    results.extend((future, error) for _ops, future in group)
                 loop = self._loop
                 if loop is not None and not loop.is_closed():
                     with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                        loop.call_soon_threadsafe(self._batch_written, future, error)
+                        loop.call_soon_threadsafe(self._batch_written, results)
         finally:
             connection.close()
 
     def _write_batch(
         self, connection: sqlite3.Connection, ops: list[Operation]
     ) -> BaseException | None:
-        """Write ``ops`` in order, committing every ``max_batch`` operations; the first error."""
-        limit = self._max_batch
+        """Write ``ops`` in order in one transaction; the error, if it failed."""
         try:
             connection.execute("BEGIN")
-            count = 0
             for sql, rows in ops:
-                while rows:
-                    room = max(limit - count, 1)
-                    part, rows = rows[:room], rows[room:]
-                    _execute(connection, sql, part)
-                    count += len(part)
-                    if count >= limit:
-                        connection.execute("COMMIT")
-                        connection.execute("BEGIN")
-                        count = 0
+                _execute(connection, sql, rows)
             connection.execute("COMMIT")
         except Exception as exc:  # not only sqlite3.Error: the writer thread must never die
             self.failed_batches += 1
@@ -687,6 +695,25 @@ class SQLiteStore:
                 connection.execute("ROLLBACK")
             return exc
         return None
+
+
+def _merged(turns: list[list[Operation]]) -> list[Operation]:
+    """The operations of several turns for one transaction, in order: a run continues across
+    turns when the next turn starts with the same statement, and the message-id counter is
+    written once, last (its values only grow)."""
+    merged: list[Operation] = []
+    last_id: Operation | None = None
+    for ops in turns:
+        for sql, rows in ops:
+            if sql is _SET_LAST_ID:
+                last_id = (sql, rows)
+            elif merged and merged[-1][0] is sql:
+                merged[-1] = (sql, merged[-1][1] + rows)
+            else:
+                merged.append((sql, rows))
+    if last_id is not None:
+        merged.append(last_id)
+    return merged
 
 
 # Rows per multi-row statement: powers of two, so a handful of statement texts cover every

@@ -929,6 +929,37 @@ def test_a_dropped_table_fails_the_batch_and_recreating_it_recovers(tmp_path: Pa
     assert sorted(reopen(tmp_path).retained) == ["r/2"]
 
 
+def test_one_turn_is_stored_whole_even_past_max_batch(tmp_path: Path) -> None:
+    """A QoS 2 id and the queue row of the message it admitted, written in one turn, are stored
+    together or not at all, however small max_batch is: a crash or a failure between them
+    would make the publisher's resend look like a duplicate of a message that was never kept."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), max_batch=1)
+        store.save_session(SessionRecord("c", 60))
+        await settle(store)
+        side = sqlite3.connect(tmp_path / DATABASE_FILE)
+        side.execute("ALTER TABLE queued RENAME TO queued_away")
+        side.commit()
+        store.add_incoming_qos2("c", 7)
+        m = message(payload=b"admitted", qos=2)
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        future = store.commit()
+        assert future is not None
+        with pytest.raises(StoreWriteError):
+            await asyncio.wait_for(future, COMMIT_TIMEOUT)
+        side.execute("ALTER TABLE queued_away RENAME TO queued")
+        side.commit()
+        side.close()
+        store.close()
+
+    run(body)
+    state = reopen(tmp_path)
+    assert state.incoming_qos2 == {}, "the id was kept without the message it admitted"
+    assert state.queued == []
+
+
 IO_ERROR_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, resource, sys
