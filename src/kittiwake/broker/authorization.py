@@ -6,7 +6,7 @@ allow list allows everything. Knows no protocol: front ends turn a refusal into 
 
 from __future__ import annotations
 
-from kittiwake.broker.topics import topic_matches
+from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, topic_matches
 from kittiwake.config import AuthConfig
 
 
@@ -33,9 +33,10 @@ class Authorizer:
         answer = self._publish_cache.get(topic)
         if answer is None:
             answer = _allowed(topic, self._config.publish_allow, self._config.publish_deny)
-            if len(self._publish_cache) > 10_000:
-                self._publish_cache.clear()
-            self._publish_cache[topic] = answer
+            if len(topic) <= MAX_CACHED_TOPIC_CHARS:
+                if len(self._publish_cache) > 10_000:
+                    self._publish_cache.clear()
+                self._publish_cache[topic] = answer
         return answer
 
     def may_subscribe(self, topic_filter: str) -> bool:

@@ -29,7 +29,12 @@ from kittiwake.broker.sessions import (
 )
 from kittiwake.broker.store import MemoryStore, SessionRecord, Store, SubscriptionRecord
 from kittiwake.broker.topic_tree import TopicTree
-from kittiwake.broker.topics import TopicError, parse_shared, validate_topic_filter
+from kittiwake.broker.topics import (
+    MAX_CACHED_TOPIC_CHARS,
+    TopicError,
+    parse_shared,
+    validate_topic_filter,
+)
 from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.config import Config
 
@@ -594,9 +599,10 @@ class Broker:
                 sessions[entry.session] = None
         else:
             result = tuple(sessions)
-        if len(cache) >= 4096:
-            cache.clear()
-        cache[topic] = result
+        if len(topic) <= MAX_CACHED_TOPIC_CHARS:
+            if len(cache) >= 4096:
+                cache.clear()
+            cache[topic] = result
         return result
 
     def _after_commit(self, future: asyncio.Future[None]) -> None:

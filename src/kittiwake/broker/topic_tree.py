@@ -9,14 +9,11 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from kittiwake.broker.topics import is_wildcard, validate_topic_filter
+from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, is_wildcard, validate_topic_filter
 
 __all__ = ["TopicTree"]
 
 V = TypeVar("V", bound=Hashable)
-
-# Longer topics are matched but not cached, so 4096 hostile 64 KiB topics cannot pin 256 MiB.
-_MAX_CACHED_TOPIC_CHARS = 1024
 
 
 class _Node(Generic[V]):
@@ -146,7 +143,7 @@ class TopicTree(Generic[V]):
         if cached is not None:
             return cached
         result = self._walk(topic_name)
-        if self._cache_size and len(topic_name) <= _MAX_CACHED_TOPIC_CHARS:
+        if self._cache_size and len(topic_name) <= MAX_CACHED_TOPIC_CHARS:
             cache = self._cache
             if len(cache) >= self._cache_size:
                 # FIFO eviction: dicts keep insertion order, so the first key is the oldest.

@@ -6,6 +6,7 @@ Pure string functions; must never import a protocol (no MQTT packets) or hold an
 from __future__ import annotations
 
 __all__ = [
+    "MAX_CACHED_TOPIC_CHARS",
     "MAX_TOPIC_BYTES",
     "TopicError",
     "is_wildcard",
@@ -17,6 +18,9 @@ __all__ = [
 
 # The wire carries topics behind a two-byte length, so no topic can be longer than this.
 MAX_TOPIC_BYTES = 65535
+# Per-topic caches (matches, verdicts, receivers) skip longer topics: answered, not remembered,
+# so thousands of hostile 64 KiB topics cannot pin hundreds of MiB.
+MAX_CACHED_TOPIC_CHARS = 1024
 
 _SHARE_PREFIX = "$share/"
 # Error messages quote the offending topic; a 64 KiB topic would drown the sentence.

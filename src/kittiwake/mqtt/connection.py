@@ -17,7 +17,12 @@ from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOption
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
-from kittiwake.broker.topics import TopicError, parse_shared, validate_topic_name
+from kittiwake.broker.topics import (
+    MAX_CACHED_TOPIC_CHARS,
+    TopicError,
+    parse_shared,
+    validate_topic_name,
+)
 from kittiwake.mqtt.codec import encode, encode_ack, encode_publish
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError
 from kittiwake.mqtt.packets import (
@@ -324,9 +329,10 @@ class MQTTConnection:
             except TopicError as exc:
                 raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
             allowed = self.broker.authorizer.may_publish(topic)
-            if len(self._topic_verdicts) >= 1024:
-                self._topic_verdicts.clear()
-            self._topic_verdicts[topic] = allowed
+            if len(topic) <= MAX_CACHED_TOPIC_CHARS:
+                if len(self._topic_verdicts) >= 1024:
+                    self._topic_verdicts.clear()
+                self._topic_verdicts[topic] = allowed
         qos = packet.qos
         packet_id = packet.packet_id or 0
         if qos == 2 and packet_id in session.incoming_qos2:
@@ -429,9 +435,10 @@ class MQTTConnection:
                 connections = [s.consumer for s in sessions]
                 if all(type(c) is MQTTConnection and c.protocol_version < 5 for c in connections):
                     receivers = tuple(connections)  # type: ignore[arg-type]
-            if len(self._forward_cache) >= 256:
-                self._forward_cache.clear()
-            self._forward_cache[topic] = (generation, receivers)
+            if len(topic) <= MAX_CACHED_TOPIC_CHARS:
+                if len(self._forward_cache) >= 256:
+                    self._forward_cache.clear()
+                self._forward_cache[topic] = (generation, receivers)
         if receivers is None:
             return False
         stats = broker.stats

@@ -140,3 +140,13 @@ def test_unauthorised_will_is_not_published(make_harness) -> None:
     session, _, _ = h.connect("c", will=Message("wills/c", b"gone"))
     h.broker.disconnect(session, publish_will=True)
     assert consumer.deliveries == []
+
+
+def test_very_long_topics_are_answered_but_not_cached() -> None:
+    a = auth(publish_deny=["secret/#"])
+    long_topic = "x/" + "y" * 5000
+    assert a.may_publish(long_topic)
+    assert not a.may_publish("secret/" + "z" * 5000)
+    assert a._publish_cache == {}
+    assert a.may_publish("short")
+    assert list(a._publish_cache) == ["short"]

@@ -420,3 +420,13 @@ def test_delayed_message_for_offline_session(harness) -> None:
     assert consumer.deliveries == []
     harness.advance(10)
     assert consumer.payloads == [b"later"]
+
+
+def test_plain_targets_of_very_long_topics_are_answered_but_not_cached(harness) -> None:
+    session, _, _ = harness.connect("sub")
+    harness.subscribe(session, "#", 0)
+    long_topic = "x/" + "y" * 5000
+    assert harness.broker.plain_targets(long_topic) == (session,)
+    assert harness.broker._plain_cache == {}
+    assert harness.broker.plain_targets("short") == (session,)
+    assert list(harness.broker._plain_cache) == ["short"]
