@@ -126,10 +126,6 @@ class Session:
         """A session that outlives its connection keeps its state in the store."""
         return self.expiry_interval > 0
 
-    @property
-    def connected(self) -> bool:
-        return self.consumer is not None
-
     def allocate_delivery_id(self) -> int:
         """The next id not in flight; the window (< 65535) guarantees one exists."""
         candidate = self._next_delivery_id

@@ -186,7 +186,7 @@ class MQTTConnection:
             return self._refuse(
                 ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported"
             )
-        if not config.auth.allow_anonymous and packet.username is None:
+        if not broker.authorizer.allow_anonymous and packet.username is None:
             return self._refuse(
                 ReasonCode.NOT_AUTHORIZED if version == 5 else ConnectReturnCode.NOT_AUTHORIZED,
                 "anonymous clients are not allowed",

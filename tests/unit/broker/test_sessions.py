@@ -31,7 +31,7 @@ def test_new_session_is_not_present(harness) -> None:
     session, _, present = harness.connect("c", clean_start=False, expiry=HOUR)
     assert present is False
     assert harness.broker.sessions["c"] is session
-    assert session.connected and session.persistent
+    assert session.consumer is not None and session.persistent
 
 
 def test_persistent_session_is_stored_and_temporary_one_is_not(harness) -> None:
