@@ -8,6 +8,8 @@ dispatch to consumers. Runs on one event loop and never blocks; it holds no lock
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,6 +112,11 @@ class Broker:
         self.version = __version__
         # Sessions without a connection, the only ones whose expiry and will timers can fire.
         self._detached: set[Session] = set()
+        # (due, sequence, session) for detached sessions with a will or expiry timer, so a tick
+        # touches only what is due, not every offline session. Entries go stale when a session
+        # reattaches or ends; tick skips those.
+        self._timers: list[tuple[float, int, Session]] = []
+        self._timer_sequence = itertools.count()
         # Sessions to pump at the end of this loop turn: one pump serves every acknowledgement
         # and publication of a read, instead of one pump each. None = no loop, pump at once.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,7 +174,7 @@ class Broker:
                 session.expires_at = now + session.expiry_interval
             if session.will is not None:
                 session.will_at = now + session.will_delay
-            self._detached.add(session)
+            self._detach(session)
         recovered = 0
         for queued in state.queued:
             owner = self.sessions.get(queued.client_id)
@@ -299,7 +306,7 @@ class Broker:
         self.routing_generation += 1
         self.stats.clients_connected -= 1
         if keep_will and session.persistent:
-            self._detached.add(session)
+            self._detach(session)
             self._save_session(session)
             return
         if not publish_will:
@@ -314,7 +321,7 @@ class Broker:
             return
         if session.expiry_interval != NEVER_EXPIRES:
             session.expires_at = now + session.expiry_interval
-        self._detached.add(session)
+        self._detach(session)
         if session.persistent:
             self._save_session(session)
 
@@ -350,10 +357,21 @@ class Broker:
             will.expiry = will.created + session.will_expiry
         self.publish(will)
 
+    def _detach(self, session: Session) -> None:
+        """The session has no connection now; its will and expiry timers start to count."""
+        self._detached.add(session)
+        due = _next_timer(session)
+        if due is not None:
+            heapq.heappush(self._timers, (due, next(self._timer_sequence), session))
+
     def tick(self) -> None:
         """Fire due timers: wills, session expiry, retained expiry. Called about once a second."""
         now = self.clock.now()
-        for session in list(self._detached):
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            at, _, session = heapq.heappop(timers)
+            if session not in self._detached or _next_timer(session) != at:
+                continue  # reattached, ended, or re-armed under a later entry
             if session.will_at is not None and now >= session.will_at:
                 self._publish_will(session)
                 if session.persistent:
@@ -361,6 +379,8 @@ class Broker:
             if session.expires_at is not None and now >= session.expires_at:
                 log.info("session %s expired", session.client_id)
                 self._end_session(session, now)
+            elif (later := _next_timer(session)) is not None:
+                heapq.heappush(timers, (later, next(self._timer_sequence), session))
         for message in self.retained.remove_expired(now):
             if message.persistent:
                 self.store.set_retained(message.topic, None)
@@ -916,3 +936,9 @@ class Broker:
                 handle.cancel()
 
         return cancel
+
+
+def _next_timer(session: Session) -> float | None:
+    """The earlier of a detached session's will and expiry times, or None."""
+    times = [t for t in (session.will_at, session.expires_at) if t is not None]
+    return min(times) if times else None

@@ -262,6 +262,25 @@ def test_will_delay_cancelled_by_reconnect(harness) -> None:
     assert watch.deliveries == []
 
 
+def test_will_then_expiry_fire_in_turn_and_a_reconnect_rearms_both(harness) -> None:
+    """Two timers of one offline session fire at their own times; after a reconnect and a new
+    disconnect only the new times count (the old ones must not fire early)."""
+    watch = watcher(harness)
+    session, _, _ = harness.connect("c", expiry=20, will=will(), will_delay=10)
+    harness.broker.disconnect(session, publish_will=True)
+    harness.advance(5)
+    session, _, _ = harness.connect("c", clean_start=False, expiry=20, will=will(), will_delay=10)
+    harness.broker.disconnect(session, publish_will=True)
+    harness.advance(9)  # 14 s after the first disconnect: its will time (10) has passed
+    assert watch.deliveries == []
+    harness.advance(1)
+    assert watch.payloads == [b"gone"]
+    harness.advance(9)
+    assert harness.broker.sessions.get("c") is session  # expires 20 s after the second one
+    harness.advance(1)
+    assert "c" not in harness.broker.sessions
+
+
 def test_will_published_at_session_end_when_expiry_is_shorter_than_delay(harness) -> None:
     """The will goes out when the delay passes or the session ends, whichever is first."""
     watch = watcher(harness)
