@@ -11,7 +11,7 @@ import asyncio
 import heapq
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -534,6 +534,12 @@ class Broker:
         if drained is None:
             return future
         return self._commit_and_drain(future, drained)
+
+    def durable(self) -> Awaitable[None] | None:
+        """A barrier for every state change made so far (session, subscription, QoS 2 state):
+        a front end confirms such a change to its client only once this resolves (None: it is
+        already durable). Publications get theirs from :meth:`publish`."""
+        return self.store.commit()
 
     def _flow_control(self, touched: list[Session]) -> asyncio.Future[None] | None:
         """A future that resolves once every congested receiver has drained, or None.

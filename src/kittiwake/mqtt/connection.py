@@ -782,7 +782,7 @@ class MQTTConnection:
     def _after_commit(self, send: Callable[[], None]) -> None:
         """Run ``send`` once everything handed to the store so far is durable; if that write
         fails, close instead (the peer resends after reconnecting)."""
-        commit = self.broker.store.commit()
+        commit = self.broker.durable()
         if commit is None:
             send()
             return
