@@ -15,8 +15,9 @@ from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
 from kittiwake.clock import Clock
-from kittiwake.config import Config, StoreConfig
+from kittiwake.config import Config, JournalConfig, StoreConfig
 from kittiwake.mqtt.server import MQTTServer
+from kittiwake.store.journal_selection import JournalSelection
 from kittiwake.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,9 @@ class BrokerApp:
 
     def __init__(self, config: Config, *, clock: Clock | None = None) -> None:
         self.config = config
-        self.broker = Broker(config, clock=clock, store=open_store(config.store, clock))
+        self.broker = Broker(
+            config, clock=clock, store=open_store(config.store, clock, config.journal)
+        )
         self.mqtt = MQTTServer(self.broker)
         self.sys = SysPublisher(self.broker, config.sys.interval)
         self.addresses: list[tuple[str, int]] = []
@@ -54,20 +57,35 @@ class BrokerApp:
         self.broker.store.close()
 
 
-def open_store(config: StoreConfig, clock: Clock | None) -> Store:
+def open_store(
+    config: StoreConfig, clock: Clock | None, journal: JournalConfig | None = None
+) -> Store:
     """The configured store; a broken database raises StoreError before anything listens."""
+    journal = journal or JournalConfig()
     if config.backend == "memory":
         log.warning("store backend is 'memory': persistent messages will not survive a restart")
+        if journal.enabled:
+            log.warning("store backend is 'memory': the journal keeps nothing")
         return MemoryStore()
     return SQLiteStore(
         config.data_dir,
         clock=clock,
         max_batch=config.max_batch,
         max_delay=config.max_delay,
-        journal_retention_seconds=config.journal_retention_seconds,
-        journal_retention_bytes=config.journal_retention_bytes,
+        journal_retention_seconds=journal.retention_seconds,
+        journal_retention_bytes=journal.retention_bytes,
+        journal_selection=journal_selection(journal),
         wal_autocheckpoint=config.wal_autocheckpoint,
         synchronous=config.synchronous.upper(),
+    )
+
+
+def journal_selection(journal: JournalConfig) -> JournalSelection:
+    """What the journal keeps, for its writer and its readers alike."""
+    return JournalSelection(
+        enabled=journal.enabled,
+        persistent_topics=journal.persistent_topics,
+        qos0_topics=journal.qos0_topics,
     )
 
 

@@ -69,13 +69,22 @@ class RecoveredState:
 class Store(Protocol):
     """Durable state changes, in the order the core makes them."""
 
+    # True when the journal keeps some QoS 0 publications (the operator opted topics in for
+    # the data pipeline): only then does the core hand QoS 0 publications to journal().
+    keeps_qos0: bool
+
     def journal(self, message: Message) -> None:
-        """Record a persistent publication; assigns ``message.message_id``.
+        """Record a publication; assigns ``message.message_id`` when it keeps it.
 
         Called for every persistent publication, referenced or not: a store with a journal
         retention keeps it (and makes the publisher's acknowledgement wait for it), one without
-        keeps it only once a queue references it.
+        keeps it only once a queue references it. Called for a QoS 0 publication only where
+        :meth:`journals_qos0` says so; nothing waits for that write.
         """
+
+    def journals_qos0(self, topic: str) -> bool:
+        """Whether the journal keeps QoS 0 publications on ``topic`` (then they must not
+        bypass :meth:`journal`)."""
 
     def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
         """Reference a journalled message from a persistent session's queue."""
@@ -122,6 +131,8 @@ class MemoryStore:
     against. ``commit`` is always immediate.
     """
 
+    keeps_qos0 = False
+
     def __init__(self) -> None:
         self._next_id = 0
         self.messages: dict[int, Message] = {}
@@ -136,6 +147,9 @@ class MemoryStore:
         if message.message_id == 0:
             self._next_id += 1
             message.message_id = self._next_id
+
+    def journals_qos0(self, topic: str) -> bool:
+        return False
 
     def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
         message_id = entry.message.message_id

@@ -34,6 +34,7 @@ from kittiwake.store.codec import (
     session_from_json,
     session_to_json,
 )
+from kittiwake.store.journal_selection import JournalSelection
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,13 @@ _MARK = (
 )
 _RELEASE = "DELETE FROM queued WHERE client_id=? AND message_id=?"
 _SET_LAST_ID = "UPDATE meta SET value=? WHERE key='last_message_id'"
+# Every journal row at or below this id may be gone (retention): readers start above it. Kept
+# in meta (not a schema change) and only ever raised, in the sweep's own transaction.
+DROPPED_THROUGH_KEY = "journal_dropped_through"
+_RAISE_DROPPED_THROUGH = (
+    "UPDATE meta SET value = MAX(CAST(value AS INTEGER), COALESCE(({}), 0)) "
+    f"WHERE key = '{DROPPED_THROUGH_KEY}'"
+)
 # The message columns of a queue row that references a journal row instead.
 _NO_MESSAGE: tuple[None, ...] = (None,) * 10
 # The columns of a message, in journal-row and inline-queue-row order.
@@ -158,6 +166,7 @@ class SQLiteStore:
         max_delay: float = 0.0,
         journal_retention_seconds: float = 0.0,
         journal_retention_bytes: int = 0,
+        journal_selection: JournalSelection | None = None,
         synchronous: str = "FULL",
         wal_autocheckpoint: int = 1000,
     ) -> None:
@@ -170,9 +179,17 @@ class SQLiteStore:
         self._max_delay = max_delay
         self._retention = journal_retention_seconds
         self._retention_bytes = journal_retention_bytes
-        # With a retention, every persistent publication is journalled (for the Spark source),
-        # not only those a durable subscriber references.
+        # With a retention, the publications the selection names are journalled (for the Spark
+        # source), not only those a durable subscriber references.
         self._keeps_journal = journal_retention_seconds > 0 or journal_retention_bytes > 0
+        self.journal_selection = journal_selection or JournalSelection(
+            enabled=self._keeps_journal
+        )
+        if not self._keeps_journal:
+            self.journal_selection = JournalSelection(enabled=False)
+        self._selection_keeps = self.journal_selection.keeps
+        # The broker hands this store its QoS 0 publications only when this is true.
+        self.keeps_qos0 = self.journal_selection.keeps_qos0
         self._wal_autocheckpoint = wal_autocheckpoint
         self._synchronous = synchronous
         self._ops: list[Operation] = []
@@ -247,6 +264,9 @@ class SQLiteStore:
                     f"{self.path} has schema version {version}, newer than this kittiwake "
                     f"understands ({SCHEMA_VERSION}); upgrade kittiwake."
                 )
+            connection.execute(
+                f"INSERT OR IGNORE INTO meta (key, value) VALUES ('{DROPPED_THROUGH_KEY}', '0')"
+            )
             while version < SCHEMA_VERSION:
                 version += 1
                 log.info("store %s: migrating schema to version %d", self.path, version)
@@ -290,15 +310,24 @@ class SQLiteStore:
     # -- the Store protocol ---------------------------------------------------------------
 
     def journal(self, message: Message) -> None:
+        # Journal content (the selection's choice): a row whether referenced or not, which a
+        # persistent publication's acknowledgement waits for. Other persistent publications
+        # are written by enqueue() only, once a durable queue references them; other QoS 0
+        # ones never.
+        keeps = self._keeps_journal and self._selection_keeps(message.topic, message.persistent)
+        if not keeps and not message.persistent:
+            return
         if message.message_id == 0:
             self._last_id += 1
             message.message_id = self._last_id
             self._ids_dirty = True
-        if self._keeps_journal:
-            # Every persistent publication is written, referenced or not.
+        if keeps:
             self._unwritten[message.message_id] = message
             self._schedule()
-        # Otherwise the row is written by enqueue(), once a durable queue references it.
+
+    def journals_qos0(self, topic: str) -> bool:
+        """Whether a QoS 0 publication on ``topic`` must go through :meth:`journal`."""
+        return self._selection_keeps(topic, False)
 
     def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
         message = entry.message
@@ -311,15 +340,14 @@ class SQLiteStore:
             self._inserted.add(message_id)
         if message_id in self._inserted:
             columns = _NO_MESSAGE
-        elif self._keeps_journal:
-            # Queued again in a later turn (a retained message sent to a new subscriber): the
-            # row may have been deleted when its earlier references were released.
-            self._message_rows.append(self._message_row(message))
-            self._inserted.add(message_id)
-            columns = _NO_MESSAGE
         else:
             inline = self._inline.pop(message_id, None)
             if inline is None:
+                columns = self._message_columns(message)
+            elif self._keeps_journal and self._selection_keeps(message.topic, message.persistent):
+                # Journal content queued again in a later turn (a retained message for a new
+                # subscriber): its row may be swept already, and an offset is never written
+                # twice, so every such reference carries its own copy.
                 columns = self._message_columns(message)
             else:
                 # A second reference: the message moves into a journal row both point to.
@@ -629,24 +657,36 @@ class SQLiteStore:
         """
         self._released = 0
         # Appended, not _add()ed: the sweep rides on a batch and must not schedule another.
+        # First the journal's new start (every row at or below it is past a retention), then
+        # the rows below it that no queue references. A referenced row stays for its queue but
+        # is no longer journal content: readers never see below the start.
         if self._retention or not self._retention_bytes:
             self._ops.append(
                 (
-                    "DELETE FROM messages WHERE stored_at < ? AND NOT EXISTS "
-                    "(SELECT 1 FROM queued WHERE message_id = messages.id AND topic IS NULL)",
+                    _RAISE_DROPPED_THROUGH.format(
+                        "SELECT MAX(id) FROM messages WHERE stored_at < ?"
+                    ),
                     [(time.time() - self._retention,)],
                 )
             )
         if self._retention_bytes:
             self._ops.append(
                 (
-                    "DELETE FROM messages WHERE id IN (SELECT id FROM (SELECT id, "
-                    "SUM(length(payload)) OVER (ORDER BY id DESC) AS newer FROM messages) "
-                    "WHERE newer > ?) AND NOT EXISTS "
-                    "(SELECT 1 FROM queued WHERE message_id = messages.id AND topic IS NULL)",
+                    _RAISE_DROPPED_THROUGH.format(
+                        "SELECT MAX(id) FROM (SELECT id, SUM(length(payload)) OVER "
+                        "(ORDER BY id DESC) AS newer FROM messages) WHERE newer > ?"
+                    ),
                     [(self._retention_bytes,)],
                 )
             )
+        self._ops.append(
+            (
+                "DELETE FROM messages WHERE id <= (SELECT CAST(value AS INTEGER) FROM meta "
+                f"WHERE key = '{DROPPED_THROUGH_KEY}') AND NOT EXISTS "
+                "(SELECT 1 FROM queued WHERE message_id = messages.id AND topic IS NULL)",
+                [()],
+            )
+        )
 
     # -- the writer thread ----------------------------------------------------------------
 
