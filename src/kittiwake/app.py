@@ -15,7 +15,8 @@ from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
 from kittiwake.clock import Clock
-from kittiwake.config import Config, JournalConfig, StoreConfig
+from kittiwake.config import Config, JournalConfig, ListenerConfig, StoreConfig
+from kittiwake.flight.listener import FlightListener, FlightUnavailable
 from kittiwake.mqtt.server import MQTTServer
 from kittiwake.store.journal_selection import JournalSelection
 from kittiwake.store.sqlite import SQLiteStore
@@ -33,6 +34,11 @@ class BrokerApp:
         )
         self.mqtt = MQTTServer(self.broker)
         self.sys = SysPublisher(self.broker, config.sys.interval)
+        self.flight = [
+            self._flight_listener(listener)
+            for listener in config.listeners
+            if listener.protocol == "flight"
+        ]
         self.addresses: list[tuple[str, int]] = []
         self._cancel_ticks: Callable[[], None] | None = None
 
@@ -40,8 +46,12 @@ class BrokerApp:
         loop = asyncio.get_running_loop()
         self.broker.recover()
         self._cancel_ticks = self.broker.schedule_ticks(loop)
+        flight = iter(self.flight)
         for listener in self.config.listeners:
-            self.addresses.append(await self.mqtt.listen(listener.host, listener.port))
+            if listener.protocol == "flight":
+                self.addresses.append(await next(flight).start())
+            else:
+                self.addresses.append(await self.mqtt.listen(listener.host, listener.port))
         self.sys.start()
         # Everything built so far lives as long as the broker: keep it out of every future
         # garbage collection, so a full collection never walks it mid-traffic.
@@ -54,7 +64,28 @@ class BrokerApp:
         if self._cancel_ticks is not None:
             self._cancel_ticks()
         await self.mqtt.close()
+        for flight in self.flight:
+            await flight.stop()
         self.broker.store.close()
+
+    def _flight_listener(self, listener: ListenerConfig) -> FlightListener:
+        store = self.broker.store
+        if not isinstance(store, SQLiteStore):
+            raise FlightUnavailable(
+                "a flight listener serves the journal on disk: set store.backend = \"sqlite\""
+            )
+        if not self.config.journal.enabled:
+            log.warning(
+                "a flight listener is configured but the journal keeps nothing past its "
+                "subscribers: set journal.retention_seconds or journal.retention_bytes"
+            )
+        return FlightListener(
+            listener.host,
+            listener.port,
+            store.directory,
+            store.journal_selection,
+            self.broker.authorizer,
+        )
 
 
 def open_store(

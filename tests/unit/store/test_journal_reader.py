@@ -18,7 +18,7 @@ from kittiwake.broker.queues import QueuedMessage
 from kittiwake.clock import ManualClock
 from kittiwake.config import Config
 from kittiwake.store import sqlite as sqlite_module
-from kittiwake.store.journal_reader import JournalReader, JournalRangeError
+from kittiwake.store.journal_reader import JournalRangeError, JournalReader
 from kittiwake.store.journal_selection import JournalSelection
 from kittiwake.store.sqlite import DATABASE_FILE, SQLiteStore
 
