@@ -17,6 +17,8 @@ from kittiwake.broker.topics import TopicError, validate_topic_filter
 
 # One journal today (one per node later): offsets are per partition, and this is its number.
 PARTITION = 0
+# The first offset a journal hands out: below it nothing ever existed, so nothing was lost.
+FIRST_OFFSET = 1
 # Actions: the committed high-water mark and the retention's start, per partition; and the
 # first offset at or after a wall-clock time.
 ACTION_LATEST = "latest"

@@ -28,7 +28,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from kittiwake.flight.protocol import DDL, DDL_WITH_HEADERS, PARTITION
+from kittiwake.flight.protocol import DDL, DDL_WITH_HEADERS, FIRST_OFFSET, PARTITION
 from kittiwake.spark.client import DataLossError, JournalClient, data_loss_message
 from kittiwake.spark.options import SourceOptions, split_range
 
@@ -86,7 +86,7 @@ def _planned(
     """The partitions of [start, end), after checking the retention still keeps the start."""
     if start < end:
         earliest, _high_water = client.bounds()
-        if start < earliest:
+        if start < earliest and earliest > FIRST_OFFSET:
             lost = (start, min(end, earliest))
             if options.fail_on_data_loss:
                 raise DataLossError(data_loss_message(lost))
@@ -108,7 +108,8 @@ class KittiwakeBatchReader(DataSourceReader):
         if options.starting_timestamp_ms is not None:
             start = client.offset_for_timestamp(options.starting_timestamp_ms)
         else:
-            start = _resolve(client, options.starting or "earliest", bounds)
+            starting = "earliest" if options.starting is None else options.starting
+            start = _resolve(client, starting, bounds)
         end = _resolve(client, options.ending, bounds)
         if end > bounds[1]:
             raise ValueError(
@@ -136,7 +137,8 @@ class KittiwakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         client = JournalClient(options)
         if options.starting_timestamp_ms is not None:
             return {str(PARTITION): client.offset_for_timestamp(options.starting_timestamp_ms)}
-        start = _resolve(client, options.starting or "latest", client.bounds())
+        starting = "latest" if options.starting is None else options.starting
+        start = _resolve(client, starting, client.bounds())
         return {str(PARTITION): start}
 
     def getDefaultReadLimit(self) -> ReadLimit:

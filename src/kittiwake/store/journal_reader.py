@@ -21,6 +21,8 @@ from kittiwake.store.sqlite import DATABASE_FILE, DROPPED_THROUGH_KEY
 
 # One journal today (one per node later): its partition number in offsets.
 PARTITION = 0
+# The first offset ever handed out (the store's ids start at 1): nothing below it was lost.
+FIRST_OFFSET = 1
 # A chunk of a range read closes at whichever comes first (bounds a Flight message's size).
 CHUNK_ROWS = 65536
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -171,7 +173,7 @@ class JournalRange:
         self.end = end
         # The part of the range the retention already dropped, if any.
         self.lost: tuple[int, int] | None = None
-        if start < self.bounds.earliest:
+        if start < self.bounds.earliest and self.bounds.earliest > FIRST_OFFSET:
             self.lost = (start, min(end, self.bounds.earliest))
         self._first = max(start, self.bounds.earliest)
 
