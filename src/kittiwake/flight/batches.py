@@ -36,7 +36,7 @@ def record_batch(chunk: JournalChunk, include_headers: bool) -> pa.RecordBatch:
         pa.array(chunk.priority, pa.int32()),
     ]
     extras = chunk.extras
-    if any(message is not None for message in extras):
+    if chunk.has_extras:
         columns.append(
             pa.array(
                 [() if m is None else _properties(m) for m in extras], PROPERTIES_TYPE
@@ -46,7 +46,7 @@ def record_batch(chunk: JournalChunk, include_headers: bool) -> pa.RecordBatch:
         columns.append(_empty_lists(count, PROPERTIES_TYPE))
     if not include_headers:
         return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
-    if any(message is not None for message in extras):
+    if chunk.has_extras:
         columns.append(
             pa.array([[] if m is None else _headers(m) for m in extras], HEADERS_TYPE)
         )

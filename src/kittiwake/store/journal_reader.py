@@ -7,6 +7,7 @@ high-water mark and above the retention's start.
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ FIRST_OFFSET = 1
 # A chunk of a range read closes at whichever comes first (bounds a Flight message's size).
 CHUNK_ROWS = 65536
 CHUNK_BYTES = 8 * 1024 * 1024
+_PAYLOAD = operator.itemgetter(2)
 # Rows fetched from SQLite per call while a chunk fills.
 _FETCH_ROWS = 4096
 # How long a read waits for the writer's lock in the rare cases WAL readers wait (checkpoint
@@ -34,8 +36,12 @@ _BUSY_TIMEOUT_MS = 5000
 
 _ROWS = (
     "SELECT id, topic, payload, qos, retain, priority, created, extra FROM messages "
-    "WHERE id >= ? AND id < ? ORDER BY id"
+    "WHERE id >= ? AND id < ?{} ORDER BY id"
 )
+# Every row this condition passes is wanted when the request's filters include "#" and the
+# selection keeps every persistent topic and no QoS 0 one ("#" never matches a '$' topic):
+# then no row is looked at in Python, which is most of a range read's cost.
+_EVERYTHING_PERSISTENT = " AND qos > 0 AND substr(topic, 1, 1) <> '$'"
 
 
 class JournalError(RuntimeError):
@@ -70,6 +76,8 @@ class JournalChunk:
     # The decoded message where its row has optional parts (properties, MQTT 5 fields),
     # else None: most rows have none, and decoding is skipped for them.
     extras: Sequence[Message | None]
+    # Some row has optional parts (else every extras entry is None).
+    has_extras: bool = True
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -181,7 +189,10 @@ class JournalRange:
         """The kept rows of the range matching the filters, in offset order."""
         if self._first >= self.end:
             return
-        cursor = self._connection.execute(_ROWS, (self._first, self.end))
+        if "#" in self._topics.filters and self._selection.keeps_every_persistent_only:
+            yield from self._unfiltered_chunks()
+            return
+        cursor = self._connection.execute(_ROWS.format(""), (self._first, self.end))
         # Per topic (and published QoS level): is the row journal content the filters want?
         kept: dict[tuple[str, bool], bool] = {}
         pending: list[Any] = []
@@ -204,6 +215,25 @@ class JournalRange:
                         yield _chunk(pending)
                         pending = []
                         size = 0
+        if pending:
+            yield _chunk(pending)
+
+    def _unfiltered_chunks(self) -> Iterator[JournalChunk]:
+        cursor = self._connection.execute(
+            _ROWS.format(_EVERYTHING_PERSISTENT), (self._first, self.end)
+        )
+        pending: list[Any] = []
+        size = 0
+        while True:
+            rows = cursor.fetchmany(_FETCH_ROWS)
+            if not rows:
+                break
+            pending += rows
+            size += sum(map(len, map(_PAYLOAD, rows)))
+            if len(pending) >= CHUNK_ROWS or size >= CHUNK_BYTES:
+                yield _chunk(pending)
+                pending = []
+                size = 0
         if pending:
             yield _chunk(pending)
 
@@ -239,6 +269,7 @@ def _bounds(connection: sqlite3.Connection) -> JournalBounds:
 
 def _chunk(rows: list[Any]) -> JournalChunk:
     offsets, topics, payloads, qos, retain, priority, created, extras = zip(*rows, strict=True)
+    has_extras = any(extras)
     return JournalChunk(
         offsets=offsets,
         topics=topics,
@@ -251,8 +282,9 @@ def _chunk(rows: list[Any]) -> JournalChunk:
             None if not extra else _decoded_extras(topic, extra)
             for topic, extra in zip(topics, extras, strict=True)
         ]
-        if any(extras)
+        if has_extras
         else [None] * len(offsets),
+        has_extras=has_extras,
     )
 
 

@@ -33,6 +33,8 @@ class JournalSelection:
         self._every_persistent = "#" in self.persistent_topics
         # The broker's QoS 0 path consults the store only when this is true.
         self.keeps_qos0 = bool(self.qos0_topics)
+        # The default selection: readers may then filter rows in SQL instead of one by one.
+        self.keeps_every_persistent_only = self._every_persistent and not self.keeps_qos0
         self._persistent_cache: dict[str, bool] = {}
         self._qos0_cache: dict[str, bool] = {}
 
