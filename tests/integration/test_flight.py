@@ -5,6 +5,7 @@ service keeps serving. Input is published by a real MQTT client (paho-mqtt) at Q
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Callable
@@ -15,6 +16,9 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 flight = pytest.importorskip("pyarrow.flight")
 
+from kittiwake.app import BrokerApp  # noqa: E402
+from kittiwake.config import config_from_dict  # noqa: E402
+from kittiwake.flight.listener import FlightUnavailable  # noqa: E402
 from kittiwake.flight.protocol import (  # noqa: E402
     SCHEMA,
     SCHEMA_WITH_HEADERS,
@@ -239,3 +243,61 @@ def test_a_dropped_range_is_named_in_the_metadata(
         assert rows and min(r["offset"] for r in rows) >= earliest
     finally:
         connection.close()
+
+
+def _latest_at(url: str) -> tuple[int, int]:
+    connection = flight.connect(url)
+    try:
+        return latest(connection)
+    finally:
+        connection.close()
+
+
+def test_the_app_starts_and_stops_the_flight_listener_with_the_broker(tmp_path: Any) -> None:
+    config = config_from_dict(
+        {
+            "listeners": [{"protocol": "flight", "port": 0}, {"port": 0}],
+            "store": {"data_dir": str(tmp_path)},
+            "journal": {"retention_seconds": 60},
+            "sys": {"interval": 0},
+        }
+    )
+
+    async def body() -> None:
+        app = BrokerApp(config)
+        await app.start()
+        host, port = app.addresses[0]
+        url = f"grpc://{host}:{port}"
+        assert host == "127.0.0.1" and port != 0
+        assert await asyncio.to_thread(_latest_at, url) == (1, 1)
+        await app.stop()
+        with pytest.raises(flight.FlightUnavailableError):
+            await asyncio.to_thread(_latest_at, url)
+
+    asyncio.run(body())
+
+
+def test_a_flight_listener_without_pyarrow_is_refused_with_what_to_install(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kittiwake.flight.listener as listener_module
+
+    real_find_spec = listener_module.importlib.util.find_spec
+    monkeypatch.setattr(
+        listener_module.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pyarrow" else real_find_spec(name, *a),
+    )
+    config = config_from_dict(
+        {"listeners": [{"protocol": "flight"}], "store": {"data_dir": str(tmp_path)}}
+    )
+    with pytest.raises(FlightUnavailable, match=r"pip install 'kittiwake\[flight\]'"):
+        BrokerApp(config)
+
+
+def test_a_flight_listener_needs_the_disk_store(tmp_path: Any) -> None:
+    config = config_from_dict(
+        {"listeners": [{"protocol": "flight"}], "store": {"backend": "memory"}}
+    )
+    with pytest.raises(FlightUnavailable, match="sqlite"):
+        BrokerApp(config)
