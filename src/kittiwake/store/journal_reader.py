@@ -25,7 +25,7 @@ PARTITION = 0
 # The first offset ever handed out (the store's ids start at 1): nothing below it was lost.
 FIRST_OFFSET = 1
 # A chunk of a range read closes at whichever comes first (bounds a Flight message's size).
-CHUNK_ROWS = 65536
+CHUNK_ROWS = 16384
 CHUNK_BYTES = 8 * 1024 * 1024
 _PAYLOAD = operator.itemgetter(2)
 # Rows fetched from SQLite per call while a chunk fills.

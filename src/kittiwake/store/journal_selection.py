@@ -34,7 +34,9 @@ class JournalSelection:
         # The broker's QoS 0 path consults the store only when this is true.
         self.keeps_qos0 = bool(self.qos0_topics)
         # The default selection: readers may then filter rows in SQL instead of one by one.
-        self.keeps_every_persistent_only = self._every_persistent and not self.keeps_qos0
+        self.keeps_every_persistent_only = set(self.persistent_topics) == {"#"} and not (
+            self.keeps_qos0
+        )
         self._persistent_cache: dict[str, bool] = {}
         self._qos0_cache: dict[str, bool] = {}
 

@@ -182,11 +182,10 @@ class SQLiteStore:
         # With a retention, the publications the selection names are journalled (for the Spark
         # source), not only those a durable subscriber references.
         self._keeps_journal = journal_retention_seconds > 0 or journal_retention_bytes > 0
-        self.journal_selection = journal_selection or JournalSelection(
-            enabled=self._keeps_journal
-        )
-        if not self._keeps_journal:
-            self.journal_selection = JournalSelection(enabled=False)
+        # Without a retention the journal keeps nothing, whatever a selection says.
+        if journal_selection is None or not self._keeps_journal:
+            journal_selection = JournalSelection(enabled=self._keeps_journal)
+        self.journal_selection = journal_selection
         self._selection_keeps = self.journal_selection.keeps
         # The broker hands this store its QoS 0 publications only when this is true.
         self.keeps_qos0 = self.journal_selection.keeps_qos0
