@@ -149,6 +149,15 @@ class KittiwakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
         begin = int(start[str(PARTITION)])
         end = self._target if self._target is not None else JournalClient(self.options).bounds()[1]
+        if end < begin:
+            # The journal's offsets went back: it was replaced (a new data directory).
+            message = (
+                f"the journal's high-water mark {end} is below the query's offset {begin} "
+                f"(partition {PARTITION}): the broker's journal was replaced"
+            )
+            if self.options.fail_on_data_loss:
+                raise DataLossError(message + "; set failOnDataLoss=false to wait for it")
+            log.warning("%s; waiting until it passes %d", message, begin)
         if isinstance(limit, ReadMaxRows):
             end = min(end, begin + limit.max_rows)
         return {str(PARTITION): max(begin, end)}

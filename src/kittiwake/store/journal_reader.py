@@ -110,8 +110,13 @@ class JournalReader:
 
     def _connect(self) -> sqlite3.Connection:
         try:
+            # One thread at a time, but not always the one that opened it: a Flight stream's
+            # batches may be pulled by another gRPC thread than the call's.
             connection = sqlite3.connect(
-                f"file:{self.path}?mode=ro", uri=True, isolation_level=None
+                f"file:{self.path}?mode=ro",
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
             )
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the journal {self.path}: {exc}") from exc

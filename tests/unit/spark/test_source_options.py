@@ -118,3 +118,16 @@ def test_the_read_limit_caps_a_micro_batch() -> None:
     assert reader.latestOffset({"0": 40}, ReadMaxRows(10)) == {"0": 50}
     assert reader.latestOffset({"0": 95}, ReadMaxRows(10)) == {"0": 100}
     assert reader.latestOffset({"0": 40}, ReadAllAvailable()) == {"0": 100}
+
+
+def test_a_journal_whose_offsets_went_back_fails_or_waits() -> None:
+    """A high-water mark below the query's offset means the journal was replaced."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    reader = KittiwakeStreamReader(SourceOptions.parse({}))
+    reader._target = 5
+    with pytest.raises(DataLossError, match="high-water mark 5 is below the query's offset 10"):
+        reader.latestOffset({"0": 10}, ReadAllAvailable())
+    lenient = KittiwakeStreamReader(SourceOptions.parse({"failOnDataLoss": "false"}))
+    lenient._target = 5
+    assert lenient.latestOffset({"0": 10}, ReadAllAvailable()) == {"0": 10}
