@@ -188,7 +188,11 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--payload", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument(
+        "--partitions",
+        default="1,2",
+        help="Spark partitions per read, comma-separated (1 is the source's default)",
+    )
     parser.add_argument("--smoke", action="store_true", help="50,000 messages, one run each")
     args = parser.parse_args()
     if args.smoke:
@@ -228,37 +232,37 @@ def run_all(args: Any, url: str, start: int, end: int, db_path: str) -> None:
     register(spark)
     spark.dataSource.register(DirectSQLiteReaderPeer.define())
 
-    def kittiwake_batch() -> int:
+    def kittiwake_batch(partitions: int) -> int:
         df = (
             spark.read.format("kittiwake")
             .option("url", url)
             .option("topics", "#")
-            .option("minPartitions", str(args.partitions))
+            .option("minPartitions", str(partitions))
             .load()
         )
         df.write.format("noop").mode("overwrite").save()
         return end - start
 
-    def direct_batch() -> int:
+    def direct_batch(partitions: int) -> int:
         df = (
             spark.read.format("sqlite_direct")
             .option("path", db_path)
             .option("start", str(start))
             .option("end", str(end))
-            .option("parts", str(args.partitions))
+            .option("parts", str(partitions))
             .load()
         )
         df.write.format("noop").mode("overwrite").save()
         return end - start
 
-    def kittiwake_stream() -> int:
+    def kittiwake_stream(partitions: int) -> int:
         checkpoint = tempfile.mkdtemp(prefix="kw-bench-checkpoint-")
         query = (
             spark.readStream.format("kittiwake")
             .option("url", url)
             .option("topics", "#")
             .option("startingOffsets", "earliest")
-            .option("minPartitions", str(args.partitions))
+            .option("minPartitions", str(partitions))
             .option("maxOffsetsPerTrigger", str(max(1, (end - start) // 4)))
             .load()
             .writeStream.format("noop")
@@ -271,16 +275,25 @@ def run_all(args: Any, url: str, start: int, end: int, db_path: str) -> None:
         assert rows == end - start, (rows, end - start)
         return rows
 
-    kittiwake_batch()  # warm-up: JVM, Python workers
-    print(f"Spark local[2], {args.partitions} partitions, {args.payload}-byte payloads")
-    report(
-        "Flight do_get, one plain client (no Spark)",
-        timed(args.repeat, lambda: flight_only(url, start, end)),
-    )
-    ours = report("kittiwake batch read over Flight -> noop", timed(args.repeat, kittiwake_batch))
-    peer = report("peer: SQLite read in the executor -> noop", timed(args.repeat, direct_batch))
-    report("kittiwake stream read (4 micro-batches) -> noop", timed(args.repeat, kittiwake_stream))
-    print(f"batch over Flight / direct SQLite peer: {ours / peer:.2f}")
+    kittiwake_batch(1)  # warm-up: JVM, Python workers
+    direct_batch(1)
+    print(f"Spark local[2], {args.payload}-byte payloads, rows/s: median (min, max)")
+    plain = timed(args.repeat, lambda: flight_only(url, start, end))
+    report("Flight do_get, one plain client (no Spark)", plain)
+    for partitions in (int(p) for p in str(args.partitions).split(",")):
+        ours = report(
+            f"kittiwake batch read, {partitions} partition(s) -> noop",
+            timed(args.repeat, lambda p=partitions: kittiwake_batch(p)),
+        )
+        peer = report(
+            f"peer: SQLite in the executor, {partitions} partition(s)",
+            timed(args.repeat, lambda p=partitions: direct_batch(p)),
+        )
+        report(
+            f"kittiwake stream read, {partitions} partition(s), 4 batches",
+            timed(args.repeat, lambda p=partitions: kittiwake_stream(p)),
+        )
+        print(f"{'':<4}batch over Flight / direct SQLite peer ({partitions}): {ours / peer:.2f}")
     spark.stop()
 
 

@@ -149,6 +149,20 @@ def test_a_stream_to_a_sink_equals_a_batch_read_of_the_same_range(
     payloads_as_text = batch.selectExpr("CAST(payload AS STRING) AS text").collect()
     assert sorted(r.text for r in payloads_as_text) == sorted(p.decode() for _t, p in items)
 
+    # From a timestamp before everything, with headers: the same rows, and a headers column.
+    since_epoch = (
+        spark.read.format("kittiwake")
+        .option("url", url)
+        .option("topics", f"{prefix}/#")
+        .option("startingTimestamp", "0")
+        .option("endingOffsets", json.dumps({"0": end}))
+        .option("includeHeaders", "true")
+        .load()
+    )
+    assert since_epoch.columns[-1] == "headers"
+    assert rows_of(since_epoch) == batch_rows
+    assert {len(row.headers) for row in since_epoch.select("headers").collect()} == {0}
+
 
 def test_a_replayed_micro_batch_returns_the_same_rows_exactly_once(
     spark: SparkSession,
