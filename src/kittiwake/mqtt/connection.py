@@ -463,9 +463,15 @@ class MQTTConnection:
         if self.closed:
             return True
         if self.transport.write_backlog() > self._max_backlog:
-            self.broker.stats.messages_dropped += 1
+            self._count_dropped()
             return True
         return False
+
+    def _count_dropped(self) -> None:
+        """A message handed to us (and counted sent by whoever handed it) was not sent."""
+        stats = self.broker.stats
+        stats.messages_dropped += 1
+        stats.messages_sent -= 1
 
     def _denied_code(self) -> int:
         # 3.1.1 has no negative PUBACK: the publication is acknowledged and dropped.
@@ -689,7 +695,7 @@ class MQTTConnection:
                 self.client_id,
                 message.topic,
             )
-            self.broker.stats.messages_dropped += 1
+            self._count_dropped()
             if delivery_id and self.session is not None:
                 _schedule_acknowledge(self, self.session, delivery_id)
             return
@@ -728,16 +734,15 @@ class MQTTConnection:
             props.subscription_identifiers = list(entry.subscription_ids)
         topic = message.topic
         topic_bytes = topic.encode()
+        new_alias = 0
         if self.peer_topic_alias_maximum:
             alias = self._outgoing_aliases.get(topic)
             if alias is not None:
                 props.topic_alias = alias
                 topic_bytes = b""
             elif len(self._outgoing_aliases) < self.peer_topic_alias_maximum:
-                alias = len(self._outgoing_aliases) + 1
-                self._outgoing_aliases[topic] = alias
-                props.topic_alias = alias
-        return encode_publish(
+                new_alias = props.topic_alias = len(self._outgoing_aliases) + 1
+        data = encode_publish(
             topic_bytes,
             message.payload,
             entry.qos,
@@ -746,6 +751,11 @@ class MQTTConnection:
             delivery_id or None,
             encode_properties(props, _PUBLISH),
         )
+        if new_alias and len(data) <= self.peer_max_packet_size:
+            # The client knows the alias only once this packet reaches it; one that deliver
+            # drops for its size must leave no trace.
+            self._outgoing_aliases[topic] = new_alias
+        return data
 
     def release(self, delivery_id: int) -> None:
         if not self.closed:
