@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Protocol
 
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
@@ -89,11 +90,16 @@ class MQTTConnection:
         self._outgoing_aliases: dict[str, int] = {}
         self._incoming_aliases: dict[int, str] = {}
         self._problem_information = True
-        # QoS 1 publications whose PUBACK is held (store commit, flow control); with the
-        # session's incoming_qos2 ids (which already include held QoS 2 ones) they make up
-        # the client's use of our Receive Maximum.
+        # Answers not yet written, in the order of the packets they answer: each waits for
+        # its completion and for every answer before it (see _answer).
+        self._answers: deque[_Answer] = deque()
+        # The completion whose callback was last registered, so the acknowledgements of a run
+        # of publications in one commit register one callback, not one each.
+        self._watched: asyncio.Future[None] | None = None
+        # QoS 1 publications whose PUBACK is held (store commit, flow control, an earlier
+        # answer); with the session's incoming_qos2 ids (which already include held QoS 2
+        # ones) they make up the client's use of our Receive Maximum.
         self._awaiting_commit = 0
-        self._held_acks: dict[asyncio.Future[None], list[tuple[bytes, int, int]]] = {}
         self._receive_maximum = limits.receive_maximum
         self._max_backlog = limits.max_queued_bytes
         self._max_topic_levels = limits.max_topic_levels
@@ -338,7 +344,7 @@ class MQTTConnection:
         if qos == 2 and packet_id in session.incoming_qos2:
             # A resend of a publication we already own: exactly once means do not route again.
             # Its PUBREC is an acknowledgement like the first: only once the original is stored.
-            self._after_commit(lambda: self.transport.write(encode_ack(0x50, packet_id)))
+            self._answer(self.broker.durable(), encode_ack(0x50, packet_id))
             return
         if (
             qos
@@ -352,9 +358,9 @@ class MQTTConnection:
         if not allowed:
             log.info("client %s: publish to %s not authorised", self.client_id, topic)
             if qos == 1:
-                self._send(PubAck(packet_id, self._denied_code()), version)
+                self._answer(None, self._encode(PubAck(packet_id, self._denied_code()), version))
             elif qos == 2:
-                self._send(PubRec(packet_id, self._denied_code()), version)
+                self._answer(None, self._encode(PubRec(packet_id, self._denied_code()), version))
             return
         if qos == 0 and not packet.retain and self._forward(topic, packet):
             return
@@ -374,29 +380,10 @@ class MQTTConnection:
         if qos == 0:
             return
         ack = encode_ack(0x40 if qos == 1 else 0x50, packet_id)
-        if commit is None:
+        if commit is None and not self._answers:
             self.transport.write(ack)
             return
-        if qos == 1:
-            self._awaiting_commit += 1
-        # Acknowledgements waiting on one commit go out together, from one callback.
-        held = self._held_acks.get(commit)
-        if held is None:
-            held = self._held_acks[commit] = []
-            commit.add_done_callback(self._release_acks)
-        held.append((ack, qos, packet_id))
-
-    def _release_acks(self, commit: asyncio.Future[None]) -> None:
-        held = self._held_acks.pop(commit, [])
-        self._awaiting_commit -= sum(1 for _ack, qos, _packet_id in held if qos == 1)
-        session = self.session
-        if self.closed or session is None:
-            return
-        if commit.cancelled() or commit.exception() is not None:
-            for _ack, qos, packet_id in held:
-                self._refuse_unstored(session, qos, packet_id)
-            return
-        self.transport.write(b"".join(ack for ack, _qos, _packet_id in held))
+        self._answer(commit, ack, _PUBACK if qos == 1 else _PUBREC, packet_id)
 
     def _refuse_unstored(self, session: Session, qos: int, packet_id: int) -> None:
         """The store could not take the message: never acknowledge it as safe.
@@ -519,22 +506,20 @@ class MQTTConnection:
             self.broker.acknowledge(session, packet.packet_id)
             return
         if self.broker.received(session, packet.packet_id):
-            pid = packet.packet_id
-            self._after_commit(lambda: self.transport.write(encode_ack(0x62, pid)))
+            self._answer(self.broker.durable(), encode_ack(0x62, packet.packet_id))
         else:
             code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if self.protocol_version == 5 else 0
-            self._send(PubRel(packet.packet_id, code), self.protocol_version)
+            self._answer(None, self._encode(PubRel(packet.packet_id, code), self.protocol_version))
 
     def _on_pubrel(self, packet: PubRel) -> None:
         session = self.session
         assert session is not None
         found = self.broker.release_incoming_qos2(session, packet.packet_id)
         if found or self.protocol_version < 5:
-            pid = packet.packet_id
-            self._after_commit(lambda: self.transport.write(encode_ack(0x70, pid)))
+            self._answer(self.broker.durable(), encode_ack(0x70, packet.packet_id))
         else:
             code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-            self._send(PubComp(packet.packet_id, code), self.protocol_version)
+            self._answer(None, self._encode(PubComp(packet.packet_id, code), 5))
 
     def _on_pubcomp(self, packet: PubComp) -> None:
         assert self.session is not None
@@ -580,15 +565,16 @@ class MQTTConnection:
                 codes.append(outcome.granted_qos)
                 accepted.append(outcome)
 
-        def answer() -> None:
-            self._send(SubAck(packet.packet_id, codes), version)
+        def send_retained() -> None:
+            # After the SUBACK, never before it.
             for subscribed in accepted:
                 self.broker.send_retained(subscribed)
 
-        if session.persistent:
-            self._after_commit(answer)
-        else:
-            answer()
+        self._answer(
+            self.broker.durable() if session.persistent else None,
+            self._encode(SubAck(packet.packet_id, codes), version),
+            then=send_retained if accepted else None,
+        )
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
@@ -599,7 +585,7 @@ class MQTTConnection:
             codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
         if self.protocol_version < 5:
             codes = []
-        self._send(UnsubAck(packet.packet_id, codes), self.protocol_version)
+        self._answer(None, self._encode(UnsubAck(packet.packet_id, codes), self.protocol_version))
 
     # -- the rest -------------------------------------------------------------------------
 
@@ -774,6 +760,9 @@ class MQTTConnection:
     # -- output helpers -------------------------------------------------------------------
 
     def _send(self, packet: Packet, version: int) -> None:
+        self.transport.write(self._encode(packet, version))
+
+    def _encode(self, packet: Packet, version: int) -> bytes:
         if (
             version == 5
             and not self._problem_information
@@ -783,29 +772,87 @@ class MQTTConnection:
             if props is not None and (props.reason_string or props.user_properties):
                 props.reason_string = None
                 props.user_properties = []
-        self.transport.write(encode(packet, version))
+        return encode(packet, version)
 
     def _disconnect_with(self, reason: int, why: str = "") -> None:
         props = Properties(reason_string=why or None)
         self._send(Disconnect(reason, props), 5)
 
-    def _after_commit(self, send: Callable[[], None]) -> None:
-        """Run ``send`` once everything handed to the store so far is durable; if that write
-        fails, close instead (the peer resends after reconnecting)."""
-        commit = self.broker.durable()
-        if commit is None:
-            send()
+    def _answer(
+        self,
+        completion: Awaitable[None] | None,
+        data: bytes,
+        kind: int = 0,
+        packet_id: int = 0,
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        """Write the answer ``data`` once ``completion`` is done and every answer before it
+        was written, so answers leave in the order of the packets they answer (MQTT-4.6.0-2
+        to -4) whatever each waits for. ``then`` runs right after it is written.
+
+        ``kind`` says what a failed completion means: for a publication (_PUBACK, _PUBREC,
+        ``packet_id``) the client is told it was not stored; for anything else the connection
+        closes (the client resends after reconnecting).
+        """
+        answers = self._answers
+        if completion is None and not answers:
+            self.transport.write(data)
+            if then is not None:
+                then()
             return
+        future = None if completion is None else asyncio.ensure_future(completion)
+        answers.append(_Answer(future, data, kind, packet_id, then))
+        if kind == _PUBACK:
+            self._awaiting_commit += 1
+        if future is not None and (future is not self._watched or future.done()):
+            self._watched = future
+            future.add_done_callback(self._answers_ready)
 
-        def done(future: Any) -> None:
-            if self.closed:
-                return
-            if future.cancelled() or future.exception() is not None:
-                self._close(publish_will=False)
-                return
-            send()
+    def _answers_ready(self, _completion: object = None) -> None:
+        """Write every answer at the head of the line whose completion is done, together."""
+        answers = self._answers
+        ready: list[bytes] = []
+        succeeded: asyncio.Future[None] | None = None
+        while answers and not self.closed:
+            answer = answers[0]
+            completion = answer.completion
+            if completion is not None and completion is not succeeded:
+                if not completion.done():
+                    break
+                if completion.cancelled() or completion.exception() is not None:
+                    answers.popleft()
+                    if answer.kind == _PUBACK:
+                        self._awaiting_commit -= 1
+                    self._write_all(ready)
+                    self._answer_failed(answer)
+                    continue
+                succeeded = completion
+            answers.popleft()
+            if answer.kind == _PUBACK:
+                self._awaiting_commit -= 1
+            ready.append(answer.data)
+            if answer.then is not None:
+                self._write_all(ready)
+                answer.then()
+        if self.closed:
+            answers.clear()
+            return
+        self._write_all(ready)
 
-        asyncio.ensure_future(commit).add_done_callback(done)
+    def _write_all(self, ready: list[bytes]) -> None:
+        if ready:
+            self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
+            ready.clear()
+
+    def _answer_failed(self, answer: _Answer) -> None:
+        session = self.session
+        if session is None:
+            return
+        if answer.kind:
+            self._refuse_unstored(session, 1 if answer.kind == _PUBACK else 2, answer.packet_id)
+        else:
+            log.error("client %s: state not stored (store write failed); closing", self.client_id)
+            self._close(publish_will=False)
 
     def _close(self, *, publish_will: bool, keep_will: bool = False) -> None:
         if self.closed:
@@ -815,6 +862,32 @@ class MQTTConnection:
         if session is not None:
             self.broker.disconnect(session, publish_will=publish_will, keep_will=keep_will)
         self.transport.close()
+
+
+# Kinds of answer (see MQTTConnection._answer): the PUBACK of a QoS 1 publication, the PUBREC
+# of a QoS 2 one, anything else.
+_PUBACK = 1
+_PUBREC = 2
+
+
+class _Answer:
+    """One answer waiting to be written (see MQTTConnection._answer)."""
+
+    __slots__ = ("completion", "data", "kind", "packet_id", "then")
+
+    def __init__(
+        self,
+        completion: asyncio.Future[None] | None,
+        data: bytes,
+        kind: int,
+        packet_id: int,
+        then: Callable[[], None] | None,
+    ) -> None:
+        self.completion = completion
+        self.data = data
+        self.kind = kind
+        self.packet_id = packet_id
+        self.then = then
 
 
 # Key of a message's cached 5.0 property block in Message.encoded.

@@ -5,12 +5,53 @@ the connection as a socket read would, and what the connection writes is decoded
 
 from __future__ import annotations
 
+import asyncio
+
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.store import MemoryStore
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.errors import MQTTProtocolError
 from kittiwake.mqtt.packets import ConnAck, Connect, Packet, Publish
 from kittiwake.mqtt.properties import Properties
+
+
+class ControlledStore(MemoryStore):
+    """A memory store whose commits the test controls.
+
+    Idle, every commit is immediate (None), as with nothing to write. Between :meth:`hold` and
+    :meth:`resolve` (or :meth:`fail`) every commit() returns the same pending future, as a
+    store busy with a batch does; afterwards it is idle again.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: asyncio.Future[None] | None = None
+
+    def hold(self) -> asyncio.Future[None]:
+        assert self.pending is None, "already held"
+        self.pending = asyncio.get_running_loop().create_future()
+        return self.pending
+
+    def commit(self) -> asyncio.Future[None] | None:  # type: ignore[override]
+        return self.pending
+
+    def resolve(self) -> None:
+        """The held batch is durable; its callbacks run on the loop's next turn."""
+        assert self.pending is not None
+        self.pending.set_result(None)
+        self.pending = None
+
+    def fail(self) -> None:
+        assert self.pending is not None
+        self.pending.set_exception(OSError("disk full"))
+        self.pending = None
+
+
+async def turns(count: int = 5) -> None:
+    """Let the loop run ``count`` turns: callbacks of resolved futures, scheduled pumps."""
+    for _ in range(count):
+        await asyncio.sleep(0)
 
 
 class FakeTransport:
