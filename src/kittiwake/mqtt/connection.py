@@ -3,7 +3,9 @@ into packets.
 
 It never touches a socket: bytes go out through the :class:`Transport` it is given, and the
 asyncio shell in :mod:`kittiwake.mqtt.server` feeds it decoded packets. No delivery rule lives
-here: who gets what, at which QoS, is the broker's business.
+here: who gets what, at which QoS, is the broker's business; so is what must be durable before
+an answer goes out (each answer waits on the completion of the core call it reports, never on
+the store), and answers leave in the order of the packets they answer.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.completion import Completion, all_of
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
@@ -241,7 +244,7 @@ class MQTTConnection:
         will_message, will_delay, will_expiry = self._will_message(packet, client_id)
         self.client_id = client_id
         self.keepalive = keepalive
-        session, present = broker.connect(
+        session, present, completion = broker.connect(
             client_id,
             self,
             clean_start=packet.clean_start,
@@ -272,8 +275,35 @@ class MQTTConnection:
             ack_props.session_expiry_interval = requested_expiry
             if props.request_response_information == 1:
                 ack_props.response_information = f"response/{client_id}"
-        self._send(ConnAck(present, 0, ack_props), version)
+        connack = self._encode(ConnAck(present, 0, ack_props), version)
+        if completion is None:
+            self.transport.write(connack)
+            broker.start_delivery(session)
+            return
+        # The CONNACK waits for the session's state to be durable. Delivery starts now (so
+        # nothing routed meanwhile is sent twice), but everything written until the CONNACK
+        # leaves waits behind it: the CONNACK is the first packet a client receives.
+        held = _HeldOutput(self.transport)
+        self.transport = held
         broker.start_delivery(session)
+        self._answer(completion, b"", _CONNACK, then=lambda: self._connack_sent(held, connack))
+
+    def _connack_sent(self, held: _HeldOutput, connack: bytes) -> None:
+        self.transport = held.transport
+        held.transport.write(b"".join([connack, *held.writes]))
+        held.writes.clear()
+
+    def _refuse_unstored_connect(self) -> None:
+        """The session's state could not be stored: refuse, as for a server unavailable."""
+        log.error("client %s: session not stored (store write failed)", self.client_id)
+        held = self.transport
+        if isinstance(held, _HeldOutput):
+            self.transport = held.transport
+        if self.protocol_version == 5:
+            self._send(ConnAck(False, ReasonCode.SERVER_UNAVAILABLE), 5)
+        else:
+            self._send(ConnAck(False, ConnectReturnCode.SERVER_UNAVAILABLE), self.protocol_version)
+        self._close(publish_will=False)
 
     def _will_message(
         self, packet: Connect, client_id: str
@@ -344,7 +374,9 @@ class MQTTConnection:
         if qos == 2 and packet_id in session.incoming_qos2:
             # A resend of a publication we already own: exactly once means do not route again.
             # Its PUBREC is an acknowledgement like the first: only once the original is stored.
-            self._answer(self.broker.durable(), encode_ack(0x50, packet_id))
+            self._answer(
+                self.broker.incoming_qos2_resent(session, packet_id), encode_ack(0x50, packet_id)
+            )
             return
         if (
             qos
@@ -505,8 +537,9 @@ class MQTTConnection:
             # v5: a failing PUBREC ends the exchange; no PUBREL follows.
             self.broker.acknowledge(session, packet.packet_id)
             return
-        if self.broker.received(session, packet.packet_id):
-            self._answer(self.broker.durable(), encode_ack(0x62, packet.packet_id))
+        found, completion = self.broker.received(session, packet.packet_id)
+        if found:
+            self._answer(completion, encode_ack(0x62, packet.packet_id))
         else:
             code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if self.protocol_version == 5 else 0
             self._answer(None, self._encode(PubRel(packet.packet_id, code), self.protocol_version))
@@ -514,9 +547,9 @@ class MQTTConnection:
     def _on_pubrel(self, packet: PubRel) -> None:
         session = self.session
         assert session is not None
-        found = self.broker.release_incoming_qos2(session, packet.packet_id)
+        found, completion = self.broker.release_incoming_qos2(session, packet.packet_id)
         if found or self.protocol_version < 5:
-            self._answer(self.broker.durable(), encode_ack(0x70, packet.packet_id))
+            self._answer(completion, encode_ack(0x70, packet.packet_id))
         else:
             code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
             self._answer(None, self._encode(PubComp(packet.packet_id, code), 5))
@@ -536,6 +569,7 @@ class MQTTConnection:
             subscription_id = packet.properties.subscription_identifiers[0]
         codes: list[int] = []
         accepted = []
+        completion: Completion = None
         for request in packet.subscriptions:
             try:
                 group, _ = parse_shared(request.topic_filter)
@@ -564,6 +598,7 @@ class MQTTConnection:
             else:
                 codes.append(outcome.granted_qos)
                 accepted.append(outcome)
+                completion = all_of(completion, outcome.completion)
 
         def send_retained() -> None:
             # After the SUBACK, never before it.
@@ -571,7 +606,7 @@ class MQTTConnection:
                 self.broker.send_retained(subscribed)
 
         self._answer(
-            self.broker.durable() if session.persistent else None,
+            completion,
             self._encode(SubAck(packet.packet_id, codes), version),
             then=send_retained if accepted else None,
         )
@@ -580,12 +615,16 @@ class MQTTConnection:
         session = self.session
         assert session is not None
         codes: list[int] = []
+        completion: Completion = None
         for topic_filter in packet.topic_filters:
-            found = self.broker.unsubscribe(session, topic_filter)
+            found, removed = self.broker.unsubscribe(session, topic_filter)
             codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+            completion = all_of(completion, removed)
         if self.protocol_version < 5:
             codes = []
-        self._answer(None, self._encode(UnsubAck(packet.packet_id, codes), self.protocol_version))
+        self._answer(
+            completion, self._encode(UnsubAck(packet.packet_id, codes), self.protocol_version)
+        )
 
     # -- the rest -------------------------------------------------------------------------
 
@@ -780,7 +819,7 @@ class MQTTConnection:
 
     def _answer(
         self,
-        completion: Awaitable[None] | None,
+        completion: Completion,
         data: bytes,
         kind: int = 0,
         packet_id: int = 0,
@@ -791,8 +830,8 @@ class MQTTConnection:
         to -4) whatever each waits for. ``then`` runs right after it is written.
 
         ``kind`` says what a failed completion means: for a publication (_PUBACK, _PUBREC,
-        ``packet_id``) the client is told it was not stored; for anything else the connection
-        closes (the client resends after reconnecting).
+        ``packet_id``) the client is told it was not stored, a CONNACK becomes a refusal; for
+        anything else the connection closes (the client resends after reconnecting).
         """
         answers = self._answers
         if completion is None and not answers:
@@ -800,13 +839,12 @@ class MQTTConnection:
             if then is not None:
                 then()
             return
-        future = None if completion is None else asyncio.ensure_future(completion)
-        answers.append(_Answer(future, data, kind, packet_id, then))
+        answers.append(_Answer(completion, data, kind, packet_id, then))
         if kind == _PUBACK:
             self._awaiting_commit += 1
-        if future is not None and (future is not self._watched or future.done()):
-            self._watched = future
-            future.add_done_callback(self._answers_ready)
+        if completion is not None and (completion is not self._watched or completion.done()):
+            self._watched = completion
+            completion.add_done_callback(self._answers_ready)
 
     def _answers_ready(self, _completion: object = None) -> None:
         """Write every answer at the head of the line whose completion is done, together."""
@@ -848,7 +886,9 @@ class MQTTConnection:
         session = self.session
         if session is None:
             return
-        if answer.kind:
+        if answer.kind == _CONNACK:
+            self._refuse_unstored_connect()
+        elif answer.kind:
             self._refuse_unstored(session, 1 if answer.kind == _PUBACK else 2, answer.packet_id)
         else:
             log.error("client %s: state not stored (store write failed); closing", self.client_id)
@@ -865,9 +905,34 @@ class MQTTConnection:
 
 
 # Kinds of answer (see MQTTConnection._answer): the PUBACK of a QoS 1 publication, the PUBREC
-# of a QoS 2 one, anything else.
+# of a QoS 2 one, the CONNACK, anything else (0).
 _PUBACK = 1
 _PUBREC = 2
+_CONNACK = 3
+
+
+class _HeldOutput:
+    """Stands in for the transport while the CONNACK waits for its completion: what the
+    connection writes meanwhile waits here and follows the CONNACK."""
+
+    __slots__ = ("size", "transport", "writes")
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.writes: list[bytes] = []
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        self.size += len(data)
+
+    def close(self) -> None:
+        self.writes.clear()
+        self.transport.close()
+
+    def write_backlog(self) -> int:
+        # Held bytes count: a flood of QoS 0 meanwhile is dropped as for a slow reader.
+        return self.size + self.transport.write_backlog()
 
 
 class _Answer:

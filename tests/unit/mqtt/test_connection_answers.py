@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from conftest import ControlledStore, Wire, turns
+from connection_harness import ControlledStore, Wire, turns
 
 from kittiwake.broker.broker import Broker
 from kittiwake.clock import ManualClock
 from kittiwake.config import config_from_dict
 from kittiwake.mqtt.packets import (
+    ConnAck,
+    Connect,
+    Disconnect,
     Packet,
     PubAck,
     PubComp,
@@ -192,5 +195,106 @@ def test_a_failed_commit_answers_negatively_in_place() -> None:
         assert answers(got) == [("PubAck", 1), ("SubAck", 2)]
         assert got[0].reason_code >= 0x80  # type: ignore[attr-defined]
         assert not client.connection.closed
+
+    run(body)
+
+
+# -- CONNACK and UNSUBACK wait for the state they announce -----------------------------------
+
+
+def stored_session(broker: Broker, client_id: str, topic: str) -> None:
+    """A persistent 3.1.1 session subscribed to ``topic`` at QoS 1, then offline."""
+    wire = Wire(broker, 4)
+    wire.connect(client_id, clean_start=False)
+    subscribe(wire, topic, 1)
+    wire.send(Disconnect())
+    assert wire.connection.closed
+
+
+def test_connack_with_clean_start_over_a_stored_session_waits_for_its_deletion() -> None:
+    async def body(store: ControlledStore, broker: Broker) -> None:
+        stored_session(broker, "c", "t")
+        store.hold()
+        client = Wire(broker, 4)
+        client.send(Connect("c", protocol_version=4, clean_start=True))
+        subscribe(client, "u", 0, packet_id=2)  # sent before the CONNACK, as clients may
+        publisher = Wire(broker, 4)
+        publisher.connect("p")
+        publisher.send(Publish("u", b"live", 0))
+        await turns()
+        assert client.received() == [], "CONNACK before the stored session's deletion"
+        store.resolve()
+        await turns()
+        got = client.received()
+        assert isinstance(got[0], ConnAck) and not got[0].session_present
+        assert sorted(type(p).__name__ for p in got[1:]) == ["Publish", "SubAck"]
+
+    run(body)
+
+
+def test_a_resumed_session_gets_its_connack_before_its_queued_messages() -> None:
+    async def body(store: ControlledStore, broker: Broker) -> None:
+        stored_session(broker, "c", "t")
+        publisher = Wire(broker, 4)
+        publisher.connect("p")
+        for n in (1, 2):
+            publisher.send(Publish("t", b"%d" % n, 1, packet_id=n))
+        store.hold()
+        client = Wire(broker, 4)
+        client.send(Connect("c", protocol_version=4, clean_start=False))
+        await turns()
+        assert client.received() == []
+        store.resolve()
+        await turns()
+        got = client.received()
+        assert isinstance(got[0], ConnAck) and got[0].session_present
+        assert [p.payload for p in got[1:] if isinstance(p, Publish)] == [b"1", b"2"]
+
+    run(body)
+
+
+def test_unsuback_of_a_persistent_session_waits_for_its_commit() -> None:
+    async def body(store: ControlledStore, broker: Broker) -> None:
+        client = Wire(broker, 5)
+        client.connect("c", clean_start=False, properties=Properties(session_expiry_interval=60))
+        subscribe(client, "t", 1)
+        client.received()
+        store.hold()
+        client.send(Unsubscribe(2, ["t", "never-subscribed"]))
+        await turns()
+        assert client.received() == []
+        store.resolve()
+        await turns()
+        (unsuback,) = client.received()
+        assert isinstance(unsuback, UnsubAck) and unsuback.reason_codes == [0x00, 0x11]
+
+    run(body)
+
+
+def test_a_clean_session_needs_no_commit_for_connack_or_unsuback() -> None:
+    async def body(store: ControlledStore, broker: Broker) -> None:
+        store.hold()  # the store is busy with others' writes
+        client = Wire(broker, 4)
+        client.connect("c")  # asserts the CONNACK came at once
+        subscribe(client, "t", 1)
+        client.send(Unsubscribe(2, ["t"]))
+        assert answers(client.received()) == [("SubAck", 1), ("UnsubAck", 2)]
+        store.resolve()
+
+    run(body)
+
+
+def test_a_failed_session_commit_refuses_the_connection() -> None:
+    async def body(store: ControlledStore, broker: Broker) -> None:
+        stored_session(broker, "c", "t")
+        store.hold()
+        client = Wire(broker, 5)
+        expiry = Properties(session_expiry_interval=60)
+        client.send(Connect("c", protocol_version=5, clean_start=False, properties=expiry))
+        store.fail()
+        await turns()
+        got = client.received()
+        assert [(type(p).__name__, p.reason_code) for p in got] == [("ConnAck", 0x88)]  # type: ignore[attr-defined]
+        assert client.transport.closed
 
     run(body)

@@ -8,7 +8,7 @@ count it dropped, not sent.
 from __future__ import annotations
 
 import pytest
-from conftest import Wire
+from connection_harness import Wire
 
 from kittiwake.broker.broker import Broker
 from kittiwake.clock import ManualClock
