@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from kittiwake import __version__
 from kittiwake.broker.authorization import Authorizer
-from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome, completion_of
+from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.delivery import delivery_level
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import MessageQueue, QueuedMessage
@@ -550,22 +550,21 @@ class Broker:
             for session in touched:
                 self.pump_soon(session)
             return drained
-        future = asyncio.ensure_future(commit)
         if touched:
             message.awaiting_commit = True
             # One callback per commit, however many publications it holds.
-            held = self._held_for_commit.get(future)
+            held = self._held_for_commit.get(commit)
             if held is None:
-                held = self._held_for_commit[future] = []
-                future.add_done_callback(self._after_commit)
+                held = self._held_for_commit[commit] = []
+                commit.add_done_callback(self._after_commit)
             held.append((message, touched))
         if drained is None:
-            return future
-        return self._commit_and_drain(future, drained)
+            return commit
+        return self._commit_and_drain(commit, drained)
 
     def _durable(self) -> Completion:
         """Completes once every state change made so far is durable."""
-        return completion_of(self.store.commit())
+        return self.store.commit()
 
     def _flow_control(self, touched: list[Session]) -> asyncio.Future[None] | None:
         """A future that resolves once every congested receiver has drained, or None.
@@ -862,7 +861,7 @@ class Broker:
                         ):
                             consumer.deliver(delivery_id, entry)
 
-                    asyncio.ensure_future(commit).add_done_callback(send)
+                    commit.add_done_callback(send)
                     return
         consumer.deliver(delivery_id, entry)
 
@@ -875,7 +874,7 @@ class Broker:
         completion = None
         if entry.persistent and session.persistent:
             self.store.release(session.client_id, entry.message.message_id)
-            completion = self._durable()
+            completion = self.store.commit()  # _durable(), without a call per acknowledgement
         if session.queue.count:
             self.pump_soon(session)
         return True, completion

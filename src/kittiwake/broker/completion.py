@@ -3,14 +3,13 @@
 None when nothing needs to wait; else a future that completes once it is (and fails if the
 store failed). Only the core decides which operation waits for what; a front end waits on the
 completion before it answers and never asks the store itself. Nothing here may create a task,
-or a future per message: a completion is the store's commit future, shared by every operation
-of its batch.
+or a future per message: a completion is the store's commit future (``Store.commit()``), shared by
+every operation of its batch.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from typing import TypeAlias
 
 Completion: TypeAlias = "asyncio.Future[None] | None"
@@ -20,13 +19,6 @@ Completion: TypeAlias = "asyncio.Future[None] | None"
 # durable (None when there was none: nothing changed, nothing to wait for).
 Outcome: TypeAlias = "tuple[bool, Completion]"
 NOT_FOUND: Outcome = (False, None)
-
-
-def completion_of(barrier: Awaitable[None] | None) -> Completion:
-    """The store's durability barrier (``Store.commit()``) as a completion."""
-    if barrier is None or isinstance(barrier, asyncio.Future):
-        return barrier  # the common case, without ensure_future's cost on every settlement
-    return asyncio.ensure_future(barrier)
 
 
 def all_of(first: Completion, second: Completion) -> Completion:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import Completion, all_of
@@ -839,7 +839,7 @@ class MQTTConnection:
             if then is not None:
                 then()
             return
-        answers.append(_Answer(completion, data, kind, packet_id, then))
+        answers.append((completion, data, kind, packet_id, then))
         if kind == _PUBACK:
             self._awaiting_commit += 1
         if completion is not None and (completion is not self._watched or completion.done()):
@@ -852,26 +852,25 @@ class MQTTConnection:
         ready: list[bytes] = []
         succeeded: asyncio.Future[None] | None = None
         while answers and not self.closed:
-            answer = answers[0]
-            completion = answer.completion
+            completion, data, kind, packet_id, then = answers[0]
             if completion is not None and completion is not succeeded:
                 if not completion.done():
                     break
                 if completion.cancelled() or completion.exception() is not None:
                     answers.popleft()
-                    if answer.kind == _PUBACK:
+                    if kind == _PUBACK:
                         self._awaiting_commit -= 1
                     self._write_all(ready)
-                    self._answer_failed(answer)
+                    self._answer_failed(kind, packet_id)
                     continue
                 succeeded = completion
             answers.popleft()
-            if answer.kind == _PUBACK:
+            if kind == _PUBACK:
                 self._awaiting_commit -= 1
-            ready.append(answer.data)
-            if answer.then is not None:
+            ready.append(data)
+            if then is not None:
                 self._write_all(ready)
-                answer.then()
+                then()
         if self.closed:
             answers.clear()
             return
@@ -882,14 +881,14 @@ class MQTTConnection:
             self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
             ready.clear()
 
-    def _answer_failed(self, answer: _Answer) -> None:
+    def _answer_failed(self, kind: int, packet_id: int) -> None:
         session = self.session
         if session is None:
             return
-        if answer.kind == _CONNACK:
+        if kind == _CONNACK:
             self._refuse_unstored_connect()
-        elif answer.kind:
-            self._refuse_unstored(session, 1 if answer.kind == _PUBACK else 2, answer.packet_id)
+        elif kind:
+            self._refuse_unstored(session, 1 if kind == _PUBACK else 2, packet_id)
         else:
             log.error("client %s: state not stored (store write failed); closing", self.client_id)
             self._close(publish_will=False)
@@ -904,8 +903,13 @@ class MQTTConnection:
         self.transport.close()
 
 
-# Kinds of answer (see MQTTConnection._answer): the PUBACK of a QoS 1 publication, the PUBREC
-# of a QoS 2 one, the CONNACK, anything else (0).
+# One answer waiting to be written (see MQTTConnection._answer): its completion, its bytes, its
+# kind, the packet id it answers (publications) and what runs once it is written. A tuple: one
+# is made per acknowledged publication.
+_Answer: TypeAlias = tuple[Completion, bytes, int, int, "Callable[[], None] | None"]
+
+# Kinds of answer: the PUBACK of a QoS 1 publication, the PUBREC of a QoS 2 one, the CONNACK,
+# anything else (0).
 _PUBACK = 1
 _PUBREC = 2
 _CONNACK = 3
@@ -933,26 +937,6 @@ class _HeldOutput:
     def write_backlog(self) -> int:
         # Held bytes count: a flood of QoS 0 meanwhile is dropped as for a slow reader.
         return self.size + self.transport.write_backlog()
-
-
-class _Answer:
-    """One answer waiting to be written (see MQTTConnection._answer)."""
-
-    __slots__ = ("completion", "data", "kind", "packet_id", "then")
-
-    def __init__(
-        self,
-        completion: asyncio.Future[None] | None,
-        data: bytes,
-        kind: int,
-        packet_id: int,
-        then: Callable[[], None] | None,
-    ) -> None:
-        self.completion = completion
-        self.data = data
-        self.kind = kind
-        self.packet_id = packet_id
-        self.then = then
 
 
 # Key of a message's cached 5.0 property block in Message.encoded.
