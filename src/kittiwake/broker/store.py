@@ -7,10 +7,10 @@ group commit) implements the same protocol, so the core never changes when it sl
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kittiwake.broker.completion import Completion
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 
@@ -116,8 +116,9 @@ class Store(Protocol):
 
     def remove_incoming_qos2(self, client_id: str, packet_id: int) -> None: ...
 
-    def commit(self) -> Awaitable[None] | None:
-        """A barrier: None when everything so far is already durable, else an awaitable."""
+    def commit(self) -> Completion:
+        """A barrier: None when everything so far is already durable, else the future of the
+        batch that holds it (one per batch, shared by every caller: never one per call)."""
 
     def recover(self) -> RecoveredState: ...
 
@@ -204,7 +205,7 @@ class MemoryStore:
         if ids is not None:
             ids.discard(packet_id)
 
-    def commit(self) -> Awaitable[None] | None:
+    def commit(self) -> Completion:
         return None
 
     def recover(self) -> RecoveredState:
