@@ -264,7 +264,9 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_broker_kill9(
     process = broker(flight=True, journal=JOURNAL)
     url = process.flight_url
     prefix = unique("kill")
-    first = [(f"{prefix}/a", f"before {i}".encode()) for i in range(120)]
+    # 15 micro-batches of 10 (each takes a good fraction of a second): the kill, after the
+    # third, lands mid-stream.
+    first = [(f"{prefix}/a", f"before {i}".encode()) for i in range(150)]
     second = [(f"{prefix}/b", f"after {i}".encode()) for i in range(60)]
     publish(paho, process.address, first)
     df = stream(spark, url, f"{prefix}/#", 0, maxOffsetsPerTrigger="10")
