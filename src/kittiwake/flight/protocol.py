@@ -15,10 +15,10 @@ import pyarrow as pa
 
 from kittiwake.broker.topics import TopicError, validate_topic_filter
 
-# One journal today (one per node later): offsets are per partition, and this is its number.
-PARTITION = 0
-# The first offset a journal hands out: below it nothing ever existed, so nothing was lost.
-FIRST_OFFSET = 1
+# The journal's partition and first offset, as clients see them (re-exported).
+from kittiwake.store.journal_reader import FIRST_OFFSET as FIRST_OFFSET
+from kittiwake.store.journal_reader import PARTITION as PARTITION
+
 # Actions: the committed high-water mark and the retention's start, per partition; and the
 # first offset at or after a wall-clock time.
 ACTION_LATEST = "latest"

@@ -27,9 +27,9 @@ FIRST_OFFSET = 1
 # A chunk of a range read closes at whichever comes first (bounds a Flight message's size).
 CHUNK_ROWS = 16384
 CHUNK_BYTES = 8 * 1024 * 1024
-_PAYLOAD = operator.itemgetter(2)
 # Rows fetched from SQLite per call while a chunk fills.
 _FETCH_ROWS = 4096
+_PAYLOAD = operator.itemgetter(2)
 # How long a read waits for the writer's lock in the rare cases WAL readers wait (checkpoint
 # restart of the WAL file), in milliseconds.
 _BUSY_TIMEOUT_MS = 5000
