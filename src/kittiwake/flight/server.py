@@ -73,8 +73,9 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
     ) -> None:
         self.reader = reader
         self._authorizer = authorizer
+        address = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
         super().__init__(
-            f"grpc://{host}:{port}",
+            f"grpc://{address}:{port}",
             middleware={_AUTH_MIDDLEWARE: _AuthMiddlewareFactory(authenticator)},
         )
 
