@@ -301,3 +301,48 @@ def test_a_flight_listener_needs_the_disk_store(tmp_path: Any) -> None:
     )
     with pytest.raises(FlightUnavailable, match="sqlite"):
         BrokerApp(config)
+
+
+def test_a_read_resumes_after_a_broker_kill9_with_every_offset_once(
+    broker: Callable[..., BrokerProcess], tmp_path: Any
+) -> None:
+    """The data source's client reads a range larger than gRPC buffers; the broker is killed
+    (-9) after the first batch and restarted on the same address: the read resumes after the
+    last offset received, and yields every offset of the range exactly once."""
+    from kittiwake.broker.message import Message
+    from kittiwake.spark.client import JournalClient
+    from kittiwake.spark.options import SourceOptions
+    from kittiwake.store.sqlite import SQLiteStore
+
+    count = 200_000
+    process = BrokerProcess(tmp_path / "resume", flight=True, journal=JOURNAL)
+
+    async def fill() -> None:  # the broker's own store code writes the journal it will serve
+        store = SQLiteStore(
+            process.workdir / "data", journal_retention_seconds=3600, synchronous="NORMAL"
+        )
+        for first in range(0, count, 5000):
+            for i in range(first, first + 5000):
+                store.journal(Message(f"bulk/{i % 7}", b"p" * 100, qos=1, persistent=True))
+            commit = store.commit()
+            if commit is not None:
+                await commit
+        store.close()
+
+    asyncio.run(fill())
+    process.start()
+    try:
+        client = JournalClient(
+            SourceOptions.parse({"url": process.flight_url, "retryTimeoutMs": "30000"})
+        )
+        earliest, high_water = client.bounds()
+        assert high_water - earliest == count
+        batches = client.read(earliest, high_water)
+        offsets = next(batches).column("offset").to_pylist()
+        process.kill()
+        process.restart()
+        for batch in batches:
+            offsets += batch.column("offset").to_pylist()
+    finally:
+        process.stop()
+    assert offsets == list(range(earliest, high_water))
