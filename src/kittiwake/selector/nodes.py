@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+# Every node's ``column`` is where its expression starts in the text (1-based), so an error
+# about a whole operand points at its beginning.
+
 
 class Kind(Enum):
     """What a node yields, as far as the selector text alone can tell."""

@@ -186,17 +186,17 @@ class _Parser:
         return left
 
     def _between(self, operand: Node, negated: bool) -> Node:
-        keyword = self._advance()
+        self._advance()
         _require_number(operand, "BETWEEN")
         low = self._additive()
         _require_number(low, "BETWEEN")
         self._expect_word("AND", "expected AND between the bounds of BETWEEN")
         high = self._additive()
         _require_number(high, "BETWEEN")
-        return Between(operand, low, high, negated, keyword.column)
+        return Between(operand, low, high, negated, operand.column)
 
     def _like(self, operand: Node, negated: bool) -> Node:
-        keyword = self._advance()
+        self._advance()
         _require_string(operand, "LIKE")
         pattern = self._expect_string("LIKE takes a string literal pattern, as in name LIKE 'a%'")
         escape: Token | None = None
@@ -214,10 +214,10 @@ class _Parser:
             compile_like(str(pattern.value), escape_char)
         except LikePatternError as error:
             raise InvalidSelector(str(error), pattern.column) from None
-        return Like(operand, str(pattern.value), escape_char, negated, keyword.column)
+        return Like(operand, str(pattern.value), escape_char, negated, operand.column)
 
     def _in(self, operand: Node, negated: bool) -> Node:
-        keyword = self._advance()
+        self._advance()
         _require_string(operand, "IN")
         self._expect_operator("(", "expected '(' after IN")
         reason = "IN takes a list of string literals, as in Country IN ('UK', 'US')"
@@ -226,7 +226,7 @@ class _Parser:
             self._advance()
             values.append(str(self._expect_string(reason).value))
         self._expect_operator(")", "expected ',' or ')' in the IN list")
-        return InList(operand, frozenset(values), negated, keyword.column)
+        return InList(operand, frozenset(values), negated, operand.column)
 
     def _additive(self) -> Node:
         first = self._multiplicative()
@@ -294,7 +294,7 @@ class _Parser:
                     "NULL can only be tested with IS NULL or IS NOT NULL", token.column
                 )
             raise InvalidSelector(
-                f"expected a value, found reserved word {token.text} "
+                f"expected a value, found {token.describe()} "
                 "(reserved words cannot be used as property names)",
                 token.column,
             )
@@ -377,4 +377,4 @@ def _comparison(operator: str, left: Node, right: Node, column: int) -> Node:
                     "compared with = and <>",
                     operand.column,
                 )
-    return Comparison(operator, left, right, column)
+    return Comparison(operator, left, right, left.column)
