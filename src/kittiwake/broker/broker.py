@@ -507,9 +507,8 @@ class Broker:
 
     def publish(self, message: Message) -> asyncio.Future[None] | None:
         """Accept a publication; returns None when it is already safe, else a commit to await."""
-        now = self.clock.now()
         if not message.created:
-            message.created = now
+            message.created = self.clock.now()
         self.stats.messages_received += 1
         if message.persistent and not message.message_id:
             self.store.journal(message)

@@ -10,7 +10,7 @@ import base64
 import json
 from typing import Any
 
-from kittiwake.broker.message import Message
+from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields, PropertyType
 from kittiwake.broker.store import SessionRecord, SubscriptionRecord
 
 
@@ -18,17 +18,19 @@ def message_properties_json(message: Message) -> str:
     """The optional parts of a message, as one JSON document (most are empty)."""
     doc: dict[str, Any] = {}
     if message.properties:
-        doc["p"] = message.properties
-    if message.user_properties:
-        doc["u"] = message.user_properties
-    if message.content_type is not None:
-        doc["ct"] = message.content_type
-    if message.response_topic is not None:
-        doc["rt"] = message.response_topic
-    if message.correlation_data is not None:
-        doc["cd"] = base64.b64encode(message.correlation_data).decode()
-    if message.payload_format_indicator is not None:
-        doc["pf"] = message.payload_format_indicator
+        doc["p"] = [[n, v, int(t)] for n, v, t in message.properties.typed_items()]
+    fields = message.mqtt5
+    if fields is not None:
+        if fields.user_properties:
+            doc["u"] = fields.user_properties
+        if fields.content_type is not None:
+            doc["ct"] = fields.content_type
+        if fields.response_topic is not None:
+            doc["rt"] = fields.response_topic
+        if fields.correlation_data is not None:
+            doc["cd"] = base64.b64encode(fields.correlation_data).decode()
+        if fields.payload_format_indicator is not None:
+            doc["pf"] = fields.payload_format_indicator
     return json.dumps(doc, separators=(",", ":")) if doc else ""
 
 
@@ -36,13 +38,18 @@ def apply_message_properties(message: Message, text: str) -> None:
     if not text:
         return
     doc = json.loads(text)
-    message.properties = doc.get("p", {})
-    message.user_properties = [tuple(pair) for pair in doc.get("u", [])]
-    message.content_type = doc.get("ct")
-    message.response_topic = doc.get("rt")
-    if "cd" in doc:
-        message.correlation_data = base64.b64decode(doc["cd"])
-    message.payload_format_indicator = doc.get("pf")
+    if "p" in doc:
+        message.properties = MessageProperties(
+            (n, v, PropertyType(t)) for n, v, t in doc["p"]
+        )
+    if doc.keys() - {"p"}:
+        message.mqtt5 = MQTT5Fields(
+            doc.get("pf"),
+            doc.get("ct"),
+            doc.get("rt"),
+            base64.b64decode(doc["cd"]) if "cd" in doc else None,
+            [(name, value) for name, value in doc.get("u", [])],
+        )
 
 
 def to_wall(clock_time: float | None, offset: float) -> float | None:

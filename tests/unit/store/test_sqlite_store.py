@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
-from kittiwake.broker.message import Message
+from kittiwake.broker.message import Message, MQTT5Fields
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
 from kittiwake.broker.store import (
@@ -98,9 +98,12 @@ def test_journalled_and_queued_message_survives_reopen(tmp_path: Path) -> None:
         m = message(
             "sensors/1/temp", b"\x00\x01binary\xff", qos=2, retain=True,
             created=clock.now(), expiry=clock.now() + 3600,
-            user_properties=[("k", "v"), ("k", "v2")], content_type="text/plain",
-            response_topic="reply/here", correlation_data=b"\x01corr",
-            payload_format_indicator=1, origin="pub-1",
+            mqtt5=MQTT5Fields(
+                content_type="text/plain", response_topic="reply/here",
+                correlation_data=b"\x01corr", payload_format_indicator=1,
+                user_properties=[("k", "v"), ("k", "v2")],
+            ),
+            origin="pub-1",
         )
         store.journal(m)
         assert m.message_id > 0
@@ -115,11 +118,12 @@ def test_journalled_and_queued_message_survives_reopen(tmp_path: Path) -> None:
     assert (got.topic, got.payload, got.qos, got.retain, got.persistent) == (
         "sensors/1/temp", b"\x00\x01binary\xff", 2, True, True,
     )
-    assert got.user_properties == [("k", "v"), ("k", "v2")]
-    assert got.content_type == "text/plain"
-    assert got.response_topic == "reply/here"
-    assert got.correlation_data == b"\x01corr"
-    assert got.payload_format_indicator == 1
+    assert got.mqtt5 is not None
+    assert got.mqtt5.user_properties == [("k", "v"), ("k", "v2")]
+    assert got.mqtt5.content_type == "text/plain"
+    assert got.mqtt5.response_topic == "reply/here"
+    assert got.mqtt5.correlation_data == b"\x01corr"
+    assert got.mqtt5.payload_format_indicator == 1
     assert got.origin == "pub-1"
     # Times are stored as wall time: an hour of expiry is still (about) an hour away.
     assert got.expiry is not None
@@ -153,7 +157,10 @@ def test_delivery_state_and_count_survive_reopen(tmp_path: Path) -> None:
 
 def test_session_record_with_subscriptions_and_will_survives_reopen(tmp_path: Path) -> None:
     clock = ManualClock()
-    will = message("wills/c1", b"gone", qos=1, retain=True, user_properties=[("why", "lost")])
+    will = message(
+        "wills/c1", b"gone", qos=1, retain=True,
+        mqtt5=MQTT5Fields(user_properties=[("why", "lost")]),
+    )
     record = SessionRecord(
         client_id="c1",
         expiry_interval=3600,
@@ -185,7 +192,7 @@ def test_session_record_with_subscriptions_and_will_survives_reopen(tmp_path: Pa
     assert (got.will.topic, got.will.payload, got.will.qos, got.will.retain) == (
         "wills/c1", b"gone", 1, True,
     )
-    assert got.will.user_properties == [("why", "lost")]
+    assert got.will.mqtt5 == MQTT5Fields(user_properties=[("why", "lost")])
     assert sessions["c2"].expiry_interval == 0xFFFFFFFF
     assert sessions["c2"].will is None
 
@@ -963,7 +970,7 @@ def test_one_turn_is_stored_whole_even_past_max_batch(tmp_path: Path) -> None:
 IO_ERROR_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, resource, sys
-    from kittiwake.broker.message import Message
+    from kittiwake.broker.message import Message, MQTT5Fields
     from kittiwake.broker.queues import QueuedMessage
     from kittiwake.store.sqlite import SQLiteStore, StoreWriteError
 
