@@ -28,6 +28,8 @@ from kittiwake.broker.sessions import (
     SessionConsumer,
     SharedGroup,
     Subscription,
+    session_producer_name,
+    session_queue_name,
 )
 from kittiwake.broker.store import MemoryStore, SessionRecord, Store, SubscriptionRecord
 from kittiwake.broker.topic_tree import TopicTree
@@ -169,15 +171,19 @@ class Broker:
                     stored.subscription_id,
                 )
                 self._attach_subscription(session, stored.topic_filter, options)
-            session.incoming_qos2 = set(state.incoming_qos2.get(record.client_id, ()))
+            session.incoming_qos2 = {
+                int(key)
+                for key in state.duplicates.get(session_producer_name(record.client_id), ())
+            }
             if session.expiry_interval != NEVER_EXPIRES:
                 session.expires_at = now + session.expiry_interval
             if session.will is not None:
                 session.will_at = now + session.will_delay
             self._detach(session)
         recovered = 0
+        by_queue = {session.queue.name: session for session in self.sessions.values()}
         for queued in state.queued:
-            owner = self.sessions.get(queued.client_id)
+            owner = by_queue.get(queued.queue)
             stored_message = state.messages.get(queued.message_id)
             if owner is None or stored_message is None:
                 continue
@@ -254,7 +260,7 @@ class Broker:
         if session.persistent:
             self._save_session(session)
         elif was_persistent:
-            self.store.delete_session(client_id)
+            self._forget_stored_session(session)
         return session, session_present
 
     def assign_client_id(self) -> str:
@@ -296,7 +302,7 @@ class Broker:
         if session.persistent:
             self._save_session(session)
         elif was_persistent:
-            self.store.delete_session(session.client_id)
+            self._forget_stored_session(session)
 
     def _end_connection(
         self, session: Session, *, publish_will: bool, now: float, keep_will: bool = False
@@ -339,7 +345,7 @@ class Broker:
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         if session.persistent:  # a session that ends with its connection was never stored
-            self.store.delete_session(session.client_id)
+            self._forget_stored_session(session)
         log.debug("session %s ended", session.client_id)
 
     def _publish_will(self, session: Session) -> None:
@@ -758,14 +764,14 @@ class Broker:
         for victim in victims:
             self.stats.messages_dropped += 1
             if victim.persistent and session.persistent:
-                self.store.release(session.client_id, victim.message.message_id)
+                self.store.remove(session.queue.name, victim.message.message_id)
         if not accepted:
             self.stats.messages_dropped += 1
             return False
         if stored:
             if entry.message.message_id == 0:
                 self.store.journal(entry.message)
-            self.store.enqueue(session.client_id, entry)
+            self.store.enqueue(session.queue.name, entry)
         return True
 
     # -- delivery -------------------------------------------------------------------------
@@ -798,7 +804,7 @@ class Broker:
             self._delayed.add(session)
         for dead in expired:  # expired while queued: the store must forget them too
             if stored and dead.persistent:
-                self.store.release(session.client_id, dead.message.message_id)
+                self.store.remove(session.queue.name, dead.message.message_id)
         if queue.counters.expired:
             self.stats.messages_dropped += queue.counters.expired
             queue.counters.expired = 0
@@ -813,7 +819,7 @@ class Broker:
         self.stats.messages_sent += 1
         if stored:
             self.store.mark_delivery(
-                session.client_id,
+                session.queue.name,
                 entry.message.message_id,
                 delivery_id,
                 "sent",
@@ -846,7 +852,7 @@ class Broker:
             return False
         entry = inflight.entry
         if entry.persistent and session.persistent:
-            self.store.release(session.client_id, entry.message.message_id)
+            self.store.remove(session.queue.name, entry.message.message_id)
         if session.queue.count:
             self.pump_soon(session)
         return True
@@ -860,7 +866,7 @@ class Broker:
         entry = inflight.entry
         if entry.persistent and session.persistent:
             self.store.mark_delivery(
-                session.client_id, entry.message.message_id, delivery_id, "received"
+                session.queue.name, entry.message.message_id, delivery_id, "received"
             )
         return True
 
@@ -870,7 +876,7 @@ class Broker:
             return False
         session.incoming_qos2.add(packet_id)
         if session.persistent:
-            self.store.add_incoming_qos2(session.client_id, packet_id)
+            self.store.add_duplicate(session_producer_name(session.client_id), packet_id)
         return True
 
     def release_incoming_qos2(self, session: Session, packet_id: int) -> bool:
@@ -879,7 +885,7 @@ class Broker:
             return False
         session.incoming_qos2.discard(packet_id)
         if session.persistent:
-            self.store.remove_incoming_qos2(session.client_id, packet_id)
+            self.store.remove_duplicate(session_producer_name(session.client_id), packet_id)
         return True
 
     # -- helpers --------------------------------------------------------------------------
@@ -887,11 +893,17 @@ class Broker:
     def _new_queue(self, client_id: str) -> MessageQueue:
         limits = self.config.limits
         return MessageQueue(
-            f"session:{client_id}",
+            session_queue_name(client_id),
             max_messages=limits.max_queued_messages,
             max_bytes=limits.max_queued_bytes,
             policy=limits.queue_full_policy,
         )
+
+    def _forget_stored_session(self, session: Session) -> None:
+        """Drop everything stored for a session: its record, its queue, its QoS 2 state."""
+        self.store.delete_session(session.client_id)
+        self.store.delete_queue(session.queue.name)
+        self.store.delete_duplicates(session_producer_name(session.client_id))
 
     def _save_session(self, session: Session) -> None:
         self.store.save_session(
