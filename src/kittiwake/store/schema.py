@@ -147,7 +147,7 @@ def _to_version_4(connection: sqlite3.Connection) -> None:
         )
         if record["w"] is not None:
             will = _v3_message(record["w"])
-            will.timestamp = 0  # v3 stored a time for a will never published: it has none
+            will.created = 0.0  # v3 stored a time for a will never published: it has none
             connection.execute(
                 "INSERT INTO wills VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (client_id, *message_row(will, 0.0)),
