@@ -824,6 +824,24 @@ def test_migration_from_a_version_2_database_keeps_its_queue(tmp_path: Path) -> 
     assert [r.message_id for r in state.queued] == [7, 8]
 
 
+def test_a_version_3_row_that_cannot_be_upgraded_stops_the_start_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    for version in (1, 2, 3):
+        for statement in MIGRATIONS[version]:
+            connection.execute(statement)
+    connection.execute("INSERT INTO meta VALUES ('schema_version', '3')")
+    connection.execute("INSERT INTO sessions VALUES ('c', '{not json')")
+    connection.close()
+    error = assert_refused(tmp_path)
+    assert "cannot be upgraded from schema version 3" in str(error)
+    assert schema_version(tmp_path) == 3
+    assert "queued" in tables(tmp_path) and "queue_entries" not in tables(tmp_path)
+
+
 def test_reopening_a_current_database_does_not_migrate_again(tmp_path: Path) -> None:
     async def body() -> None:
         store = SQLiteStore(tmp_path, clock=ManualClock())
