@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kittiwake.clock import Clock, ManualClock, MonotonicClock
@@ -64,8 +66,6 @@ def test_manual_wall_clock_starts_at_a_fixed_epoch() -> None:
 
 def test_monotonic_wall_clock_is_milliseconds_since_the_epoch() -> None:
     """The production wall clock reads the system time, in whole milliseconds."""
-    import time
-
     before = time.time_ns() // 1_000_000
     reading = MonotonicClock().wall_ms()
     after = time.time_ns() // 1_000_000

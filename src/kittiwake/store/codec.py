@@ -227,8 +227,10 @@ def message_columns(message: Message, clock_to_wall_ms: float) -> tuple[Any, ...
         message.topic,
         message.payload,
         message.qos,
-        int(message.retain),
-        int(message.persistent),
+        # Booleans as they are: sqlite3 binds them as the integers 1 and 0 (no int() call on
+        # the per-message path).
+        message.retain,
+        message.persistent,
         message.priority,
         timestamp,
         None if expiry is None else round(expiry * 1000 + clock_to_wall_ms),

@@ -284,7 +284,7 @@ class SQLiteStore:
                 queue,
                 message_id,
                 entry.qos,
-                int(entry.retain),
+                entry.retain,
                 subscription_ids_text(ids) if ids else "",
                 entry.delivery_count,
                 *columns,
