@@ -284,7 +284,7 @@ class SQLiteStore:
                 queue,
                 message_id,
                 entry.qos,
-                entry.retain,
+                1 if entry.retain else 0,
                 subscription_ids_text(ids) if ids else "",
                 entry.delivery_count,
                 *columns,
