@@ -53,7 +53,7 @@ DATABASE_FILE = "kittiwake.db"
 # share a run, so the writer thread hands each run to executemany (one C loop, not one call
 # per row).
 Operation = tuple[str, list[tuple[Any, ...]]]
-# How often released messages are swept out of the journal (clock seconds).
+# How often the journal is swept of messages no queue entry needs any more (clock seconds).
 SWEEP_INTERVAL = 1.0
 # How long a lazy delivery mark waits for its acknowledgement before it is written (clock
 # seconds): most QoS 1 deliveries are acknowledged sooner, and then it is never written at all.
