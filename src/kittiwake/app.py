@@ -74,12 +74,19 @@ def open_store(config: StoreConfig, clock: Clock | None) -> Store:
 
 
 async def serve(config: Config) -> None:
-    """Run until SIGINT or SIGTERM."""
-    app = BrokerApp(config)
-    await app.start()
+    """Run until SIGINT or SIGTERM.
+
+    The signal handlers come first, before the store opens or anything listens: a stop
+    requested at any moment of start-up is then a graceful stop once start-up is done, never
+    the signal's default action (death without closing the store).
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await app.stop()
+    app = BrokerApp(config)
+    try:
+        await app.start()
+        await stop.wait()
+    finally:
+        await app.stop()

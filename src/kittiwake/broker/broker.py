@@ -1,8 +1,10 @@
 """The protocol-free broker: sessions, subscriptions, routing, retained messages, wills.
 
 Publish path: route (topic tree) → filter (noLocal) → enqueue on each matching session →
-persist (when persistent) → acknowledge the publisher (the caller awaits the commit) →
-dispatch to consumers. Runs on one event loop and never blocks; it holds no locks.
+persist (when persistent) → acknowledge the publisher (the caller waits on the completion
+publish returns) → dispatch to consumers. Every operation a client is answered for returns a
+completion (see completion.py): this module alone decides what must be durable first. Runs on
+one event loop and never blocks; it holds no locks.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import asyncio
 import heapq
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from kittiwake import __version__
 from kittiwake.broker.authorization import Authorizer
+from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.delivery import delivery_level
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import MessageQueue, QueuedMessage
@@ -66,10 +70,12 @@ class SubscriptionOptions:
 
 @dataclass(slots=True)
 class Subscribed:
-    """A subscription that was accepted; ``new`` is False when it replaced an existing one."""
+    """A subscription that was accepted; ``new`` is False when it replaced an existing one;
+    ``completion`` says when it is durable."""
 
     subscription: Subscription
     new: bool
+    completion: Completion = None
 
     @property
     def granted_qos(self) -> int:
@@ -86,6 +92,15 @@ class BrokerStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     clients_connected: int = 0
+
+
+class Connected(NamedTuple):
+    """A connection attached to its session; ``completion`` says when the session as
+    announced (present or not, deleted by a clean start, stored) is durable."""
+
+    session: Session
+    present: bool
+    completion: Completion
 
 
 TreeEntry = Subscription | SharedGroup
@@ -220,10 +235,12 @@ class Broker:
         will: Message | None = None,
         will_delay: int = 0,
         will_expiry: int | None = None,
-    ) -> tuple[Session, bool]:
-        """Attach a connection to its session; returns the session and session-present."""
+    ) -> Connected:
+        """Attach a connection to its session."""
         now = self.clock.now()
         existing = self.sessions.get(client_id)
+        # Whether the store was asked to change anything: then the answer waits for it.
+        stored = existing is not None and existing.persistent
         if existing is not None and existing.consumer is not None:
             old = existing.consumer
             log.info("client %s: session taken over by a new connection", client_id)
@@ -259,9 +276,10 @@ class Broker:
         self.stats.clients_connected += 1
         if session.persistent:
             self._save_session(session)
+            stored = True
         elif was_persistent:
             self._forget_stored_session(session)
-        return session, session_present
+        return Connected(session, session_present, self._durable() if stored else None)
 
     def assign_client_id(self) -> str:
         """A unique id for a client that connected without one."""
@@ -272,7 +290,11 @@ class Broker:
                 return candidate
 
     def start_delivery(self, session: Session) -> None:
-        """After the connection is acknowledged: resend what was in flight, then the queue."""
+        """Once the connection is accepted: resend what was in flight, then the queue.
+
+        The front end calls this when it has sent its acceptance, or has arranged that what
+        the consumer sends from now on follows it (the acceptance may wait for a completion).
+        """
         consumer = session.consumer
         if consumer is None:
             return
@@ -295,7 +317,7 @@ class Broker:
             session, publish_will=publish_will, now=self.clock.now(), keep_will=keep_will
         )
 
-    def set_session_expiry(self, session: Session, expiry_interval: int) -> None:
+    def set_session_expiry(self, session: Session, expiry_interval: int) -> Completion:
         """A v5 DISCONNECT may change the expiry interval."""
         was_persistent = session.persistent
         session.expiry_interval = expiry_interval
@@ -303,6 +325,9 @@ class Broker:
             self._save_session(session)
         elif was_persistent:
             self._forget_stored_session(session)
+        else:
+            return None
+        return self._durable()
 
     def _end_connection(
         self, session: Session, *, publish_will: bool, now: float, keep_will: bool = False
@@ -429,18 +454,20 @@ class Broker:
             self.routing_generation += 1
         else:
             subscription = self._attach_subscription(session, full_filter, options)
-        if session.persistent:
-            self._save_session(session)
-        return Subscribed(subscription, existing is None)
+        if not session.persistent:
+            return Subscribed(subscription, existing is None)
+        self._save_session(session)
+        return Subscribed(subscription, existing is None, self._durable())
 
-    def unsubscribe(self, session: Session, full_filter: str) -> bool:
+    def unsubscribe(self, session: Session, full_filter: str) -> Outcome:
         subscription = session.subscriptions.pop(full_filter, None)
         if subscription is None:
-            return False
+            return NOT_FOUND
         self._remove_subscription(subscription)
-        if session.persistent:
-            self._save_session(session)
-        return True
+        if not session.persistent:
+            return True, None
+        self._save_session(session)
+        return True, self._durable()
 
     @property
     def subscription_count(self) -> int:
@@ -511,8 +538,9 @@ class Broker:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def publish(self, message: Message) -> asyncio.Future[None] | None:
-        """Accept a publication; returns None when it is already safe, else a commit to await."""
+    def publish(self, message: Message) -> Completion:
+        """Accept a publication; the completion says when the publisher may be told it is
+        safe (its commit, and room at its congested receivers: see _flow_control)."""
         if not message.created:
             message.created = self.clock.now()
         self.stats.messages_received += 1
@@ -527,23 +555,20 @@ class Broker:
             for session in touched:
                 self.pump_soon(session)
             return drained
-        future = asyncio.ensure_future(commit)
         if touched:
             message.awaiting_commit = True
             # One callback per commit, however many publications it holds.
-            held = self._held_for_commit.get(future)
+            held = self._held_for_commit.get(commit)
             if held is None:
-                held = self._held_for_commit[future] = []
-                future.add_done_callback(self._after_commit)
+                held = self._held_for_commit[commit] = []
+                commit.add_done_callback(self._after_commit)
             held.append((message, touched))
         if drained is None:
-            return future
-        return self._commit_and_drain(future, drained)
+            return commit
+        return self._commit_and_drain(commit, drained)
 
-    def durable(self) -> Awaitable[None] | None:
-        """A barrier for every state change made so far (session, subscription, QoS 2 state):
-        a front end confirms such a change to its client only once this resolves (None: it is
-        already durable). Publications get theirs from :meth:`publish`."""
+    def _durable(self) -> Completion:
+        """Completes once every state change made so far is durable."""
         return self.store.commit()
 
     def _flow_control(self, touched: list[Session]) -> asyncio.Future[None] | None:
@@ -841,34 +866,37 @@ class Broker:
                         ):
                             consumer.deliver(delivery_id, entry)
 
-                    asyncio.ensure_future(commit).add_done_callback(send)
+                    commit.add_done_callback(send)
                     return
         consumer.deliver(delivery_id, entry)
 
-    def acknowledge(self, session: Session, delivery_id: int) -> bool:
+    def acknowledge(self, session: Session, delivery_id: int) -> Outcome:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""
         inflight = session.inflight.pop(delivery_id, None)
         if inflight is None:
-            return False
+            return NOT_FOUND
         entry = inflight.entry
+        completion = None
         if entry.persistent and session.persistent:
             self.store.remove(session.queue.name, entry.message.message_id)
+            completion = self.store.commit()  # _durable(), without a call per acknowledgement
         if session.queue.count:
             self.pump_soon(session)
-        return True
+        return True, completion
 
-    def received(self, session: Session, delivery_id: int) -> bool:
+    def received(self, session: Session, delivery_id: int) -> Outcome:
         """A QoS 2 delivery reached the client (PUBREC); only its release remains."""
         inflight = session.inflight.get(delivery_id)
         if inflight is None:
-            return False
+            return NOT_FOUND
         inflight.state = "received"
         entry = inflight.entry
-        if entry.persistent and session.persistent:
-            self.store.mark_delivery(
-                session.queue.name, entry.message.message_id, delivery_id, "received"
-            )
-        return True
+        if not (entry.persistent and session.persistent):
+            return True, None
+        self.store.mark_delivery(
+            session.queue.name, entry.message.message_id, delivery_id, "received"
+        )
+        return True, self._durable()
 
     def begin_incoming_qos2(self, session: Session, packet_id: int) -> bool:
         """Record an incoming QoS 2 id; False means it is a resend that must not be routed."""
@@ -879,14 +907,24 @@ class Broker:
             self.store.add_duplicate(session_producer_name(session.client_id), packet_id)
         return True
 
-    def release_incoming_qos2(self, session: Session, packet_id: int) -> bool:
+    def incoming_qos2_resent(self, session: Session, packet_id: int) -> Completion:
+        """A QoS 2 publication resent under an id the session still holds: it is not routed
+        again; the completion says when the original's state is durable.
+
+        A session that lives only as long as its connection saw the original on the same
+        connection, whose own answer comes first: nothing more to wait for.
+        """
+        return self._durable() if session.persistent else None
+
+    def release_incoming_qos2(self, session: Session, packet_id: int) -> Outcome:
         """PUBREL: the exactly-once handshake for this id is over."""
         if packet_id not in session.incoming_qos2:
-            return False
+            return NOT_FOUND
         session.incoming_qos2.discard(packet_id)
-        if session.persistent:
-            self.store.remove_duplicate(session_producer_name(session.client_id), packet_id)
-        return True
+        if not session.persistent:
+            return True, None
+        self.store.remove_duplicate(session_producer_name(session.client_id), packet_id)
+        return True, self._durable()
 
     # -- helpers --------------------------------------------------------------------------
 

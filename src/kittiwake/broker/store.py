@@ -9,10 +9,10 @@ Queue entries are keyed by queue name (the broker names queues, see
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kittiwake.broker.completion import Completion
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 
@@ -129,8 +129,9 @@ class Store(Protocol):
     def delete_duplicates(self, producer: str) -> None:
         """Forget every key of ``producer``."""
 
-    def commit(self) -> Awaitable[None] | None:
-        """A barrier: None when everything so far is already durable, else an awaitable."""
+    def commit(self) -> Completion:
+        """A barrier: None when everything so far is already durable, else the future of the
+        batch that holds it (one per batch, shared by every caller: never one per call)."""
 
     def recover(self) -> RecoveredState: ...
 
@@ -216,7 +217,7 @@ class MemoryStore:
     def delete_duplicates(self, producer: str) -> None:
         self.duplicates.pop(producer, None)
 
-    def commit(self) -> Awaitable[None] | None:
+    def commit(self) -> Completion:
         return None
 
     def recover(self) -> RecoveredState:

@@ -96,7 +96,7 @@ class Harness:
     ) -> tuple[Session, RecordingConsumer, bool]:
         """Connect (and, like a front end after CONNACK, start delivery)."""
         consumer = consumer or RecordingConsumer()
-        session, present = self.broker.connect(
+        session, present, _ = self.broker.connect(
             client_id,
             consumer,
             clean_start=clean_start,

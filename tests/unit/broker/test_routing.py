@@ -72,8 +72,8 @@ def test_unsubscribe_stops_delivery(harness) -> None:
     """After unsubscribing, the session no longer receives the filter's messages."""
     session, consumer, _ = harness.connect("s")
     harness.subscribe(session, "t")
-    assert harness.broker.unsubscribe(session, "t") is True
-    assert harness.broker.unsubscribe(session, "t") is False
+    assert harness.broker.unsubscribe(session, "t")[0] is True
+    assert harness.broker.unsubscribe(session, "t")[0] is False
     harness.publish("t", b"m")
     assert consumer.deliveries == []
 
@@ -206,7 +206,7 @@ def test_shared_group_unsubscribe_last_member_removes_group(harness) -> None:
     """When the last member leaves, the group is gone and nothing is routed to it."""
     session, consumer, _ = harness.connect("s")
     harness.subscribe(session, "$share/g/t")
-    assert harness.broker.unsubscribe(session, "$share/g/t")
+    assert harness.broker.unsubscribe(session, "$share/g/t")[0]
     assert harness.broker.shared_groups == {}
     harness.publish("t", b"m")
     assert consumer.deliveries == []

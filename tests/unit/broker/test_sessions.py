@@ -362,9 +362,9 @@ def test_acknowledge_releases_the_window_and_pumps(harness) -> None:
     for i in range(4):
         harness.publish("t", bytes([48 + i]), qos=1)
     first = consumer.deliveries[0].delivery_id
-    assert harness.broker.acknowledge(session, first) is True
+    assert harness.broker.acknowledge(session, first)[0] is True
     assert consumer.payloads == [b"0", b"1", b"2"]
-    assert harness.broker.acknowledge(session, first) is False  # already acknowledged
+    assert harness.broker.acknowledge(session, first)[0] is False  # already acknowledged
     while session.inflight:
         harness.broker.acknowledge(session, next(iter(session.inflight)))
     assert consumer.payloads == [b"0", b"1", b"2", b"3"]
@@ -409,12 +409,12 @@ def test_qos2_received_then_acknowledge(harness) -> None:
     message = harness.publish("t", b"a", qos=2)
     harness.publish("t", b"b", qos=2)
     [got] = consumer.deliveries
-    assert harness.broker.received(session, got.delivery_id) is True
+    assert harness.broker.received(session, got.delivery_id)[0] is True
     assert session.inflight[got.delivery_id].state == "received"
     assert harness.store.queued[(session_queue_name("c"), message.message_id)].state == "received"
     assert consumer.payloads == [b"a"]  # PUBREC does not free the window
-    assert harness.broker.received(session, 999) is False
-    assert harness.broker.acknowledge(session, got.delivery_id) is True
+    assert harness.broker.received(session, 999)[0] is False
+    assert harness.broker.acknowledge(session, got.delivery_id)[0] is True
     assert consumer.payloads == [b"a", b"b"]
     assert (session_queue_name("c"), message.message_id) not in harness.store.queued
 
@@ -512,8 +512,8 @@ def test_incoming_qos2_begin_and_release(harness) -> None:
     assert harness.broker.begin_incoming_qos2(session, 7) is True
     assert harness.broker.begin_incoming_qos2(session, 7) is False
     assert harness.broker.begin_incoming_qos2(session, 8) is True
-    assert harness.broker.release_incoming_qos2(session, 7) is True
-    assert harness.broker.release_incoming_qos2(session, 7) is False
+    assert harness.broker.release_incoming_qos2(session, 7)[0] is True
+    assert harness.broker.release_incoming_qos2(session, 7)[0] is False
     assert session.incoming_qos2 == {8}
     assert harness.broker.begin_incoming_qos2(session, 7) is True
 

@@ -1199,7 +1199,7 @@ class Life:
         will: Message | None = None, will_delay: int = 0,
     ) -> tuple[Session, RecordingConsumer, bool]:
         consumer = RecordingConsumer()
-        session, present = self.broker.connect(
+        session, present, _ = self.broker.connect(
             client_id, consumer, clean_start=clean, expiry_interval=expiry, window=10,
             will=will, will_delay=will_delay,
         )
@@ -1321,7 +1321,7 @@ def test_broker_inflight_delivery_comes_back_as_a_resend_after_a_graceful_stop(
         # The count recorded when it was first sent came back with it.
         assert got_entry.delivery_count == 1
         # Acknowledged now: gone for good.
-        assert life.broker.acknowledge(session, got_id)
+        assert life.broker.acknowledge(session, got_id)[0]
         await life.crash()
 
     async def third() -> None:
@@ -1357,7 +1357,7 @@ def test_broker_qos1_delivery_in_flight_at_a_crash_comes_back(tmp_path: Path) ->
         assert consumer.payloads == [b"in flight"]
         got_id, got_entry, _ = consumer.deliveries[0]
         assert got_entry.delivery_count == 1  # this delivery; the unrecorded one is not counted
-        assert life.broker.acknowledge(session, got_id)
+        assert life.broker.acknowledge(session, got_id)[0]
         await life.crash()
 
     async def third() -> None:
@@ -1380,7 +1380,7 @@ def test_broker_pubrecd_qos2_delivery_comes_back_as_a_release(tmp_path: Path) ->
         await life.settle()
         await life.publish("t", b"exactly once", 2)
         delivery_id = consumer.deliveries[0][0]
-        assert life.broker.received(session, delivery_id)  # PUBREC from the subscriber
+        assert life.broker.received(session, delivery_id)[0]  # PUBREC from the subscriber
         await life.crash()
         return delivery_id
 
@@ -1390,7 +1390,7 @@ def test_broker_pubrecd_qos2_delivery_comes_back_as_a_release(tmp_path: Path) ->
         await life.settle()
         assert consumer.deliveries == [], "a PUBREC'd QoS 2 message must not be published again"
         assert consumer.releases == [delivery_id]
-        assert life.broker.acknowledge(session, delivery_id)  # PUBCOMP
+        assert life.broker.acknowledge(session, delivery_id)[0]  # PUBCOMP
         await life.crash()
 
     async def third() -> None:
@@ -1426,7 +1426,7 @@ def test_broker_incoming_qos2_state_survives_restart(tmp_path: Path) -> None:
         assert pub.incoming_qos2 == {7}
         # The publisher resends PUBLISH (DUP) with id 7: it must not be routed again.
         assert not life.broker.begin_incoming_qos2(pub, 7)
-        assert life.broker.release_incoming_qos2(pub, 7)  # PUBREL
+        assert life.broker.release_incoming_qos2(pub, 7)[0]  # PUBREL
         await life.crash()
 
     async def third() -> None:
