@@ -14,7 +14,7 @@ from collections.abc import Callable
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
-from kittiwake.clock import Clock
+from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.config import Config, StoreConfig
 from kittiwake.mqtt.server import MQTTServer
 from kittiwake.store.sqlite import SQLiteStore
@@ -27,6 +27,8 @@ class BrokerApp:
 
     def __init__(self, config: Config, *, clock: Clock | None = None) -> None:
         self.config = config
+        # One clock for the core and the store: expiry, sweeps and stored times agree.
+        clock = clock or MonotonicClock()
         self.broker = Broker(config, clock=clock, store=open_store(config.store, clock))
         self.mqtt = MQTTServer(self.broker)
         self.sys = SysPublisher(self.broker, config.sys.interval)
