@@ -14,7 +14,7 @@ from collections.abc import Callable
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
-from kittiwake.clock import Clock
+from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.config import Config, JournalConfig, ListenerConfig, StoreConfig
 from kittiwake.flight.listener import FlightListener, FlightUnavailable
 from kittiwake.mqtt.server import MQTTServer
@@ -29,6 +29,8 @@ class BrokerApp:
 
     def __init__(self, config: Config, *, clock: Clock | None = None) -> None:
         self.config = config
+        # One clock for the core and the store: expiry, sweeps and stored times agree.
+        clock = clock or MonotonicClock()
         self.broker = Broker(
             config, clock=clock, store=open_store(config.store, clock, config.journal)
         )

@@ -32,6 +32,8 @@ from kittiwake.broker.sessions import (
     SessionConsumer,
     SharedGroup,
     Subscription,
+    session_producer_name,
+    session_queue_name,
 )
 from kittiwake.broker.store import MemoryStore, SessionRecord, Store, SubscriptionRecord
 from kittiwake.broker.topic_tree import TopicTree
@@ -186,15 +188,19 @@ class Broker:
                     stored.subscription_id,
                 )
                 self._attach_subscription(session, stored.topic_filter, options)
-            session.incoming_qos2 = set(state.incoming_qos2.get(record.client_id, ()))
+            session.incoming_qos2 = {
+                int(key)
+                for key in state.duplicates.get(session_producer_name(record.client_id), ())
+            }
             if session.expiry_interval != NEVER_EXPIRES:
                 session.expires_at = now + session.expiry_interval
             if session.will is not None:
                 session.will_at = now + session.will_delay
             self._detach(session)
         recovered = 0
+        by_queue = {session.queue.name: session for session in self.sessions.values()}
         for queued in state.queued:
-            owner = self.sessions.get(queued.client_id)
+            owner = by_queue.get(queued.queue)
             stored_message = state.messages.get(queued.message_id)
             if owner is None or stored_message is None:
                 continue
@@ -274,7 +280,7 @@ class Broker:
             self._save_session(session)
             stored = True
         elif was_persistent:
-            self.store.delete_session(client_id)
+            self._forget_stored_session(session)
         return Connected(session, session_present, self._durable() if stored else None)
 
     def assign_client_id(self) -> str:
@@ -320,7 +326,7 @@ class Broker:
         if session.persistent:
             self._save_session(session)
         elif was_persistent:
-            self.store.delete_session(session.client_id)
+            self._forget_stored_session(session)
         else:
             return None
         return self._durable()
@@ -366,7 +372,7 @@ class Broker:
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         if session.persistent:  # a session that ends with its connection was never stored
-            self.store.delete_session(session.client_id)
+            self._forget_stored_session(session)
         log.debug("session %s ended", session.client_id)
 
     def _publish_will(self, session: Session) -> None:
@@ -537,9 +543,8 @@ class Broker:
     def publish(self, message: Message) -> Completion:
         """Accept a publication; the completion says when the publisher may be told it is
         safe (its commit, and room at its congested receivers: see _flow_control)."""
-        now = self.clock.now()
         if not message.created:
-            message.created = now
+            message.created = self.clock.now()
         self.stats.messages_received += 1
         if message.persistent:
             if not message.message_id:
@@ -791,14 +796,14 @@ class Broker:
         for victim in victims:
             self.stats.messages_dropped += 1
             if victim.persistent and session.persistent:
-                self.store.release(session.client_id, victim.message.message_id)
+                self.store.remove(session.queue.name, victim.message.message_id)
         if not accepted:
             self.stats.messages_dropped += 1
             return False
         if stored:
             if entry.message.message_id == 0:
                 self.store.journal(entry.message)
-            self.store.enqueue(session.client_id, entry)
+            self.store.enqueue(session.queue.name, entry)
         return True
 
     # -- delivery -------------------------------------------------------------------------
@@ -831,7 +836,7 @@ class Broker:
             self._delayed.add(session)
         for dead in expired:  # expired while queued: the store must forget them too
             if stored and dead.persistent:
-                self.store.release(session.client_id, dead.message.message_id)
+                self.store.remove(session.queue.name, dead.message.message_id)
         if queue.counters.expired:
             self.stats.messages_dropped += queue.counters.expired
             queue.counters.expired = 0
@@ -846,7 +851,7 @@ class Broker:
         self.stats.messages_sent += 1
         if stored:
             self.store.mark_delivery(
-                session.client_id,
+                session.queue.name,
                 entry.message.message_id,
                 delivery_id,
                 "sent",
@@ -880,7 +885,7 @@ class Broker:
         entry = inflight.entry
         completion = None
         if entry.persistent and session.persistent:
-            self.store.release(session.client_id, entry.message.message_id)
+            self.store.remove(session.queue.name, entry.message.message_id)
             completion = self.store.commit()  # _durable(), without a call per acknowledgement
         if session.queue.count:
             self.pump_soon(session)
@@ -896,7 +901,7 @@ class Broker:
         if not (entry.persistent and session.persistent):
             return True, None
         self.store.mark_delivery(
-            session.client_id, entry.message.message_id, delivery_id, "received"
+            session.queue.name, entry.message.message_id, delivery_id, "received"
         )
         return True, self._durable()
 
@@ -906,7 +911,7 @@ class Broker:
             return False
         session.incoming_qos2.add(packet_id)
         if session.persistent:
-            self.store.add_incoming_qos2(session.client_id, packet_id)
+            self.store.add_duplicate(session_producer_name(session.client_id), packet_id)
         return True
 
     def incoming_qos2_resent(self, session: Session, packet_id: int) -> Completion:
@@ -925,7 +930,7 @@ class Broker:
         session.incoming_qos2.discard(packet_id)
         if not session.persistent:
             return True, None
-        self.store.remove_incoming_qos2(session.client_id, packet_id)
+        self.store.remove_duplicate(session_producer_name(session.client_id), packet_id)
         return True, self._durable()
 
     # -- helpers --------------------------------------------------------------------------
@@ -933,11 +938,17 @@ class Broker:
     def _new_queue(self, client_id: str) -> MessageQueue:
         limits = self.config.limits
         return MessageQueue(
-            f"session:{client_id}",
+            session_queue_name(client_id),
             max_messages=limits.max_queued_messages,
             max_bytes=limits.max_queued_bytes,
             policy=limits.queue_full_policy,
         )
+
+    def _forget_stored_session(self, session: Session) -> None:
+        """Drop everything stored for a session: its record, its queue, its QoS 2 state."""
+        self.store.delete_session(session.client_id)
+        self.store.delete_queue(session.queue.name)
+        self.store.delete_duplicates(session_producer_name(session.client_id))
 
     def _save_session(self, session: Session) -> None:
         self.store.save_session(

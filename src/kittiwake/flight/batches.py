@@ -24,8 +24,8 @@ from kittiwake.store.journal_reader import JournalChunk
 
 def record_batch(chunk: JournalChunk, include_headers: bool) -> pa.RecordBatch:
     count = len(chunk)
-    seconds = pa.array(chunk.timestamps, pa.float64())
-    micros = pc.cast(pc.multiply(seconds, 1_000_000.0), pa.int64(), safe=False)
+    millis = pa.array(chunk.timestamps, pa.int64())
+    micros = pc.multiply(millis, 1000)
     columns: list[Any] = [
         pa.array(chunk.topics, pa.string()),
         pa.array(chunk.payloads, pa.binary()),
@@ -62,26 +62,30 @@ def _empty_lists(count: int, list_type: pa.DataType) -> pa.Array:
 def _properties(message: Message) -> list[tuple[str, str]]:
     """Application properties as strings: typed (JMS) properties, then MQTT 5 user
     properties (a repeated name keeps its last value, as a map must)."""
-    pairs = [(name, _text(value)) for name, value in message.properties.items()]
-    pairs.extend(message.user_properties)
+    pairs = [(name, _text(value)) for name, value in (message.properties or {}).items()]
+    if message.mqtt5 is not None:
+        pairs.extend(message.mqtt5.user_properties)
     return list(dict(pairs).items())
 
 
 def _headers(message: Message) -> list[dict[str, Any]]:
     """MQTT 5 user properties in order with repeats (Kafka's headers), then the MQTT 5
     fields that are set."""
+    mqtt5 = message.mqtt5
+    if mqtt5 is None:
+        return []
     headers: list[dict[str, Any]] = [
-        {"key": name, "value": value.encode()} for name, value in message.user_properties
+        {"key": name, "value": value.encode()} for name, value in mqtt5.user_properties
     ]
-    if message.content_type is not None:
-        headers.append({"key": "content_type", "value": message.content_type.encode()})
-    if message.response_topic is not None:
-        headers.append({"key": "response_topic", "value": message.response_topic.encode()})
-    if message.correlation_data is not None:
-        headers.append({"key": "correlation_data", "value": message.correlation_data})
-    if message.payload_format_indicator is not None:
+    if mqtt5.content_type is not None:
+        headers.append({"key": "content_type", "value": mqtt5.content_type.encode()})
+    if mqtt5.response_topic is not None:
+        headers.append({"key": "response_topic", "value": mqtt5.response_topic.encode()})
+    if mqtt5.correlation_data is not None:
+        headers.append({"key": "correlation_data", "value": mqtt5.correlation_data})
+    if mqtt5.payload_format_indicator is not None:
         headers.append(
-            {"key": "payload_format", "value": str(message.payload_format_indicator).encode()}
+            {"key": "payload_format", "value": str(mqtt5.payload_format_indicator).encode()}
         )
     return headers
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias
 
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import Completion, all_of
-from kittiwake.broker.message import Message
+from kittiwake.broker.message import Message, MQTT5Fields
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
 from kittiwake.broker.topics import (
@@ -321,11 +321,7 @@ class MQTTConnection:
             retain=will.retain,
             persistent=will.qos > 0,
             origin=client_id,
-            user_properties=list(props.user_properties),
-            content_type=props.content_type,
-            response_topic=props.response_topic,
-            correlation_data=props.correlation_data,
-            payload_format_indicator=props.payload_format_indicator,
+            mqtt5=_mqtt5_fields(props),
         )
         return message, props.will_delay_interval or 0, props.message_expiry_interval
 
@@ -503,12 +499,7 @@ class MQTTConnection:
             if cap and interval > cap:
                 interval = cap
             message.expiry = self.broker.clock.now() + interval
-        if props.user_properties:
-            message.user_properties = list(props.user_properties)
-        message.content_type = props.content_type
-        message.response_topic = props.response_topic
-        message.correlation_data = props.correlation_data
-        message.payload_format_indicator = props.payload_format_indicator
+        message.mqtt5 = _mqtt5_fields(props)
 
     def _resolve_alias(self, alias: int, topic: str) -> str:
         if alias == 0 or alias > self.broker.config.limits.topic_alias_maximum:
@@ -945,15 +936,37 @@ _V5_SHARED_PROPERTIES = "v5-properties"
 
 def _message_properties(message: Message) -> Properties:
     """The 5.0 PUBLISH properties a message carries to every subscriber alike."""
+    fields = message.mqtt5
+    if fields is None:
+        return Properties()
     props = Properties(
-        payload_format_indicator=message.payload_format_indicator,
-        content_type=message.content_type,
-        response_topic=message.response_topic,
-        correlation_data=message.correlation_data,
+        payload_format_indicator=fields.payload_format_indicator,
+        content_type=fields.content_type,
+        response_topic=fields.response_topic,
+        correlation_data=fields.correlation_data,
     )
-    if message.user_properties:
-        props.user_properties = message.user_properties
+    if fields.user_properties:
+        props.user_properties = fields.user_properties
     return props
+
+
+def _mqtt5_fields(props: Properties) -> MQTT5Fields | None:
+    """The message fields of a 5.0 PUBLISH or will; None when it has none (most messages)."""
+    if (
+        props.payload_format_indicator is None
+        and props.content_type is None
+        and props.response_topic is None
+        and props.correlation_data is None
+        and not props.user_properties
+    ):
+        return None
+    return MQTT5Fields(
+        props.payload_format_indicator,
+        props.content_type,
+        props.response_topic,
+        props.correlation_data,
+        list(props.user_properties),
+    )
 
 
 def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery_id: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from kittiwake.broker.message import Message
 from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, topic_matches
-from kittiwake.store.codec import apply_message_properties
+from kittiwake.store.codec import MESSAGE_COLUMNS, message_from_row
 from kittiwake.store.journal_selection import JournalSelection
 from kittiwake.store.sqlite import DATABASE_FILE, DROPPED_THROUGH_KEY
 
@@ -34,10 +34,15 @@ _PAYLOAD = operator.itemgetter(2)
 # restart of the WAL file), in milliseconds.
 _BUSY_TIMEOUT_MS = 5000
 
+# The columns a range read serves, and whether the row has a property blob: the few rows
+# that do are read again whole and decoded by the store's codec (message_from_row).
 _ROWS = (
-    "SELECT id, topic, payload, qos, retain, priority, created, extra FROM messages "
-    "WHERE id >= ? AND id < ?{} ORDER BY id"
+    "SELECT message_id, topic, payload, qos, retain, priority, timestamp, "
+    "properties IS NOT NULL FROM journal WHERE message_id >= ? AND message_id < ?{} "
+    "ORDER BY message_id"
 )
+_WHOLE_ROWS_PER_QUERY = 500
+_WHOLE_ROWS = f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM journal WHERE message_id IN ({{}})"
 # Every row this condition passes is wanted when the request's filters include "#" and the
 # selection keeps every persistent topic and no QoS 0 one ("#" never matches a '$' topic):
 # then no row is looked at in Python, which is most of a range read's cost.
@@ -69,7 +74,7 @@ class JournalChunk:
     offsets: Sequence[int]
     topics: Sequence[str]
     payloads: Sequence[bytes]
-    timestamps: Sequence[float]  # wall-clock seconds when the broker accepted the message
+    timestamps: Sequence[int]  # wall-clock ms since the epoch when the broker accepted it
     qos: Sequence[int]
     retain: Sequence[int]  # 0 or 1
     priority: Sequence[int]
@@ -137,8 +142,9 @@ class JournalReader:
             connection.execute("BEGIN")
             bounds = _bounds(connection)
             row = connection.execute(
-                "SELECT MIN(id) FROM messages WHERE stored_at >= ? AND id >= ? AND id < ?",
-                (wall_time, bounds.earliest, bounds.high_water),
+                "SELECT MIN(message_id) FROM journal WHERE stored_at >= ? AND message_id >= ? "
+                "AND message_id < ?",
+                (round(wall_time * 1000), bounds.earliest, bounds.high_water),
             ).fetchone()
             connection.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -217,11 +223,11 @@ class JournalRange:
                     pending.append(row)
                     size += len(row[2])
                     if len(pending) >= CHUNK_ROWS or size >= CHUNK_BYTES:
-                        yield _chunk(pending)
+                        yield _chunk(self._connection, pending)
                         pending = []
                         size = 0
         if pending:
-            yield _chunk(pending)
+            yield _chunk(self._connection, pending)
 
     def _unfiltered_chunks(self) -> Iterator[JournalChunk]:
         cursor = self._connection.execute(
@@ -236,11 +242,11 @@ class JournalRange:
             pending += rows
             size += sum(map(len, map(_PAYLOAD, rows)))
             if len(pending) >= CHUNK_ROWS or size >= CHUNK_BYTES:
-                yield _chunk(pending)
+                yield _chunk(self._connection, pending)
                 pending = []
                 size = 0
         if pending:
-            yield _chunk(pending)
+            yield _chunk(self._connection, pending)
 
     def close(self) -> None:
         try:
@@ -272,29 +278,26 @@ def _bounds(connection: sqlite3.Connection) -> JournalBounds:
     return JournalBounds(earliest=earliest, high_water=high_water)
 
 
-def _chunk(rows: list[Any]) -> JournalChunk:
-    offsets, topics, payloads, qos, retain, priority, created, extras = zip(*rows, strict=True)
-    has_extras = any(extras)
+def _chunk(connection: sqlite3.Connection, rows: list[Any]) -> JournalChunk:
+    offsets, topics, payloads, qos, retain, priority, timestamps, flags = zip(*rows, strict=True)
+    has_extras = any(flags)
+    extras: list[Message | None] = [None] * len(offsets)
+    if has_extras:
+        flagged = {offsets[i]: i for i, flag in enumerate(flags) if flag}
+        ids = list(flagged)
+        for start in range(0, len(ids), _WHOLE_ROWS_PER_QUERY):
+            part = ids[start : start + _WHOLE_ROWS_PER_QUERY]
+            query = _WHOLE_ROWS.format(", ".join("?" * len(part)))
+            for row in connection.execute(query, part):
+                extras[flagged[row[0]]] = message_from_row(row)
     return JournalChunk(
         offsets=offsets,
         topics=topics,
         payloads=payloads,
-        timestamps=created,
+        timestamps=timestamps,
         qos=qos,
         retain=retain,
         priority=priority,
-        extras=[
-            None if not extra else _decoded_extras(topic, extra)
-            for topic, extra in zip(topics, extras, strict=True)
-        ]
-        if has_extras
-        else [None] * len(offsets),
+        extras=extras,
         has_extras=has_extras,
     )
-
-
-def _decoded_extras(topic: str, extra: str) -> Message:
-    """The optional parts of a row, decoded by the store's codec (the one decoder)."""
-    message = Message(topic, b"")
-    apply_message_properties(message, extra)
-    return message

@@ -155,7 +155,7 @@ class Harness:
     def restart(self) -> Harness:
         """A new broker over this one's store, recovered as at process start."""
         again = Harness.__new__(Harness)
-        again.clock = ManualClock(self.clock.now())
+        again.clock = ManualClock(self.clock.now(), self.clock.wall_ms())
         again.store = self.store
         again.broker = Broker(self.broker.config, clock=again.clock, store=self.store)
         again.broker.recover()

@@ -78,7 +78,8 @@ def read_all(reader: JournalReader, filters: tuple[str, ...] = EVERYTHING) -> li
 def table_ids(directory: Path) -> list[int]:
     connection = sqlite3.connect(directory / DATABASE_FILE)
     try:
-        return [row[0] for row in connection.execute("SELECT id FROM messages ORDER BY id")]
+        rows = connection.execute("SELECT message_id FROM journal ORDER BY message_id")
+        return [row[0] for row in rows]
     finally:
         connection.close()
 
@@ -132,7 +133,7 @@ def test_a_swept_journal_row_is_never_written_again_under_its_offset(tmp_path: P
         retained = publish(store, "status", b"R" * 100)
         store.enqueue("early", QueuedMessage(retained, 1, True))
         await settle(store)
-        store.release("early", retained.message_id)
+        store.remove("early", retained.message_id)
         newer = [publish(store, "t", b"N" * 100) for _ in range(3)]
         await settle(store)
         publish(store, "t", b"x")
@@ -147,7 +148,7 @@ def test_a_swept_journal_row_is_never_written_again_under_its_offset(tmp_path: P
         # Both references survive a restart, each with its own copy.
         recovered = SQLiteStore(tmp_path, clock=ManualClock()).recover()
         assert recovered.messages[retained.message_id].payload == b"R" * 100
-        assert {(q.client_id, q.message_id) for q in recovered.queued} >= {
+        assert {(q.queue, q.message_id) for q in recovered.queued} >= {
             ("late1", retained.message_id),
             ("late2", retained.message_id),
         }
