@@ -139,8 +139,8 @@ class DirectSQLiteReaderPeer:
 
                 connection = sqlite3.connect(f"file:{partition.path}?mode=ro", uri=True)
                 cursor = connection.execute(
-                    "SELECT id, topic, payload, qos, retain, priority, created FROM messages "
-                    "WHERE id >= ? AND id < ? ORDER BY id",
+                    "SELECT message_id, topic, payload, qos, retain, priority, timestamp "
+                    "FROM journal WHERE message_id >= ? AND message_id < ? ORDER BY message_id",
                     (partition.start, partition.end),
                 )
                 while rows := cursor.fetchmany(65536):
