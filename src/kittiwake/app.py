@@ -87,6 +87,8 @@ class BrokerApp:
             store.directory,
             store.journal_selection,
             self.broker.authorizer,
+            fenced_writes=self.broker.fenced_writes,
+            limits=self.config.limits,
         )
 
 

@@ -73,6 +73,11 @@ class LimitsConfig:
     max_subscriptions_per_session: int = 10_000
     # Entries kept in the topic tree's literal-topic match cache.
     match_cache_size: int = 4096
+    # One fenced write of the Spark sink (one partition of one batch), taken whole or not at
+    # all: the broker holds it in memory and publishes it in one event-loop turn, so these
+    # bound both its memory and how long the loop pauses for it. A larger one is refused.
+    max_put_rows: int = 200_000
+    max_put_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +295,9 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'topic_alias_maximum')}: must be 0..65535")
         if not 16 <= obj.max_packet_size <= 268_435_460:
             raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
+        for name in ("max_put_rows", "max_put_bytes"):
+            if getattr(obj, name) < 1:
+                raise ConfigError(f"{_join(where, name)}: must be at least 1")
     if isinstance(obj, SessionConfig) and obj.max_keepalive > 65535:
         raise ConfigError(f"{_join(where, 'max_keepalive')}: must be 0..65535")
     if isinstance(obj, JournalConfig):

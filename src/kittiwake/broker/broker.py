@@ -22,6 +22,7 @@ from kittiwake import __version__
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.delivery import delivery_level
+from kittiwake.broker.fenced_writes import FencedWrites
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import MessageQueue, QueuedMessage
 from kittiwake.broker.retained import RetainedMessages
@@ -155,6 +156,8 @@ class Broker:
         self._next_anonymous = 0
         # The store's journal keeps some QoS 0 publications: they must take the full path.
         self._journal_qos0 = self.store.keeps_qos0
+        # Writes from outside the protocols (the Spark sink), at most once per fence.
+        self.fenced_writes = FencedWrites(self)
 
     # -- recovery -------------------------------------------------------------------------
 
@@ -197,6 +200,7 @@ class Broker:
             if session.will is not None:
                 session.will_at = now + session.will_delay
             self._detach(session)
+        self.fenced_writes.restore(state.duplicates)
         recovered = 0
         by_queue = {session.queue.name: session for session in self.sessions.values()}
         for queued in state.queued:

@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.authorization import Authorizer
+from kittiwake.broker.fenced_writes import FencedWrites
+from kittiwake.config import LimitsConfig
 from kittiwake.flight.auth import AnonymousAuthenticator, Authenticator
+from kittiwake.flight.broker_writes import BrokerWrites
 from kittiwake.store.journal_reader import JournalReader
 from kittiwake.store.journal_selection import JournalSelection
 
@@ -44,6 +47,9 @@ class FlightListener:
         selection: JournalSelection,
         authorizer: Authorizer,
         authenticator: Authenticator | None = None,
+        *,
+        fenced_writes: FencedWrites | None = None,
+        limits: LimitsConfig | None = None,
     ) -> None:
         require_pyarrow()
         self.host = host
@@ -53,14 +59,28 @@ class FlightListener:
         self._authenticator = authenticator or AnonymousAuthenticator(
             authorizer.allow_anonymous
         )
+        # The core's fenced writes (the Spark sink's puts); None: puts are refused.
+        self._fenced_writes = fenced_writes
+        self._limits = limits or LimitsConfig()
         self._server: JournalFlightServer | None = None
 
     async def start(self) -> tuple[str, int]:
         from kittiwake.flight.server import JournalFlightServer
 
+        writes = None
+        if self._fenced_writes is not None:
+            # Puts are applied on this loop, the broker's.
+            writes = BrokerWrites(asyncio.get_running_loop(), self._fenced_writes)
+
         def bind() -> JournalFlightServer:
             return JournalFlightServer(
-                self.host, self.port, self._reader, self._authenticator, self._authorizer
+                self.host,
+                self.port,
+                self._reader,
+                self._authenticator,
+                self._authorizer,
+                writes,
+                self._limits,
             )
 
         try:

@@ -1,12 +1,14 @@
 """What the journal's Flight service and its clients say to each other: tickets, actions, the
-Arrow schema of a range read and its metadata. Sans-IO, shared by the server and the Spark
-data source (which runs on executors); must never open a socket or import the broker.
+Arrow schema of a range read and its metadata, and the fenced writes of the Spark sink
+(descriptors, their schema, their answers). Sans-IO, shared by the server and the Spark data
+source (which runs on executors); must never open a socket or import the broker.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +25,15 @@ from kittiwake.store.journal_reader import PARTITION as PARTITION
 # first offset at or after a wall-clock time.
 ACTION_LATEST = "latest"
 ACTION_OFFSET_FOR_TIMESTAMP = "offset_for_timestamp"
+# The sink's driver: every batch of a writer up to N is committed (its fences may go).
+ACTION_COMMIT_WRITES = "commit_writes"
 ACTIONS = {
     ACTION_LATEST: "per partition: the committed high-water mark (one past the last readable "
     "offset) and the earliest offset still kept",
     ACTION_OFFSET_FOR_TIMESTAMP: 'body {"timestamp_ms": N}: per partition, the first offset '
     "stored at or after that time",
+    ACTION_COMMIT_WRITES: 'body {"writer": W, "batch": N}: every batch of writer W up to N is '
+    "committed; a later put for one of them publishes nothing",
 }
 # Schema metadata of a range read: the bounds at the read's snapshot and, when the retention
 # dropped part of the range, that part [lost_start, lost_end).
@@ -203,4 +209,143 @@ def _offset(doc: dict[str, Any], name: str) -> int:
     value = doc.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise RequestError(f"the ticket's {name} must be an offset (an integer >= 0)")
+    return value
+
+
+# -- writes (the Spark sink) ----------------------------------------------------------------
+
+# What a writer id may hold: a Spark query id (a UUID) or a batch write's id.
+_WRITER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+# The qos a row gets when its qos is null.
+DEFAULT_WRITE_QOS = 1
+WRITE_FIELDS = [
+    pa.field("topic", pa.string()),
+    pa.field("payload", pa.binary()),
+    pa.field("qos", pa.int32()),
+    pa.field("retain", pa.bool_()),
+    pa.field("properties", PROPERTIES_TYPE),
+]
+# What a put carries: a topic and a payload per row; qos, retain and properties may be left
+# out (or null): qos 1, not retained, no properties.
+WRITE_SCHEMA = pa.schema(WRITE_FIELDS)
+WRITE_REQUIRED = ("topic", "payload")
+
+
+def check_writer_id(writer: object) -> str:
+    if not isinstance(writer, str) or not _WRITER_ID.fullmatch(writer):
+        raise RequestError(
+            f"writer id {writer!r} must be 1 to 128 letters, digits or ._:- "
+            "(a streaming query's id, or a batch write's writeId option)"
+        )
+    return writer
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRequest:
+    """One fenced unit of a sink's output (a put's descriptor): the rows of Spark partition
+    ``partition`` of batch ``batch`` of ``writer`` (a streaming query's id, or the id of one
+    batch write). The broker takes each unit once."""
+
+    writer: str
+    batch: int
+    partition: int
+
+    def to_descriptor(self) -> bytes:
+        return json.dumps(
+            {"writer": self.writer, "batch": self.batch, "partition": self.partition},
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_descriptor(cls, command: bytes) -> WriteRequest:
+        doc = _json_object(command, "put descriptor")
+        unknown = sorted(set(doc) - {"writer", "batch", "partition"})
+        if unknown:
+            raise RequestError(f"the put descriptor has unknown fields {unknown}")
+        return cls(
+            writer=check_writer_id(doc.get("writer")),
+            batch=_counter(doc, "batch", "put descriptor"),
+            partition=_counter(doc, "partition", "put descriptor"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WriteAnswer:
+    """A put's answer (its metadata): rows received, and whether the unit had been taken
+    before (then nothing was published)."""
+
+    rows: int
+    already_committed: bool
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {"rows": self.rows, "already_committed": self.already_committed},
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> WriteAnswer:
+        doc = json.loads(data)
+        return cls(int(doc["rows"]), bool(doc["already_committed"]))
+
+
+def commit_writes_body(writer: str, batch: int) -> bytes:
+    return json.dumps({"writer": writer, "batch": batch}, separators=(",", ":")).encode()
+
+
+def parse_commit_writes(body: bytes) -> tuple[str, int]:
+    doc = _json_object(body, "action body")
+    return check_writer_id(doc.get("writer")), _counter(doc, "batch", "action body")
+
+
+def check_write_schema(schema: pa.Schema) -> None:
+    """A put's columns: ``topic`` (string) and ``payload`` (binary or string) required; ``qos``
+    (an integer type), ``retain`` (boolean) and ``properties`` (map<string,string>) optional;
+    nothing else (a misspelt column must not be dropped silently)."""
+    names = schema.names
+    for name in WRITE_REQUIRED:
+        if name not in names:
+            raise RequestError(f"a write needs a {name!r} column; it has {names}")
+    known = {f.name for f in WRITE_FIELDS}
+    unknown = [n for n in names if n not in known]
+    if unknown or len(set(names)) != len(names):
+        raise RequestError(
+            f"a write takes the columns {sorted(known)} (each once); it has {names}: "
+            "select or rename the columns before writing"
+        )
+    for field in schema:
+        kind = field.type
+        if field.name == "topic":
+            ok = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        elif field.name == "payload":
+            ok = any(
+                check(kind)
+                for check in (
+                    pa.types.is_binary,
+                    pa.types.is_large_binary,
+                    pa.types.is_string,
+                    pa.types.is_large_string,
+                )
+            )
+        elif field.name == "qos":
+            ok = pa.types.is_integer(kind)
+        elif field.name == "retain":
+            ok = pa.types.is_boolean(kind)
+        else:
+            ok = (
+                pa.types.is_map(kind)
+                and pa.types.is_string(kind.key_type)
+                and pa.types.is_string(kind.item_type)
+            )
+        if not ok:
+            raise RequestError(
+                f"column {field.name!r} has type {kind}; a write takes topic string, payload "
+                "binary or string, qos int, retain boolean, properties map<string,string>"
+            )
+
+
+def _counter(doc: dict[str, Any], name: str, what: str) -> int:
+    value = doc.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise RequestError(f"the {what}'s {name} must be an integer >= 0")
     return value

@@ -1,6 +1,8 @@
 """The journal's Arrow Flight service: ``do_get`` streams an exact offset range, actions give
-the bounds. Runs on gRPC's threads with its own read connections; must never touch the event
-loop, the broker's objects or the store's writer.
+the bounds, ``do_put`` takes the Spark sink's fenced writes. Runs on gRPC's threads: reads use
+their own read connections; writes cross to the event loop only through
+:class:`~kittiwake.flight.broker_writes.BrokerWrites`. Must never touch the broker's objects or
+the store's writer itself.
 
 Every refusal is a Flight error with a sentence the caller can act on; an unexpected failure
 is logged and answered as an internal error, never allowed to stop the server.
@@ -12,26 +14,34 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from kittiwake.broker.authorization import Authorizer
+from kittiwake.config import LimitsConfig
 from kittiwake.flight.auth import (
     AuthenticationRefused,
     Authenticator,
     credentials_from_headers,
 )
 from kittiwake.flight.batches import record_batch
+from kittiwake.flight.broker_writes import BrokerWrites, WriteFailed, WriteUnanswered
 from kittiwake.flight.protocol import (
+    ACTION_COMMIT_WRITES,
     ACTION_LATEST,
     ACTION_OFFSET_FOR_TIMESTAMP,
     ACTIONS,
     RangeRequest,
     RequestError,
+    WriteAnswer,
+    WriteRequest,
     latest_answer,
     offsets_answer,
+    parse_commit_writes,
     parse_offset_for_timestamp,
     range_schema,
 )
+from kittiwake.flight.writes import WriteRefused, messages_of, read_bounded
 from kittiwake.store.journal_reader import JournalError, JournalRange, JournalReader
 
 log = logging.getLogger(__name__)
@@ -70,9 +80,14 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         reader: JournalReader,
         authenticator: Authenticator,
         authorizer: Authorizer,
+        writes: BrokerWrites | None = None,
+        limits: LimitsConfig | None = None,
     ) -> None:
         self.reader = reader
         self._authorizer = authorizer
+        # None: this service takes no writes (puts are refused).
+        self._writes = writes
+        self._limits = limits or LimitsConfig()
         address = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
         super().__init__(
             f"grpc://{address}:{port}",
@@ -113,11 +128,58 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         finally:
             journal_range.close()
 
+    def do_put(
+        self,
+        context: Any,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        """One fenced unit: every row of the put is published, with its fence, in one commit;
+        or, when the unit was taken before, nothing is (the answer says which)."""
+
+        def put() -> None:
+            writes = self._require_writes()
+            if descriptor.descriptor_type != flight.DescriptorType.CMD:
+                raise RequestError("a put's descriptor must be a command (a write request)")
+            request = WriteRequest.from_descriptor(descriptor.command)
+            limits = self._limits
+            batches = read_bounded(
+                (chunk.data for chunk in reader),
+                reader.schema,
+                limits.max_put_rows,
+                limits.max_put_bytes,
+            )
+            messages = messages_of(
+                batches, self._authorizer.may_publish, limits.max_topic_levels
+            )
+            already = writes.write(request.writer, request.batch, request.partition, messages)
+            if already:
+                log.info(
+                    "flight: writer %s batch %d partition %d was committed before; "
+                    "nothing published",
+                    request.writer,
+                    request.batch,
+                    request.partition,
+                )
+            writer.write(pa.py_buffer(WriteAnswer(len(messages), already).to_bytes()))
+
+        _answered("do_put", put)
+
+    def _require_writes(self) -> BrokerWrites:
+        if self._writes is None:
+            raise RequestError("this flight service takes no writes")
+        return self._writes
+
     def do_action(self, context: Any, action: flight.Action) -> Iterator[flight.Result]:
         kind = action.type
         body = action.body.to_pybytes() if action.body is not None else b""
 
         def answer() -> list[flight.Result]:
+            if kind == ACTION_COMMIT_WRITES:
+                writer_id, batch = parse_commit_writes(body)
+                self._require_writes().commit(writer_id, batch)
+                return [flight.Result(b"{}")]
             if kind == ACTION_LATEST:
                 bounds = self.reader.bounds()
                 return [flight.Result(latest_answer(bounds.earliest, bounds.high_water))]
@@ -148,8 +210,14 @@ def _answered(what: str, handler: Callable[[], T]) -> T:
         return handler()
     except flight.FlightError:
         raise
+    except WriteRefused as exc:
+        raise flight.FlightUnauthorizedError(str(exc)) from None
     except (RequestError, JournalError) as exc:
         raise flight.FlightServerError(str(exc)) from None
+    except WriteUnanswered as exc:
+        raise flight.FlightTimedOutError(f"{exc}; retry the write (it is fenced)") from None
+    except WriteFailed as exc:
+        raise flight.FlightUnavailableError(f"{exc}; retry the write (it is fenced)") from None
     except Exception as exc:
         log.exception("flight: %s failed", what)
         raise flight.FlightInternalError(f"{what} failed inside the broker: {exc}") from None

@@ -1,5 +1,6 @@
-"""The data source's side of the Flight conversation: bounds and exact range reads, retried
-while the broker restarts. Runs on the driver (bounds) and on executors (reads); knows no Spark.
+"""The data source's side of the Flight conversation: bounds and exact range reads, and the
+sink's fenced puts and commits, retried while the broker restarts. Runs on the driver (bounds,
+commits) and on executors (reads, puts); knows no Spark.
 """
 
 from __future__ import annotations
@@ -14,15 +15,20 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from kittiwake.flight.protocol import (
+    ACTION_COMMIT_WRITES,
     ACTION_LATEST,
     ACTION_OFFSET_FOR_TIMESTAMP,
     PARTITION,
+    WRITE_SCHEMA,
     RangeRequest,
+    WriteAnswer,
+    WriteRequest,
+    commit_writes_body,
     lost_range,
     parse_latest_answer,
     parse_offsets_answer,
 )
-from kittiwake.spark.options import SourceOptions
+from kittiwake.spark.options import ConnectionOptions, SinkOptions, SourceOptions
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +50,11 @@ def data_loss_message(lost: tuple[int, int]) -> str:
     )
 
 
-class JournalClient:
-    """One Flight connection per call sequence; cheap to make, never shared across threads."""
+class _FlightCaller:
+    """Calls to the flight listener with the options' credentials, each on a connection of its
+    own, retried while the broker is unreachable; cheap to make, never shared across threads."""
 
-    def __init__(self, options: SourceOptions) -> None:
-        self.options = options
+    def __init__(self, options: ConnectionOptions) -> None:
         headers: list[tuple[bytes, bytes]] = []
         if options.token is not None:
             headers.append((b"authorization", f"Bearer {options.token}".encode()))
@@ -56,6 +62,31 @@ class JournalClient:
             pair = f"{options.username}:{options.password or ''}".encode()
             headers.append((b"authorization", b"Basic " + base64.b64encode(pair)))
         self._call_options = flight.FlightCallOptions(headers=headers)
+        self._url = options.url
+        self._retry_timeout_ms = options.retry_timeout_ms
+
+    def _retried(self, call: Callable[[Any], T]) -> T:
+        deadline = time.monotonic() + self._retry_timeout_ms / 1000
+        while True:
+            try:
+                connection = flight.connect(self._url)
+                try:
+                    return call(connection)
+                finally:
+                    connection.close()
+            except _TRANSIENT as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("kittiwake at %s unreachable (%s); retrying", self._url, exc)
+                time.sleep(_RETRY_PAUSE)
+
+
+class JournalClient(_FlightCaller):
+    """Bounds and exact range reads of the journal."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        super().__init__(options)
+        self.options = options
 
     def bounds(self) -> tuple[int, int]:
         """(earliest, high_water) of the journal now."""
@@ -119,17 +150,40 @@ class JournalClient:
                 log.info("kittiwake at %s unreachable (%s); retrying", options.url, exc)
                 time.sleep(_RETRY_PAUSE)
 
-    def _retried(self, call: Callable[[Any], T]) -> T:
-        deadline = time.monotonic() + self.options.retry_timeout_ms / 1000
-        while True:
+
+class SinkClient(_FlightCaller):
+    """The sink's fenced puts (executors) and batch commits (driver).
+
+    A put is retried whole, on a new connection, while the broker is unreachable or has not
+    confirmed it: the unit is fenced, so a put the broker had applied before the failure is
+    answered "already committed" and publishes nothing the second time.
+    """
+
+    def __init__(self, options: SinkOptions) -> None:
+        super().__init__(options)
+
+    def put(self, request: WriteRequest, batches: list[pa.RecordBatch]) -> WriteAnswer:
+        descriptor = flight.FlightDescriptor.for_command(request.to_descriptor())
+
+        def send(connection: Any) -> WriteAnswer:
+            writer, answers = connection.do_put(descriptor, WRITE_SCHEMA, self._call_options)
             try:
-                connection = flight.connect(self.options.url)
-                try:
-                    return call(connection)
-                finally:
-                    connection.close()
-            except _TRANSIENT as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                log.info("kittiwake at %s unreachable (%s); retrying", self.options.url, exc)
-                time.sleep(_RETRY_PAUSE)
+                for batch in batches:
+                    writer.write_batch(batch)
+                writer.done_writing()
+                answer = answers.read()
+            finally:
+                writer.close()
+            if answer is None:
+                raise flight.FlightInternalError("the broker answered the put with nothing")
+            return WriteAnswer.from_bytes(answer.to_pybytes())
+
+        return self._retried(send)
+
+    def commit(self, writer: str, batch: int) -> None:
+        action = flight.Action(ACTION_COMMIT_WRITES, commit_writes_body(writer, batch))
+
+        def send(connection: Any) -> None:
+            list(connection.do_action(action, self._call_options))
+
+        self._retried(send)

@@ -1,5 +1,6 @@
 """The ``kittiwake`` data source's options, parsed and checked once (named and behaving like the
-Kafka source's where one exists); and the split of an offset range into Spark partitions.
+Kafka source's where one exists), for reading and for writing; and the split of an offset range
+into Spark partitions.
 
 Pure: no Spark, no network; unit tests drive it with dictionaries.
 """
@@ -9,8 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from kittiwake.flight.protocol import PARTITION, RequestError, parse_topics
+from kittiwake.flight.protocol import (
+    DEFAULT_WRITE_QOS,
+    PARTITION,
+    RequestError,
+    check_writer_id,
+    parse_topics,
+)
 
 # Kafka's markers inside a JSON offsets document.
 EARLIEST = -2
@@ -37,8 +45,38 @@ _KNOWN = {
 }
 
 
+# A sink's options: the connection's, and the defaults of rows without a qos or retain column.
+_SINK_KNOWN = {
+    "url",
+    "retrytimeoutms",
+    "token",
+    "username",
+    "password",
+    "qos",
+    "retain",
+    "writeid",
+}
+# Options Spark itself hands a streaming sink along with the user's: not ours to check.
+_SPARK_SINK_OPTIONS = {"checkpointlocation", "queryname", "path"}
+
+
 class OptionError(ValueError):
     """An option the data source cannot use; the message names it and says what is allowed."""
+
+
+class ConnectionOptions(Protocol):
+    """Where the flight listener is and who is calling (reads and writes alike)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def retry_timeout_ms(self) -> int: ...
+    @property
+    def token(self) -> str | None: ...
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def password(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +105,7 @@ class SourceOptions:
             raise OptionError(
                 f"unknown option {unknown[0]!r} for format kittiwake; known: {sorted(_KNOWN)}"
             )
-        url = lowered.get("url", DEFAULT_URL)
-        if not url.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-            raise OptionError(f"url {url!r} must be grpc://host:port (the flight listener)")
+        url = _url(lowered)
         try:
             topics = parse_topics(lowered.get("topics", "#"))
         except RequestError as exc:
@@ -94,6 +130,59 @@ class SourceOptions:
             username=lowered.get("username"),
             password=lowered.get("password"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    """``df.write`` / ``df.writeStream.format("kittiwake")``."""
+
+    url: str = DEFAULT_URL
+    retry_timeout_ms: int = DEFAULT_RETRY_TIMEOUT_MS
+    token: str | None = None
+    username: str | None = None
+    password: str | None = None
+    # What a row without a qos / retain column (or with a null in it) gets.
+    qos: int = DEFAULT_WRITE_QOS
+    retain: bool = False
+    # A batch write's writer id (None: a fresh one per write); streams use their query id.
+    write_id: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        lowered = {key.lower(): value for key, value in options.items()}
+        unknown = sorted(set(lowered) - _SINK_KNOWN - _SPARK_SINK_OPTIONS)
+        if unknown:
+            raise OptionError(
+                f"unknown option {unknown[0]!r} for writing format kittiwake; "
+                f"known: {sorted(_SINK_KNOWN)}"
+            )
+        qos = _optional_int(lowered, "qos", "qos")
+        if qos is not None and qos > 2:
+            raise OptionError(f"qos must be 0, 1 or 2, got {qos}")
+        write_id = lowered.get("writeid")
+        if write_id is not None:
+            try:
+                check_writer_id(write_id)
+            except RequestError as exc:
+                raise OptionError(f"writeId: {exc}") from None
+        return cls(
+            url=_url(lowered),
+            retry_timeout_ms=_optional_int(lowered, "retrytimeoutms", "retryTimeoutMs")
+            or DEFAULT_RETRY_TIMEOUT_MS,
+            token=lowered.get("token"),
+            username=lowered.get("username"),
+            password=lowered.get("password"),
+            qos=DEFAULT_WRITE_QOS if qos is None else qos,
+            retain=_bool(lowered, "retain", "retain", False),
+            write_id=write_id,
+        )
+
+
+def _url(options: Mapping[str, str]) -> str:
+    url = options.get("url", DEFAULT_URL)
+    if not url.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        raise OptionError(f"url {url!r} must be grpc://host:port (the flight listener)")
+    return url
 
 
 def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:

@@ -1,6 +1,7 @@
 """``format("kittiwake")``: the journal as a PySpark (>= 4.2) Python data source, batch and
-stream. Offsets are journal sequence numbers, so a micro-batch's range is exact and a replay
-reads the same rows. Executors read over Arrow Flight, never the broker's files.
+stream, and the broker as its sink (spark/sink.py). Offsets are journal sequence numbers, so a
+micro-batch's range is exact and a replay reads the same rows. Executors read over Arrow
+Flight, never the broker's files.
 
 Planning (offsets, partitions) runs on the driver; ``read`` runs on executors from the
 partition alone.
@@ -18,6 +19,8 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
@@ -30,7 +33,8 @@ from pyspark.sql.types import StructType
 
 from kittiwake.flight.protocol import DDL, DDL_WITH_HEADERS, FIRST_OFFSET, PARTITION
 from kittiwake.spark.client import DataLossError, JournalClient, data_loss_message
-from kittiwake.spark.options import SourceOptions, split_range
+from kittiwake.spark.options import SinkOptions, SourceOptions, split_range
+from kittiwake.spark.sink import KittiwakeBatchWriter, KittiwakeStreamWriter, check_schema
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,11 @@ class JournalPartition(InputPartition):
 
 
 class KittiwakeDataSource(DataSource):
-    """Reads the Kittiwake journal: ``spark.read`` / ``spark.readStream.format("kittiwake")``."""
+    """Reads the Kittiwake journal (``spark.read`` / ``spark.readStream.format("kittiwake")``)
+    and publishes into the broker (``df.write`` / ``df.writeStream.format("kittiwake")``).
+
+    The options are parsed for the side in use: reading and writing take different ones.
+    """
 
     @classmethod
     def name(cls) -> str:
@@ -54,7 +62,13 @@ class KittiwakeDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        self.source_options = SourceOptions.parse(options)
+        self._source_options: SourceOptions | None = None
+
+    @property
+    def source_options(self) -> SourceOptions:
+        if self._source_options is None:
+            self._source_options = SourceOptions.parse(self.options)
+        return self._source_options
 
     def schema(self) -> str:
         return DDL_WITH_HEADERS if self.source_options.include_headers else DDL
@@ -64,6 +78,16 @@ class KittiwakeDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KittiwakeStreamReader(self.source_options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        # Append or overwrite alike: publishing replaces nothing (retained rows replace the
+        # topic's retained message, as any publication does).
+        check_schema(schema)
+        return KittiwakeBatchWriter(SinkOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        check_schema(schema)
+        return KittiwakeStreamWriter(SinkOptions.parse(self.options))
 
 
 def _read(options: SourceOptions, partition: JournalPartition) -> Iterator[pa.RecordBatch]:
