@@ -84,16 +84,17 @@ def test_a_put_is_published_once_and_its_replay_publishes_nothing(
     request = WriteRequest(unique("query"), 0, 0)
     payloads = [f"row {i}" for i in range(20)]
 
-    first = put(sink_broker.flight_url, request, rows(topic, payloads[:8]), rows(topic, payloads[8:]))
+    url = sink_broker.flight_url
+    first = put(url, request, rows(topic, payloads[:8]), rows(topic, payloads[8:]))
     assert first == WriteAnswer(20, False)
     got = subscriber.get_many(20)
     assert [m.payload.decode() for m in got] == payloads
     assert {m.qos for m in got} == {1}
 
-    replay = put(sink_broker.flight_url, request, rows(topic, payloads))
+    replay = put(url, request, rows(topic, payloads))
     assert replay == WriteAnswer(20, True)
     subscriber.no_message(within=0.5)
-    assert journal(sink_broker.flight_url, topic) == [(topic, p.encode()) for p in payloads]
+    assert journal(url, topic) == [(topic, p.encode()) for p in payloads]
 
 
 def test_a_late_put_for_a_committed_batch_publishes_nothing(
