@@ -1,15 +1,13 @@
-"""``format("kittiwake")`` on a real local Spark (``local[2]``), reading a real broker over
+"""``format("kittiwake")`` on a real local Spark (``local[2,2]``), reading a real broker over
 Arrow Flight; the input is published by paho-mqtt at QoS 1.
 
-One SparkSession for the module, small data. Marked ``spark``: ``-m 'not spark'`` skips it.
+One SparkSession for the Spark suite (conftest.py), small data. Marked ``spark``:
+``-m 'not spark'`` skips it.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,31 +26,9 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql.streaming import StreamingQuery  # noqa: E402
 
 from kittiwake.flight.protocol import parse_latest_answer  # noqa: E402
-from kittiwake.spark import register  # noqa: E402
 
 JOURNAL = {"retention_seconds": 3600}
 QUERY_TIMEOUT = 120
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    assert shutil.which("java"), "Spark needs Java 17: run `make test-deps`"
-    # Executors' Python workers must import kittiwake: the same interpreter as the tests.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("kittiwake-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

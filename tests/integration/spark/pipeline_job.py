@@ -1,0 +1,93 @@
+"""A Spark job of its own (its driver is a process the tests can kill -9, or a client of a
+standalone cluster): reads ``--topics`` from Kittiwake, upper-cases each payload and writes it
+back under ``--out/<topic>``, exactly once.
+
+``--mode stream`` runs a Structured Streaming query checkpointed in ``--checkpoint`` (until
+killed, or with ``--available-now`` until it has caught up); ``--mode batch`` reads the
+journal as a batch, writes the result with ``df.write`` and prints what it read as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from pyspark.sql import DataFrame, SparkSession
+
+from kittiwake.spark import register
+
+
+def transformed(df: DataFrame, out: str) -> DataFrame:
+    return df.selectExpr(
+        f"concat('{out}/', topic) AS topic", "upper(CAST(payload AS STRING)) AS payload"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--master", required=True)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--topics", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--mode", choices=("stream", "batch"), default="stream")
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--max-offsets", default="20")
+    parser.add_argument("--available-now", action="store_true")
+    args = parser.parse_args()
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master(args.master)
+        .appName("kittiwake-pipeline-job")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.executor.memory", "512m")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    if args.mode == "batch":
+        source = (
+            spark.read.format("kittiwake")
+            .option("url", args.url)
+            .option("topics", args.topics)
+            .option("minPartitions", "2")
+            .load()
+        )
+        rows = source.selectExpr("topic", "CAST(payload AS STRING) AS payload").collect()
+        transformed(source, args.out).write.format("kittiwake").option("url", args.url).mode(
+            "append"
+        ).save()
+        print(json.dumps(sorted([row.topic, row.payload] for row in rows)), flush=True)
+        spark.stop()
+        return
+    stream = (
+        spark.readStream.format("kittiwake")
+        .option("url", args.url)
+        .option("topics", args.topics)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", args.max_offsets)
+        .option("minPartitions", "2")
+        .load()
+    )
+    writer = (
+        transformed(stream, args.out)
+        .writeStream.format("kittiwake")
+        .option("url", args.url)
+        .option("checkpointLocation", args.checkpoint)
+    )
+    if args.available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime="100 milliseconds")
+    query = writer.start()
+    print("started", flush=True)
+    query.awaitTermination()
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

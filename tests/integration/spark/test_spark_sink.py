@@ -1,0 +1,314 @@
+"""``df.write`` / ``df.writeStream.format("kittiwake")`` on a real local Spark, into a real
+broker over Arrow Flight: rows reach MQTT subscribers (paho-mqtt) and the journal exactly once,
+retained where asked; a replayed batch, a retried task and a kill -9 of the driver publish
+nothing twice.
+
+The package's one SparkSession (conftest.py), small data. Marked ``spark``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..brokerproc import SRC_DIR, BrokerProcess
+from ..clients import MQTTv5, PahoClient, unique, wait_until
+
+pytestmark = pytest.mark.spark
+
+pyspark = pytest.importorskip("pyspark", reason="needs the spark extra: make test-deps")
+flight = pytest.importorskip("pyarrow.flight")
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+from kittiwake.flight.protocol import RangeRequest, parse_latest_answer  # noqa: E402
+from kittiwake.spark import KittiwakeDataSource  # noqa: E402
+from kittiwake.spark.options import SinkOptions  # noqa: E402
+from kittiwake.spark.sink import KittiwakeBatchWriter, PartitionWritten, check_schema  # noqa: E402
+
+JOURNAL = {"retention_seconds": 3600}
+QUERY_TIMEOUT = 120
+JOB = Path(__file__).with_name("pipeline_job.py")
+
+
+@pytest.fixture(scope="module")
+def sink_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    process = BrokerProcess(tmp_path_factory.mktemp("sink"), flight=True, journal=JOURNAL)
+    process.start()
+    yield process
+    process.stop()
+
+
+def high_water(url: str) -> int:
+    connection = flight.connect(url)
+    try:
+        (result,) = list(connection.do_action(flight.Action("latest", b"")))
+        return parse_latest_answer(result.body.to_pybytes())[0][1]
+    finally:
+        connection.close()
+
+
+def journal_rows(url: str, topic_filter: str, start: int = 0) -> list[tuple[str, bytes, int]]:
+    """(topic, payload, qos) of every journalled row on the filter, in offset order."""
+    connection = flight.connect(url)
+    try:
+        (result,) = list(connection.do_action(flight.Action("latest", b"")))
+        end = parse_latest_answer(result.body.to_pybytes())[0][1]
+        ticket = RangeRequest(start, end, (topic_filter,)).to_ticket()
+        table = connection.do_get(flight.Ticket(ticket)).read_all()
+        return [(r["topic"], r["payload"], r["qos"]) for r in table.to_pylist()]
+    finally:
+        connection.close()
+
+
+def publish(paho: Callable[..., PahoClient], address: tuple[str, int], items: list[Any]) -> None:
+    publisher = paho(address)
+    for topic, payload in items:
+        publisher.publish(topic, payload, 1)  # PUBACK'd: committed to the journal
+
+
+def received(subscriber: PahoClient, count: int) -> list[tuple[str, bytes]]:
+    """Exactly ``count`` messages, and then no more."""
+    got = [(m.topic, m.payload) for m in subscriber.get_many(count, timeout=30)]
+    subscriber.no_message(within=0.5)
+    return got
+
+
+def test_a_batch_write_reaches_subscribers_and_the_journal_once_and_retains(
+    spark: SparkSession, sink_broker: BrokerProcess, paho: Callable[..., PahoClient]
+) -> None:
+    prefix = unique("write")
+    url = sink_broker.flight_url
+    subscriber = paho(sink_broker.address, protocol=MQTTv5)
+    subscriber.subscribe(f"{prefix}/#", 1)
+    readings = [
+        (f"{prefix}/dev{i % 3}", f"reading {i}", 0 if i % 5 == 0 else None, False, {"n": str(i)})
+        for i in range(30)
+    ]
+    stats = [(f"{prefix}/stats/dev{i}", f"mean {i}", 1, True, None) for i in range(3)]
+    df = spark.createDataFrame(
+        readings + stats,
+        "topic string, payload string, qos int, retain boolean, properties map<string,string>",
+    ).repartition(3)
+    df.write.format("kittiwake").option("url", url).mode("append").save()
+
+    got = subscriber.get_many(len(readings) + len(stats), timeout=30)
+    subscriber.no_message(within=0.5)
+    assert sorted((m.topic, m.payload.decode()) for m in got) == sorted(
+        (topic, payload) for topic, payload, *_ in readings + stats
+    )
+    by_payload = {m.payload.decode(): m for m in got}
+    assert by_payload["reading 5"].qos == 0 and by_payload["reading 6"].qos == 1
+    assert by_payload["reading 7"].properties.UserProperty == [("n", "7")]
+    # QoS 0 rows are delivered but, like any QoS 0 publication, not journalled (no opt-in).
+    assert sorted(journal_rows(url, f"{prefix}/#")) == sorted(
+        (topic, payload.encode(), 1 if qos is None else qos)
+        for topic, payload, qos, *_ in readings + stats
+        if qos != 0
+    )
+    late = paho(sink_broker.address)
+    late.subscribe(f"{prefix}/stats/#", 1)
+    retained = late.get_many(3)
+    assert sorted((m.topic, m.payload.decode(), m.retain) for m in retained) == [
+        (topic, payload, True) for topic, payload, *_ in stats
+    ]
+
+
+def test_a_replayed_batch_publishes_nothing_twice(
+    spark: SparkSession,
+    sink_broker: BrokerProcess,
+    paho: Callable[..., PahoClient],
+    tmp_path: Path,
+) -> None:
+    """Batch 1 fails after its partition 0 was published (partition 1 fails on every attempt
+    until a marker exists); the query restarted from its checkpoint replays batch 1 with the
+    same query id and batch id: partition 0 is answered "already committed", partition 1 is
+    published, and every row arrives once."""
+    prefix = unique("replay")
+    url = sink_broker.flight_url
+    start = high_water(url)
+    items = [(f"{prefix}/in", f"row {i}".encode()) for i in range(20)]
+    publish(paho, sink_broker.address, items)
+    subscriber = paho(sink_broker.address)
+    subscriber.subscribe(f"{prefix}/out/#", 1)
+    marker = tmp_path / "may-pass"
+    out_filter = f"{prefix}/out/#"
+
+    def fail_batch_1_partition_1(batches: Iterator[Any]) -> Iterator[Any]:
+        # Runs on an executor: pickled by value, so it uses nothing of this test module.
+        import time as clock
+
+        import pyarrow.flight as executor_flight
+        from pyspark import TaskContext as ExecutorTaskContext
+
+        from kittiwake.flight.protocol import RangeRequest as Range
+        from kittiwake.flight.protocol import parse_latest_answer as bounds_of
+
+        def published() -> int:
+            connection = executor_flight.connect(url)
+            try:
+                (answer,) = list(connection.do_action(executor_flight.Action("latest", b"")))
+                end = bounds_of(answer.body.to_pybytes())[0][1]
+                ticket = executor_flight.Ticket(Range(start, end, (out_filter,)).to_ticket())
+                return int(connection.do_get(ticket).read_all().num_rows)
+            finally:
+                connection.close()
+
+        context = ExecutorTaskContext.get()
+        batch_id = context.getLocalProperty("streaming.sql.batchId")
+        if batch_id == "1" and context.partitionId() == 1 and not marker.exists():
+            # Fail once batch 0 (10 rows) and batch 1's partition 0 (5 rows) are published.
+            deadline = clock.monotonic() + 60
+            while published() < 15 and clock.monotonic() < deadline:
+                clock.sleep(0.05)
+            raise RuntimeError("injected failure in batch 1, partition 1")
+        yield from batches
+
+    def run() -> Any:
+        df = (
+            spark.readStream.format("kittiwake")
+            .option("url", url)
+            .option("topics", f"{prefix}/in")
+            .option("startingOffsets", json.dumps({"0": start}))
+            .option("maxOffsetsPerTrigger", "10")
+            .option("minPartitions", "2")
+            .load()
+            .selectExpr(f"'{prefix}/out/t' AS topic", "payload")
+        )
+        out = df.mapInArrow(fail_batch_1_partition_1, df.schema)
+        return (
+            out.writeStream.format("kittiwake")
+            .option("url", url)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    failed = run()
+    with pytest.raises(Exception, match="injected failure"):
+        failed.awaitTermination(QUERY_TIMEOUT)
+    assert len(journal_rows(url, out_filter, start)) == 15
+    marker.touch()
+    restarted = run()
+    assert restarted.id == failed.id, "the same query, restarted from its checkpoint"
+    assert restarted.awaitTermination(QUERY_TIMEOUT)
+    assert restarted.exception() is None
+
+    expected = sorted((f"{prefix}/out/t", payload) for _topic, payload in items)
+    assert sorted(received(subscriber, len(items))) == expected
+    assert sorted((t, p) for t, p, _q in journal_rows(url, out_filter, start)) == expected
+    assert f"writer {failed.id} batch 1 partition 0 was committed before" in (
+        sink_broker.log_text()
+    ), "batch 1 must have been replayed into the fence"
+
+
+def test_a_retried_task_publishes_nothing_twice(
+    spark: SparkSession, sink_broker: BrokerProcess, paho: Callable[..., PahoClient]
+) -> None:
+    prefix = unique("retry")
+    url = sink_broker.flight_url
+    subscriber = paho(sink_broker.address)
+    subscriber.subscribe(f"{prefix}/#", 1)
+    items = [(f"{prefix}/t{i % 2}", f"value {i}") for i in range(12)]
+
+    # Defined here, so Spark pickles them by value for its executors.
+    class FailsAfterItsFirstPut(KittiwakeBatchWriter):
+        """A task that dies after its put (its answer lost): Spark runs it again."""
+
+        def write(self, iterator: Iterator[Any]) -> PartitionWritten:
+            from pyspark import TaskContext as ExecutorTaskContext
+
+            written = super().write(iterator)
+            context = ExecutorTaskContext.get()
+            if context.partitionId() == 0 and context.attemptNumber() == 0:
+                raise RuntimeError("the task fails after its put")
+            return written
+
+    class RetriedTaskSource(KittiwakeDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "kittiwake_retried_task"
+
+        def writer(self, schema: Any, overwrite: bool) -> KittiwakeBatchWriter:
+            check_schema(schema)
+            return FailsAfterItsFirstPut(SinkOptions.parse(self.options))
+
+    spark.dataSource.register(RetriedTaskSource)
+    df = spark.createDataFrame(items, "topic string, payload string").repartition(2)
+    df.write.format("kittiwake_retried_task").option("url", url).mode("append").save()
+
+    expected = sorted((topic, payload.encode()) for topic, payload in items)
+    assert sorted(received(subscriber, len(items))) == expected
+    assert sorted((t, p) for t, p, _q in journal_rows(url, f"{prefix}/#")) == expected
+    assert "batch 0 partition 0 was committed before" in sink_broker.log_text()
+
+
+def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
+    sink_broker: BrokerProcess, paho: Callable[..., PahoClient], tmp_path: Path
+) -> None:
+    """The streaming job runs as its own driver process; it is killed (-9, with its JVM)
+    mid-stream and restarted from its checkpoint: every input row reaches the sink once."""
+    prefix = unique("driver")
+    url = sink_broker.flight_url
+    # 4 micro-batches of 30 (each takes a good part of a second): killed after the first.
+    items = [(f"{prefix}/in/{i % 4}", f"reading {i}".encode()) for i in range(120)]
+    publish(paho, sink_broker.address, items)
+    subscriber = paho(sink_broker.address)
+    subscriber.subscribe(f"{prefix}/out/#", 1)
+    out_filter = f"{prefix}/out/#"
+    command = [
+        sys.executable,
+        str(JOB),
+        "--master",
+        "local[2]",
+        "--url",
+        url,
+        "--topics",
+        f"{prefix}/in/#",
+        "--out",
+        f"{prefix}/out",
+        "--checkpoint",
+        str(tmp_path / "checkpoint"),
+        "--max-offsets",
+        "30",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(SRC_DIR), "PYSPARK_PYTHON": sys.executable}
+    log = open(tmp_path / "driver.log", "wb")  # noqa: SIM115 - closed below
+    first = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    try:
+        wait_until(
+            lambda: first.poll() is None and len(journal_rows(url, out_filter)) >= 30,
+            timeout=QUERY_TIMEOUT,
+            interval=0.05,
+        )
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the driver: Python and its JVM
+        first.wait(10)
+    written_before = len(journal_rows(url, out_filter))
+    assert written_before < len(items), "the kill must land mid-stream"
+
+    again = subprocess.run(
+        [*command, "--available-now"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        timeout=QUERY_TIMEOUT,
+    )
+    log.close()
+    assert again.returncode == 0, (tmp_path / "driver.log").read_text()[-5000:]
+    expected = sorted((f"{prefix}/out/{topic}", payload.upper()) for topic, payload in items)
+    journalled = [(t, p) for t, p, _q in journal_rows(url, out_filter)]
+    assert len(journalled) == len(items)
+    assert len(set(journalled)) == len(items)
+    assert sorted(journalled) == expected
+    assert sorted(received(subscriber, len(items))) == expected
