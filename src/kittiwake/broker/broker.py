@@ -19,7 +19,7 @@ from kittiwake import __version__
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.delivery import delivery_level
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import MessageQueue, QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage
 from kittiwake.broker.retained import RetainedMessages
 from kittiwake.broker.sessions import (
     NEVER_EXPIRES,
@@ -885,9 +885,9 @@ class Broker:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _new_queue(self, client_id: str) -> MessageQueue:
+    def _new_queue(self, client_id: str) -> Queue:
         limits = self.config.limits
-        return MessageQueue(
+        return Queue(
             f"session:{client_id}",
             max_messages=limits.max_queued_messages,
             max_bytes=limits.max_queued_bytes,

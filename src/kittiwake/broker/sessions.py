@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import MessageQueue, QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage
 
 # A session expiry interval meaning "never expires" (the MQTT 5 value 0xFFFFFFFF).
 NEVER_EXPIRES = 0xFFFFFFFF
@@ -101,7 +101,7 @@ class Session:
     """One client's session, alive across connections while it has not expired."""
 
     client_id: str
-    queue: MessageQueue
+    queue: Queue
     expiry_interval: int = 0
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
     inflight: dict[int, InflightDelivery] = field(default_factory=dict)

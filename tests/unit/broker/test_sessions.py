@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import MessageQueue, QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage
 from kittiwake.broker.sessions import MAX_DELIVERY_ID, NEVER_EXPIRES, InflightDelivery, Session
 
 HOUR = 3600
@@ -448,7 +448,7 @@ def test_start_delivery_without_consumer_is_harmless(harness) -> None:
 
 
 def bare_session() -> Session:
-    return Session("c", MessageQueue("q", max_messages=10, max_bytes=1000))
+    return Session("c", Queue("q", max_messages=10, max_bytes=1000))
 
 
 def inflight_entry() -> InflightDelivery:
