@@ -17,15 +17,16 @@ from enum import Enum
 
 from kittiwake import __version__
 from kittiwake.broker.authorization import Authorizer
+from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Outcome
 from kittiwake.broker.delivery import delivery_level
+from kittiwake.broker.dispatch import DurableReceiver, resend
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import Queue, QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
 from kittiwake.broker.sessions import (
     NEVER_EXPIRES,
-    InflightDelivery,
     Session,
-    SessionConsumer,
+    SessionLink,
     SharedGroup,
     Subscription,
 )
@@ -151,14 +152,12 @@ class Broker:
         for message in state.retained.values():
             self.retained.restore(message)
         for record in state.sessions.values():
-            session = Session(
-                client_id=record.client_id,
-                queue=self._new_queue(record.client_id),
-                expiry_interval=record.expiry_interval,
-                will=record.will,
-                will_delay=record.will_delay,
-                will_expiry=record.will_expiry,
-            )
+            session = self._new_session(record.client_id)
+            session.expiry_interval = record.expiry_interval
+            session.queue.durable = True
+            session.will = record.will
+            session.will_delay = record.will_delay
+            session.will_expiry = record.will_expiry
             self.sessions[record.client_id] = session
             for stored in record.subscriptions:
                 options = SubscriptionOptions(
@@ -176,6 +175,8 @@ class Broker:
                 session.will_at = now + session.will_delay
             self._detach(session)
         recovered = 0
+        # Entries queued (not marked in flight) per session, in queue order, for the crash rule.
+        waiting: dict[Session, list[QueuedMessage]] = {}
         for queued in state.queued:
             owner = self.sessions.get(queued.client_id)
             stored_message = state.messages.get(queued.message_id)
@@ -190,10 +191,21 @@ class Broker:
                 queued.delivery_count,
             )
             if queued.state in ("sent", "received") and queued.delivery_id:
-                owner.inflight[queued.delivery_id] = InflightDelivery(entry, queued.state)
+                # The stored count includes the attempt in flight; resuming counts it again.
+                entry.delivery_count = max(0, queued.delivery_count - 1)
+                state_now = DeliveryState(queued.state)
+                delivery = owner.queue.restore(owner.consumer, entry, state_now)
+                delivery.tag = queued.delivery_id
             else:
                 owner.queue.push(entry)
+                waiting.setdefault(owner, []).append(entry)
             recovered += 1
+        for record in state.sessions.values():
+            entries = waiting.get(self.sessions[record.client_id], [])
+            # A lazily written in-flight mark is lost in a crash: whatever the window of the
+            # connection attached at the time let out may have been seen (DESIGN.md section 2).
+            for entry in entries[: record.window]:
+                entry.delivery_count += 1
         log.info(
             "recovered %d sessions, %d messages, %d retained",
             len(state.sessions),
@@ -206,7 +218,7 @@ class Broker:
     def connect(
         self,
         client_id: str,
-        consumer: SessionConsumer,
+        link: SessionLink,
         *,
         clean_start: bool,
         expiry_interval: int,
@@ -218,8 +230,8 @@ class Broker:
         """Attach a connection to its session; returns the session and session-present."""
         now = self.clock.now()
         existing = self.sessions.get(client_id)
-        if existing is not None and existing.consumer is not None:
-            old = existing.consumer
+        if existing is not None and existing.link is not None:
+            old = existing.link
             log.info("client %s: session taken over by a new connection", client_id)
             self._end_connection(existing, publish_will=True, now=now)
             old.taken_over()
@@ -239,16 +251,18 @@ class Broker:
             session.expires_at = None
             self._detached.discard(session)
         else:
-            session = Session(client_id=client_id, queue=self._new_queue(client_id))
+            session = self._new_session(client_id)
             self.sessions[client_id] = session
             session_present = False
         was_persistent = session.persistent
         session.expiry_interval = expiry_interval
+        session.queue.durable = session.persistent
         session.will = will
         session.will_delay = will_delay
         session.will_expiry = will_expiry
-        session.window = max(1, min(window, self.config.limits.max_inflight))
-        session.consumer = consumer
+        # The receiver comes with start_delivery: nothing may go out before the CONNACK.
+        session.consumer.set_window(max(1, min(window, self.config.limits.max_inflight)))
+        session.link = link
         self.routing_generation += 1
         self.stats.clients_connected += 1
         if session.persistent:
@@ -267,15 +281,20 @@ class Broker:
 
     def start_delivery(self, session: Session) -> None:
         """After the connection is acknowledged: resend what was in flight, then the queue."""
-        consumer = session.consumer
-        if consumer is None:
+        link = session.link
+        if link is None:
             return
-        for delivery_id, inflight in list(session.inflight.items()):
-            if inflight.state == "received":
-                consumer.release(delivery_id)
-            else:
-                consumer.deliver(delivery_id, inflight.entry, resend=True)
+        self._attach_receiver(session, link)
+        resend(self, session, link)
         self.pump(session)
+
+    def _attach_receiver(self, session: Session, link: SessionLink) -> None:
+        """The consumer's receiver: the link itself, or, when the session's copies are
+        stored, a receiver that writes their in-flight marks first."""
+        if session.persistent:
+            session.consumer.receiver = DurableReceiver(self.store, session, link)
+        else:
+            session.consumer.receiver = link
 
     def disconnect(self, session: Session, *, publish_will: bool, keep_will: bool = False) -> None:
         """The session's connection ended (cleanly or not).
@@ -283,7 +302,7 @@ class Broker:
         ``keep_will``: the broker is stopping, which is not the client's doing: a persistent
         session keeps its will, stored, to be due after the restart like after a crash.
         """
-        if session.consumer is None:
+        if session.link is None:
             return
         self._end_connection(
             session, publish_will=publish_will, now=self.clock.now(), keep_will=keep_will
@@ -293,6 +312,9 @@ class Broker:
         """A v5 DISCONNECT may change the expiry interval."""
         was_persistent = session.persistent
         session.expiry_interval = expiry_interval
+        session.queue.durable = session.persistent
+        if session.link is not None and session.consumer.receiver is not None:
+            self._attach_receiver(session, session.link)
         if session.persistent:
             self._save_session(session)
         elif was_persistent:
@@ -301,7 +323,8 @@ class Broker:
     def _end_connection(
         self, session: Session, *, publish_will: bool, now: float, keep_will: bool = False
     ) -> None:
-        session.consumer = None
+        session.link = None
+        session.consumer.receiver = None
         self._release_drain_waiter(session)
         self.routing_generation += 1
         self.stats.clients_connected -= 1
@@ -327,13 +350,14 @@ class Broker:
 
     def _end_session(self, session: Session, now: float) -> None:
         """The session is over: its will goes out if still pending, its state is dropped."""
-        if session.will is not None and session.consumer is None:
+        if session.will is not None and session.link is None:
             self._publish_will(session)
         for subscription in list(session.subscriptions.values()):
             self._remove_subscription(subscription)
         session.subscriptions.clear()
         session.queue.drain()
-        session.inflight.clear()
+        session.consumer.unsettled.clear()
+        session.queue.in_flight = 0
         session.incoming_qos2.clear()
         self._detached.discard(session)
         if self.sessions.get(session.client_id) is session:
@@ -388,7 +412,7 @@ class Broker:
             due = session.queue.next_visible_time()
             if due is None or self.sessions.get(session.client_id) is not session:
                 self._delayed.discard(session)
-            elif due <= now and session.consumer is not None:
+            elif due <= now and session.link is not None:
                 self.pump(session)
 
     # -- subscriptions --------------------------------------------------------------------
@@ -551,7 +575,7 @@ class Broker:
         if not depth or self._loop is None:
             return None
         for session in touched:
-            if session.consumer is not None and session.queue.count >= depth:
+            if session.link is not None and session.queue.count >= depth:
                 # One future per congested session, shared by every publisher waiting on it.
                 waiter = session.drain_waiter
                 if waiter is None:
@@ -621,7 +645,7 @@ class Broker:
                 or entry.subscription_id is not None
             ):
                 break
-            if entry.session.consumer is not None:  # offline sessions never queue QoS 0
+            if entry.session.link is not None:  # offline sessions never queue QoS 0
                 sessions[entry.session] = None
         else:
             result = tuple(sessions)
@@ -731,36 +755,30 @@ class Broker:
 
     def _enqueue(self, session: Session, entry: QueuedMessage) -> bool:
         """Queue one copy; QoS 0 goes straight out or nowhere. True when pumping is needed."""
+        queue = session.queue
         if entry.qos == 0:
-            consumer = session.consumer
-            if consumer is None:
-                return False
-            consumer.deliver(0, entry)
-            self.stats.messages_sent += 1
+            if queue.offer(entry):
+                self.stats.messages_sent += 1
             return False
-        consumer = session.consumer
-        if consumer is None and not session.persistent:
+        if session.link is None and not session.persistent:
             return False
         stored = entry.persistent and session.persistent
+        consumer = session.consumer
         if (
-            consumer is not None
-            and not stored
-            and not session.queue.count
-            and len(session.inflight) < session.window
+            not stored
+            and not queue.count
+            and consumer.credit > 0
+            and consumer.receiver is not None
             and entry.message.delivery_time is None
             # A QoS 2 copy of a message still being committed waits for the commit: if it
             # fails, the publisher is refused and resends, and this copy would be a duplicate.
             and (entry.qos < 2 or not entry.message.persistent)
         ):
             # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
-            self._start_delivery(session, consumer, entry, False)
+            queue.deliver_now(consumer, entry)
+            self.stats.messages_sent += 1
             return False
-        accepted, victims = session.queue.push(entry)
-        for victim in victims:
-            self.stats.messages_dropped += 1
-            if victim.persistent and session.persistent:
-                self.store.release(session.client_id, victim.message.message_id)
-        if not accepted:
+        if not queue.push(entry)[0]:
             self.stats.messages_dropped += 1
             return False
         if stored:
@@ -773,95 +791,33 @@ class Broker:
 
     def pump(self, session: Session) -> None:
         """Move queued messages into flight while the consumer's window has room."""
-        consumer = session.consumer
-        if consumer is None:
-            return
         queue = session.queue
-        if not queue.count:
+        if not queue.count or session.consumer.receiver is None:
             return
-        inflight = session.inflight
-        now = self.clock.now()
-        stored = session.persistent
-        expired: list[QueuedMessage] = []
-        while len(inflight) < session.window:
-            entry = queue.pop(now, expired)
-            if entry is None:
-                break
-            if entry.message.awaiting_commit and (entry.qos == 2 or (stored and entry.persistent)):
-                # Its commit's callback pumps again. (A QoS 1 copy nobody stores may go first,
-                # as in _enqueue: a failed commit only makes it a duplicate, which QoS 1 allows.)
-                queue.push_front(entry)
-                break
-            self._start_delivery(session, consumer, entry, stored and entry.persistent)
+        self.stats.messages_sent += queue.dispatch(self.clock.now())
         if session.drain_waiter is not None and queue.count <= self._flow_depth // 2:
             self._release_drain_waiter(session)
         if queue.next_visible_time() is not None:
             self._delayed.add(session)
-        for dead in expired:  # expired while queued: the store must forget them too
-            if stored and dead.persistent:
-                self.store.release(session.client_id, dead.message.message_id)
-        if queue.counters.expired:
-            self.stats.messages_dropped += queue.counters.expired
-            queue.counters.expired = 0
 
-    def _start_delivery(
-        self, session: Session, consumer: SessionConsumer, entry: QueuedMessage, stored: bool
-    ) -> None:
-        """Put one QoS 1/2 entry in flight under a fresh delivery id and send it."""
-        delivery_id = session.allocate_delivery_id()
-        session.inflight[delivery_id] = InflightDelivery(entry)
-        entry.delivery_count += 1
-        self.stats.messages_sent += 1
-        if stored:
-            self.store.mark_delivery(
-                session.client_id,
-                entry.message.message_id,
-                delivery_id,
-                "sent",
-                lazy=entry.qos == 1,
-            )
-            if entry.qos == 2:
-                # The client will hold this id until PUBREL: the broker must not forget it.
-                commit = self.store.commit()
-                if commit is not None:
-
-                    def send(f: asyncio.Future[None]) -> None:
-                        current = session.inflight.get(delivery_id)
-                        if f.cancelled() or f.exception() is not None:
-                            return  # stays in flight; resent on the next connection
-                        if (
-                            session.consumer is consumer
-                            and current is not None
-                            and current.entry is entry
-                        ):
-                            consumer.deliver(delivery_id, entry)
-
-                    asyncio.ensure_future(commit).add_done_callback(send)
-                    return
-        consumer.deliver(delivery_id, entry)
-
-    def acknowledge(self, session: Session, delivery_id: int) -> bool:
+    def acknowledge(self, session: Session, delivery: Delivery) -> bool:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""
-        inflight = session.inflight.pop(delivery_id, None)
-        if inflight is None:
+        queue = delivery.consumer.queue
+        if queue is None or not queue.settle(delivery, Outcome.ACCEPTED):
             return False
-        entry = inflight.entry
-        if entry.persistent and session.persistent:
-            self.store.release(session.client_id, entry.message.message_id)
-        if session.queue.count:
+        if queue.count:
             self.pump_soon(session)
         return True
 
-    def received(self, session: Session, delivery_id: int) -> bool:
+    def received(self, session: Session, delivery: Delivery) -> bool:
         """A QoS 2 delivery reached the client (PUBREC); only its release remains."""
-        inflight = session.inflight.get(delivery_id)
-        if inflight is None:
+        queue = delivery.consumer.queue
+        if queue is None or not queue.mark_received(delivery):
             return False
-        inflight.state = "received"
-        entry = inflight.entry
+        entry = delivery.entry
         if entry.persistent and session.persistent:
             self.store.mark_delivery(
-                session.client_id, entry.message.message_id, delivery_id, "received"
+                session.client_id, entry.message.message_id, delivery.tag, "received"
             )
         return True
 
@@ -885,14 +841,29 @@ class Broker:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _new_queue(self, client_id: str) -> Queue:
+    def _new_session(self, client_id: str) -> Session:
+        """A session with its queue and its consumer (not yet connected)."""
         limits = self.config.limits
-        return Queue(
-            f"session:{client_id}",
+        queue = Queue(
+            f"$session/{client_id}",
             max_messages=limits.max_queued_messages,
             max_bytes=limits.max_queued_bytes,
             policy=limits.queue_full_policy,
         )
+        consumer = Consumer(None, window=limits.max_inflight, name=client_id)
+        queue.attach(consumer)
+        session = Session(client_id, queue, consumer)
+        queue.on_removed = lambda _queue, entry, reason: self._entry_removed(session, entry, reason)
+        return session
+
+    def _entry_removed(self, session: Session, entry: QueuedMessage, reason: Removal) -> None:
+        """An entry left a session's queue for good: the store forgets it too."""
+        if reason is not Removal.ACCEPTED:
+            # Expired or pushed out of a full queue: never delivered. (MQTT sessions do not
+            # dead-letter: their queues have no maximum delivery count.)
+            self.stats.messages_dropped += 1
+        if entry.persistent and session.queue.durable:
+            self.store.release(session.client_id, entry.message.message_id)
 
     def _save_session(self, session: Session) -> None:
         self.store.save_session(
@@ -913,6 +884,7 @@ class Broker:
                 will=session.will,
                 will_delay=session.will_delay,
                 will_expiry=session.will_expiry,
+                window=session.window if session.link is not None else 0,
             )
         )
 

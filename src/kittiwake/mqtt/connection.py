@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
@@ -25,6 +26,7 @@ from kittiwake.broker.topics import (
 )
 from kittiwake.mqtt.codec import encode, encode_ack, encode_publish
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError
+from kittiwake.mqtt.packet_ids import OutgoingPacketIds
 from kittiwake.mqtt.packets import (
     Auth,
     ConnAck,
@@ -87,6 +89,8 @@ class MQTTConnection:
         self.peer_max_packet_size = 268_435_460
         self.peer_topic_alias_maximum = 0
         self._outgoing_aliases: dict[str, int] = {}
+        # Our QoS 1/2 PUBLISHes in flight: packet id -> the core's delivery.
+        self._packet_ids = OutgoingPacketIds()
         self._incoming_aliases: dict[int, str] = {}
         self._problem_information = True
         # QoS 1 publications whose PUBACK is held (store commit, flow control); with the
@@ -432,7 +436,7 @@ class MQTTConnection:
             receivers = None
             sessions = broker.plain_targets(topic)
             if sessions is not None:
-                connections = [s.consumer for s in sessions]
+                connections = [s.link for s in sessions]
                 if all(type(c) is MQTTConnection and c.protocol_version < 5 for c in connections):
                     receivers = tuple(connections)  # type: ignore[arg-type]
             if len(topic) <= MAX_CACHED_TOPIC_CHARS:
@@ -503,16 +507,21 @@ class MQTTConnection:
 
     def _on_puback(self, packet: PubAck) -> None:
         assert self.session is not None
-        self.broker.acknowledge(self.session, packet.packet_id)
+        delivery = self._packet_ids.pop(packet.packet_id)
+        if delivery is not None:
+            self.broker.acknowledge(self.session, delivery)
 
     def _on_pubrec(self, packet: PubRec) -> None:
         session = self.session
         assert session is not None
         if packet.reason_code >= 0x80:
             # v5: a failing PUBREC ends the exchange; no PUBREL follows.
-            self.broker.acknowledge(session, packet.packet_id)
+            delivery = self._packet_ids.pop(packet.packet_id)
+            if delivery is not None:
+                self.broker.acknowledge(session, delivery)
             return
-        if self.broker.received(session, packet.packet_id):
+        delivery = self._packet_ids.get(packet.packet_id)
+        if delivery is not None and self.broker.received(session, delivery):
             pid = packet.packet_id
             self._after_commit(lambda: self.transport.write(encode_ack(0x62, pid)))
         else:
@@ -532,7 +541,9 @@ class MQTTConnection:
 
     def _on_pubcomp(self, packet: PubComp) -> None:
         assert self.session is not None
-        self.broker.acknowledge(self.session, packet.packet_id)
+        delivery = self._packet_ids.pop(packet.packet_id)
+        if delivery is not None:
+            self.broker.acknowledge(self.session, delivery)
 
     # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------
 
@@ -638,12 +649,27 @@ class MQTTConnection:
         Connect: _on_connect_again,
     }
 
-    # -- SessionConsumer: deliveries from the broker --------------------------------------
+    # -- SessionLink: deliveries from the broker -------------------------------------------
 
-    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
-        qos = entry.qos
-        if self.closed or (qos == 0 and self._cannot_take_qos0()):
+    def tag(self, delivery: Delivery) -> int:
+        return self._packet_ids.assign(delivery)
+
+    def deliver(self, delivery: Delivery) -> None:
+        if self.closed:
             return
+        delivery_id = self._packet_ids.assign(delivery)
+        if delivery.state is DeliveryState.RECEIVED:
+            # The client holds it already: only the release is missing (MQTT-4.4.0-1).
+            self._send(PubRel(delivery_id), self.protocol_version)
+            return
+        self._publish(delivery_id, delivery.entry, delivery.entry.delivery_count > 0)
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        if not self._cannot_take_qos0():
+            self._publish(0, entry, False)
+
+    def _publish(self, delivery_id: int, entry: QueuedMessage, resend: bool) -> None:
+        qos = entry.qos
         message = entry.message
         if self.protocol_version == 5:
             data = self._encode_v5(delivery_id, entry, resend)
@@ -691,7 +717,9 @@ class MQTTConnection:
             )
             self.broker.stats.messages_dropped += 1
             if delivery_id and self.session is not None:
-                _schedule_acknowledge(self, self.session, delivery_id)
+                delivery = self._packet_ids.pop(delivery_id)
+                if delivery is not None:
+                    _schedule_acknowledge(self, self.session, delivery)
             return
         self.transport.write(data)
 
@@ -746,10 +774,6 @@ class MQTTConnection:
             delivery_id or None,
             encode_properties(props, _PUBLISH),
         )
-
-    def release(self, delivery_id: int) -> None:
-        if not self.closed:
-            self._send(PubRel(delivery_id), self.protocol_version)
 
     def taken_over(self) -> None:
         """The broker moved our session to a newer connection: leave it alone and go."""
@@ -824,12 +848,12 @@ def _message_properties(message: Message) -> Properties:
     return props
 
 
-def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery_id: int) -> None:
+def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery: Delivery) -> None:
     """Complete a dropped delivery on the next loop turn, so a long run of oversized messages
     cannot recurse through pump → deliver → acknowledge."""
 
     def complete() -> None:
-        connection.broker.acknowledge(session, delivery_id)
+        connection.broker.acknowledge(session, delivery)
 
     try:
         asyncio.get_running_loop().call_soon(complete)

@@ -109,6 +109,7 @@ def session_to_json(record: SessionRecord, offset: float) -> str:
             "w": None if record.will is None else message_to_json(record.will, offset),
             "wd": record.will_delay,
             "we": record.will_expiry,
+            "iw": record.window,
         },
         separators=(",", ":"),
     )
@@ -123,4 +124,6 @@ def session_from_json(client_id: str, text: str, offset: float) -> SessionRecord
         will=None if doc["w"] is None else message_from_json(doc["w"], offset),
         will_delay=doc["wd"],
         will_expiry=doc["we"],
+        # Absent in rows written before it existed: no connection counted as attached.
+        window=doc.get("iw", 0),
     )

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from kittiwake.broker.broker import Broker, SubscriptionOptions
+from kittiwake.broker.consumers import Delivery
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
@@ -42,15 +43,18 @@ class HeldCommitStore(MemoryStore):
 
 
 class RecordingConsumer:
-    """Remembers the delivery ids the broker sent, for the test to acknowledge."""
+    """Remembers the deliveries the broker sent, for the test to acknowledge."""
 
     def __init__(self) -> None:
-        self.delivery_ids: list[int] = []
+        self.deliveries: list[Delivery] = []
 
-    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
-        self.delivery_ids.append(delivery_id)
+    def tag(self, delivery: Delivery) -> int:
+        return delivery.id
 
-    def release(self, delivery_id: int) -> None:
+    def deliver(self, delivery: Delivery) -> None:
+        self.deliveries.append(delivery)
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
         pass
 
     def taken_over(self) -> None:
@@ -84,9 +88,9 @@ def persistent(payload: bytes) -> Message:
 async def drain(broker: Broker, session: Session, consumer: RecordingConsumer) -> None:
     """Acknowledge deliveries until the queue is empty, as a fast subscriber would."""
     while session.queue.count or session.inflight:
-        ids, consumer.delivery_ids = consumer.delivery_ids, []
-        for delivery_id in ids:
-            broker.acknowledge(session, delivery_id)
+        sent, consumer.deliveries = consumer.deliveries, []
+        for delivery in sent:
+            broker.acknowledge(session, delivery)
         await asyncio.sleep(0)
 
 
@@ -107,14 +111,14 @@ def test_a_stored_copy_is_not_dispatched_before_its_commit() -> None:
         broker.publish(persistent(b"first"))
         store.resolve()
         await asyncio.sleep(0.01)
-        assert len(consumer.delivery_ids) == 1
+        assert len(consumer.deliveries) == 1
         broker.publish(persistent(b"second"))  # its commit stays pending
-        broker.acknowledge(session, consumer.delivery_ids.pop())
+        broker.acknowledge(session, consumer.deliveries.pop())
         await asyncio.sleep(0.01)
-        assert consumer.delivery_ids == [], "dispatched before it was durable"
+        assert consumer.deliveries == [], "dispatched before it was durable"
         store.resolve()
         await asyncio.sleep(0.01)
-        assert len(consumer.delivery_ids) == 1
+        assert len(consumer.deliveries) == 1
 
     run(body)
 

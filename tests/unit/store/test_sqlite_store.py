@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
+from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
@@ -1025,17 +1026,31 @@ def test_a_real_io_error_fails_the_commit_and_keeps_what_was_acknowledged(tmp_pa
 
 
 class RecordingConsumer:
-    """A SessionConsumer that remembers what the broker asked of it."""
+    """A SessionLink that remembers what the broker asked of it, by wire id (the id an MQTT
+    front end would put on the PUBLISH)."""
 
     def __init__(self) -> None:
         self.deliveries: list[tuple[int, QueuedMessage, bool]] = []
         self.releases: list[int] = []
+        self.by_id: dict[int, Delivery] = {}
+        self._last_id = 0
 
-    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
-        self.deliveries.append((delivery_id, entry, resend))
+    def tag(self, delivery: Delivery) -> int:
+        if not delivery.tag:
+            self._last_id += 1
+            delivery.tag = self._last_id
+        self.by_id[delivery.tag] = delivery
+        return delivery.tag
 
-    def release(self, delivery_id: int) -> None:
-        self.releases.append(delivery_id)
+    def deliver(self, delivery: Delivery) -> None:
+        wire_id = self.tag(delivery)
+        if delivery.state is DeliveryState.RECEIVED:
+            self.releases.append(wire_id)
+        else:
+            self.deliveries.append((wire_id, delivery.entry, delivery.redelivered))
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        self.deliveries.append((0, entry, False))
 
     def taken_over(self) -> None:
         pass
@@ -1186,7 +1201,7 @@ def test_broker_inflight_delivery_comes_back_as_a_resend_after_a_graceful_stop(
         # The count recorded when it was first sent came back with it.
         assert got_entry.delivery_count == 1
         # Acknowledged now: gone for good.
-        assert life.broker.acknowledge(session, got_id)
+        assert life.broker.acknowledge(session, consumer.by_id[got_id])
         await life.crash()
 
     async def third() -> None:
@@ -1203,7 +1218,10 @@ def test_broker_inflight_delivery_comes_back_as_a_resend_after_a_graceful_stop(
 def test_broker_qos1_delivery_in_flight_at_a_crash_comes_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its lazy mark was not written yet: it comes again as a first delivery, never lost."""
+    """Its lazy mark was not written yet: it comes again, never lost, and marked as a
+    redelivery with the lost attempt counted (DESIGN.md section 2: recovery treats what could
+    have been in flight, within the window of a session connected at the crash, as possibly
+    delivered). Before the core redesign it came back as a first delivery (DUP=0)."""
     monkeypatch.setattr(sqlite_module, "LAZY_MARK_DELAY", 60.0)
 
     async def first() -> None:
@@ -1222,9 +1240,10 @@ def test_broker_qos1_delivery_in_flight_at_a_crash_comes_back(
         await life.settle()
         assert present
         assert consumer.payloads == [b"in flight"]
-        got_id, got_entry, _ = consumer.deliveries[0]
-        assert got_entry.delivery_count == 1  # this delivery; the unrecorded one is not counted
-        assert life.broker.acknowledge(session, got_id)
+        got_id, got_entry, redelivered = consumer.deliveries[0]
+        assert redelivered, "possibly seen before the crash: it must carry the redelivery mark"
+        assert got_entry.delivery_count == 1  # the attempt whose mark the crash lost
+        assert life.broker.acknowledge(session, consumer.by_id[got_id])
         await life.crash()
 
     async def third() -> None:
@@ -1247,7 +1266,7 @@ def test_broker_pubrecd_qos2_delivery_comes_back_as_a_release(tmp_path: Path) ->
         await life.settle()
         await life.publish("t", b"exactly once", 2)
         delivery_id = consumer.deliveries[0][0]
-        assert life.broker.received(session, delivery_id)  # PUBREC from the subscriber
+        assert life.broker.received(session, consumer.by_id[delivery_id])  # PUBREC
         await life.crash()
         return delivery_id
 
@@ -1257,7 +1276,7 @@ def test_broker_pubrecd_qos2_delivery_comes_back_as_a_release(tmp_path: Path) ->
         await life.settle()
         assert consumer.deliveries == [], "a PUBREC'd QoS 2 message must not be published again"
         assert consumer.releases == [delivery_id]
-        assert life.broker.acknowledge(session, delivery_id)  # PUBCOMP
+        assert life.broker.acknowledge(session, consumer.by_id[delivery_id])  # PUBCOMP
         await life.crash()
 
     async def third() -> None:
@@ -1353,7 +1372,7 @@ def test_broker_retained_copy_sent_to_a_later_subscriber_survives_restart(
         life.subscribe(early, "r", 1)
         await life.settle()
         await life.publish("r", b"retained", 1, retain=True)
-        life.broker.acknowledge(early, early_consumer.deliveries[0][0])
+        life.broker.acknowledge(early, early_consumer.by_id[early_consumer.deliveries[0][0]])
         await life.settle()
         late, late_consumer, _ = life.connect("late")
         await life.settle()
@@ -1367,8 +1386,9 @@ def test_broker_retained_copy_sent_to_a_later_subscriber_survives_restart(
         _, consumer, _ = life.connect("late")
         await life.settle()
         assert consumer.payloads == [b"retained"], "the unacknowledged retained copy was lost"
-        # A first delivery again: the crash came before its lazy in-flight mark was due.
-        assert not consumer.deliveries[0][2]
+        # The crash came before its lazy in-flight mark was due, and "late" was connected:
+        # possibly seen, so it comes back marked as a redelivery (DESIGN.md section 2).
+        assert consumer.deliveries[0][2]
 
     run(first)
     run(second)
