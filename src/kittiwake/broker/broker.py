@@ -23,12 +23,12 @@ from kittiwake.broker.dispatch import DurableReceiver, resend
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
-from kittiwake.broker.sessions import (
-    NEVER_EXPIRES,
-    Session,
-    SessionLink,
+from kittiwake.broker.sessions import NEVER_EXPIRES, Session, SessionLink, Subscription
+from kittiwake.broker.shared_groups import (
+    Member,
+    MemberReceiver,
     SharedGroup,
-    Subscription,
+    group_queue_name,
 )
 from kittiwake.broker.store import MemoryStore, SessionRecord, Store, SubscriptionRecord
 from kittiwake.broker.topic_tree import TopicTree
@@ -121,9 +121,11 @@ class Broker:
         # Sessions to pump at the end of this loop turn: one pump serves every acknowledgement
         # and publication of a read, instead of one pump each. None = no loop, pump at once.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pump_pending: dict[Session, None] = {}
+        self._pump_pending: dict[Session | SharedGroup, None] = {}
         # Publications (with the sessions they were queued on) waiting for their commit.
-        self._held_for_commit: dict[asyncio.Future[None], list[tuple[Message, list[Session]]]] = {}
+        self._held_for_commit: dict[
+            asyncio.Future[None], list[tuple[Message, list[Session | SharedGroup]]]
+        ] = {}
         # A commit and a drain both waited for: one shared future per pair, not one per message.
         self._both_waiters: dict[
             tuple[asyncio.Future[None], asyncio.Future[None]], asyncio.Future[None]
@@ -175,12 +177,12 @@ class Broker:
                 session.will_at = now + session.will_delay
             self._detach(session)
         recovered = 0
-        # Entries queued (not marked in flight) per session, in queue order, for the crash rule.
-        waiting: dict[Session, list[QueuedMessage]] = {}
+        groups = {group.queue.name: group for group in self.shared_groups.values()}
+        # Entries queued (not marked in flight) per queue, in queue order, for the crash rule.
+        waiting: dict[Queue, list[QueuedMessage]] = {}
         for queued in state.queued:
-            owner = self.sessions.get(queued.client_id)
             stored_message = state.messages.get(queued.message_id)
-            if owner is None or stored_message is None:
+            if stored_message is None:
                 continue
             entry = QueuedMessage(
                 stored_message,
@@ -190,7 +192,18 @@ class Broker:
                 queued.subscription_ids,
                 queued.delivery_count,
             )
-            if queued.state in ("sent", "received") and queued.delivery_id:
+            in_flight = queued.state in ("sent", "received") and queued.delivery_id
+            owner = self.sessions.get(queued.client_id)
+            if owner is None:
+                group = groups.get(queued.client_id)
+                if group is None:
+                    continue
+                # A member's unacknowledged delivery: back to the group, the attempt counted
+                # (the stored count includes it). The restart disconnected every member.
+                group.queue.push(entry)
+                if not in_flight:
+                    waiting.setdefault(group.queue, []).append(entry)
+            elif in_flight:
                 # The stored count includes the attempt in flight; resuming counts it again.
                 entry.delivery_count = max(0, queued.delivery_count - 1)
                 state_now = DeliveryState(queued.state)
@@ -198,13 +211,20 @@ class Broker:
                 delivery.tag = queued.delivery_id
             else:
                 owner.queue.push(entry)
-                waiting.setdefault(owner, []).append(entry)
+                waiting.setdefault(owner.queue, []).append(entry)
             recovered += 1
-        for record in state.sessions.values():
-            entries = waiting.get(self.sessions[record.client_id], [])
-            # A lazily written in-flight mark is lost in a crash: whatever the window of the
-            # connection attached at the time let out may have been seen (DESIGN.md section 2).
-            for entry in entries[: record.window]:
+        # A lazily written in-flight mark is lost in a crash: whatever the window of the
+        # connection attached at the time let out may have been seen (DESIGN.md section 2).
+        windows = {
+            self.sessions[record.client_id].queue: record.window
+            for record in state.sessions.values()
+        }
+        for group in self.shared_groups.values():
+            windows[group.queue] = sum(
+                windows.get(m.session.queue, 0) for m in group.members.values()
+            )
+        for queue, entries in waiting.items():
+            for entry in entries[: windows.get(queue, 0)]:
                 entry.delivery_count += 1
         log.info(
             "recovered %d sessions, %d messages, %d retained",
@@ -290,11 +310,22 @@ class Broker:
 
     def _attach_receiver(self, session: Session, link: SessionLink) -> None:
         """The consumer's receiver: the link itself, or, when the session's copies are
-        stored, a receiver that writes their in-flight marks first."""
+        stored, a receiver that writes their in-flight marks first; and its receivers on the
+        queues of the shared subscriptions it is a member of."""
         if session.persistent:
             session.consumer.receiver = DurableReceiver(self.store, session, link)
         else:
             session.consumer.receiver = link
+        for member in session.members.values():
+            member.consumer.receiver = MemberReceiver(self, member, link)
+
+    def hand_over(self, session: Session, entry: QueuedMessage) -> None:
+        """A shared group's exactly-once message becomes this member's own, in flight now."""
+        if entry.persistent and session.persistent:
+            if entry.message.message_id == 0:
+                self.store.journal(entry.message)
+            self.store.enqueue(session.client_id, entry)
+        session.queue.deliver_now(session.consumer, entry)
 
     def disconnect(self, session: Session, *, publish_will: bool, keep_will: bool = False) -> None:
         """The session's connection ended (cleanly or not).
@@ -315,6 +346,8 @@ class Broker:
         session.queue.durable = session.persistent
         if session.link is not None and session.consumer.receiver is not None:
             self._attach_receiver(session, session.link)
+        for member in session.members.values():
+            member.group.refresh()
         if session.persistent:
             self._save_session(session)
         elif was_persistent:
@@ -325,6 +358,11 @@ class Broker:
     ) -> None:
         session.link = None
         session.consumer.receiver = None
+        for member in session.members.values():
+            # What it has not acknowledged goes back to the group, for the other members.
+            member.consumer.receiver = None
+            if member.group.queue.recall(member.consumer, received_too=True):
+                self.pump_soon(member.group)
         self._release_drain_waiter(session)
         self.routing_generation += 1
         self.stats.clients_connected -= 1
@@ -445,6 +483,9 @@ class Broker:
             existing.subscription_id = options.subscription_id
             subscription = existing
             self.routing_generation += 1
+            member = session.members.get(full_filter)
+            if member is not None:
+                member.group.refresh()
         else:
             subscription = self._attach_subscription(session, full_filter, options)
         if session.persistent:
@@ -491,10 +532,29 @@ class Broker:
         key = (subscription.share_group, subscription.topic_filter)
         group = self.shared_groups.get(key)
         if group is None:
-            group = SharedGroup(subscription.share_group, subscription.topic_filter)
+            name = group_queue_name(*key)
+            group = SharedGroup(
+                subscription.share_group,
+                subscription.topic_filter,
+                Queue(
+                    name,
+                    max_messages=self.config.limits.max_queued_messages,
+                    max_bytes=self.config.limits.max_queued_bytes,
+                    policy=self.config.limits.queue_full_policy,
+                ),
+            )
+            group.queue.on_removed = self._group_entry_removed
             self.shared_groups[key] = group
             self.tree.insert(subscription.topic_filter, group)
-        group.members[subscription.session] = subscription
+        session = subscription.session
+        member = Member(group, subscription)
+        group.members[session] = member
+        session.members[subscription.full_filter] = member
+        group.queue.attach(member.consumer)
+        group.refresh()
+        if session.link is not None and session.consumer.receiver is not None:
+            member.consumer.receiver = MemberReceiver(self, member, session.link)
+            self.pump_soon(group)
 
     def _remove_subscription(self, subscription: Subscription) -> None:
         self.routing_generation += 1
@@ -503,12 +563,21 @@ class Broker:
             return
         key = (subscription.share_group, subscription.topic_filter)
         group = self.shared_groups.get(key)
-        if group is None:
+        session = subscription.session
+        member = session.members.pop(subscription.full_filter, None)
+        if group is None or member is None:
             return
-        group.members.pop(subscription.session, None)
-        if not group.members:
-            del self.shared_groups[key]
-            self.tree.remove(subscription.topic_filter, group)
+        del group.members[session]
+        # What the member has not acknowledged goes back to the group.
+        group.queue.detach(member.consumer)
+        if group.members:
+            group.refresh()
+            self.pump_soon(group)
+            return
+        del self.shared_groups[key]
+        self.tree.remove(subscription.topic_filter, group)
+        for entry in group.queue.drain():  # nobody left to take them
+            self._group_entry_removed(group.queue, entry, Removal.PURGED)
 
     def send_retained(self, subscribed: Subscribed) -> None:
         """Deliver the retained messages a new subscription should see (retain handling)."""
@@ -565,7 +634,7 @@ class Broker:
         already durable). Publications get theirs from :meth:`publish`."""
         return self.store.commit()
 
-    def _flow_control(self, touched: list[Session]) -> asyncio.Future[None] | None:
+    def _flow_control(self, touched: list[Session | SharedGroup]) -> asyncio.Future[None] | None:
         """A future that resolves once every congested receiver has drained, or None.
 
         Only connected receivers count: an offline session's queue does not drain, and a
@@ -575,6 +644,8 @@ class Broker:
         if not depth or self._loop is None:
             return None
         for session in touched:
+            if isinstance(session, SharedGroup):
+                continue
             if session.link is not None and session.queue.count >= depth:
                 # One future per congested session, shared by every publisher waiting on it.
                 waiter = session.drain_waiter
@@ -668,21 +739,21 @@ class Broker:
                 else:
                     self.pump_soon(session)
 
-    def pump_soon(self, session: Session) -> None:
-        """Pump this session once the current loop turn has done its reading."""
+    def pump_soon(self, target: Session | SharedGroup) -> None:
+        """Pump this session (or group) once the current loop turn has done its reading."""
         if self._loop is None:
-            self.pump(session)
+            self.pump(target)
             return
         pending = self._pump_pending
         if not pending:
             self._loop.call_soon(self._run_pumps)
-        pending[session] = None
+        pending[target] = None
 
     def _run_pumps(self) -> None:
-        sessions = list(self._pump_pending)
+        targets = list(self._pump_pending)
         self._pump_pending.clear()
-        for session in sessions:
-            self.pump(session)
+        for target in targets:
+            self.pump(target)
 
     def _retain(self, message: Message) -> None:
         previous = self.retained.update(message)
@@ -691,7 +762,7 @@ class Broker:
         elif previous is not None and previous.persistent:
             self.store.set_retained(message.topic, None)
 
-    def _route(self, message: Message) -> list[Session]:
+    def _route(self, message: Message) -> list[Session | SharedGroup]:
         """Enqueue the message on every session that should get it; returns those sessions."""
         matches = self.tree.match(message.topic)
         if not matches:
@@ -702,13 +773,11 @@ class Broker:
                 return self._route_one(message, only)
         # One copy per session at the highest QoS of its overlapping (non-shared) subscriptions.
         merged: dict[Session, tuple[int, list[int], bool]] = {}
-        shared: list[Subscription] = []
+        shared: list[SharedGroup] = []
         origin = message.origin
         for entry in matches:
             if isinstance(entry, SharedGroup):
-                member = entry.pick()
-                if member is not None:
-                    shared.append(member)
+                shared.append(entry)
                 continue
             if entry.no_local and origin is not None and entry.session.client_id == origin:
                 continue
@@ -723,21 +792,37 @@ class Broker:
                 if entry.subscription_id is not None:
                     ids.append(entry.subscription_id)
                 merged[session] = (max(qos, entry.max_qos), ids, was_retain or retain)
-        touched: list[Session] = []
+        touched: list[Session | SharedGroup] = []
         for session, (max_qos, ids, retain) in merged.items():
             qos, persistent = delivery_level(message.qos, message.persistent, max_qos)
             if self._enqueue(session, QueuedMessage(message, qos, persistent, retain, tuple(ids))):
                 touched.append(session)
-        for member in shared:
-            qos, persistent = delivery_level(message.qos, message.persistent, member.max_qos)
-            ids_t = () if member.subscription_id is None else (member.subscription_id,)
-            retain = message.retain and member.retain_as_published
-            entry_q = QueuedMessage(message, qos, persistent, retain, ids_t)
-            if self._enqueue(member.session, entry_q):
-                touched.append(member.session)
+        for group in shared:
+            if self._enqueue_shared(group, message):
+                touched.append(group)
         return touched
 
-    def _route_one(self, message: Message, subscription: Subscription) -> list[Session]:
+    def _enqueue_shared(self, group: SharedGroup, message: Message) -> bool:
+        """Queue one copy for a shared group (each member's own cap applies when it is sent
+        one); QoS 0 goes to a connected member or nowhere. True when pumping is needed."""
+        entry = QueuedMessage.of(message, group.max_qos)
+        queue = group.queue
+        if entry.qos == 0:
+            if queue.offer(entry):
+                self.stats.messages_sent += 1
+            return False
+        if not queue.push(entry)[0]:
+            self.stats.messages_dropped += 1
+            return False
+        if entry.persistent and queue.durable:
+            if message.message_id == 0:
+                self.store.journal(message)
+            self.store.enqueue(queue.name, entry)
+        return True
+
+    def _route_one(
+        self, message: Message, subscription: Subscription
+    ) -> list[Session | SharedGroup]:
         """The common case of one matching subscription, without the merging machinery."""
         session = subscription.session
         if subscription.no_local and session.client_id == message.origin:
@@ -767,7 +852,7 @@ class Broker:
         if (
             not stored
             and not queue.count
-            and consumer.credit > 0
+            and consumer.credit.available > 0
             and consumer.receiver is not None
             and entry.message.delivery_time is None
             # A QoS 2 copy of a message still being committed waits for the commit: if it
@@ -789,16 +874,30 @@ class Broker:
 
     # -- delivery -------------------------------------------------------------------------
 
-    def pump(self, session: Session) -> None:
-        """Move queued messages into flight while the consumer's window has room."""
-        queue = session.queue
-        if not queue.count or session.consumer.receiver is None:
+    def pump(self, target: Session | SharedGroup) -> None:
+        """Move queued messages into flight while the consumers' windows have room.
+
+        A session's pump also serves the groups it is a member of, since the credit an
+        acknowledgement frees may be theirs to use.
+        """
+        if isinstance(target, SharedGroup):
+            if target.queue.count:
+                self.stats.messages_sent += target.queue.dispatch(self.clock.now())
             return
-        self.stats.messages_sent += queue.dispatch(self.clock.now())
-        if session.drain_waiter is not None and queue.count <= self._flow_depth // 2:
-            self._release_drain_waiter(session)
-        if queue.next_visible_time() is not None:
-            self._delayed.add(session)
+        session = target
+        if session.consumer.receiver is None:
+            return
+        queue = session.queue
+        if queue.count:
+            self.stats.messages_sent += queue.dispatch(self.clock.now())
+            if session.drain_waiter is not None and queue.count <= self._flow_depth // 2:
+                self._release_drain_waiter(session)
+            if queue.next_visible_time() is not None:
+                self._delayed.add(session)
+        if session.members:
+            for member in session.members.values():
+                if member.group.queue.count:
+                    self.pump(member.group)
 
     def acknowledge(self, session: Session, delivery: Delivery) -> bool:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""
@@ -855,6 +954,13 @@ class Broker:
         session = Session(client_id, queue, consumer)
         queue.on_removed = lambda _queue, entry, reason: self._entry_removed(session, entry, reason)
         return session
+
+    def _group_entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
+        """An entry left a shared group's queue for good: the store forgets it too."""
+        if reason is not Removal.ACCEPTED:
+            self.stats.messages_dropped += 1
+        if entry.persistent and queue.durable:
+            self.store.release(queue.name, entry.message.message_id)
 
     def _entry_removed(self, session: Session, entry: QueuedMessage, reason: Removal) -> None:
         """An entry left a session's queue for good: the store forgets it too."""

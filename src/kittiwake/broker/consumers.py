@@ -51,12 +51,16 @@ class Receiver(Protocol):
 class Delivery:
     """One attempt to give one entry to one consumer."""
 
-    __slots__ = ("consumer", "entry", "id", "state", "tag")
+    __slots__ = ("consumer", "entry", "id", "state", "tag", "view")
 
     def __init__(self, delivery_id: int, entry: QueuedMessage, consumer: Consumer) -> None:
         # The core's id, unique within its queue; front ends map it to their wire ids.
         self.id = delivery_id
+        # The queue's entry: settlement acts on it.
         self.entry = entry
+        # What the consumer is sent: the entry itself, or a copy made for this consumer (a
+        # shared subscription member's own level and subscription ids).
+        self.view = entry
         self.consumer = consumer
         self.state = DeliveryState.SENT
         # The front end's own id for this attempt (an MQTT packet identifier), 0 until it picks
@@ -77,15 +81,41 @@ class Delivery:
         return f"<Delivery {self.id} {self.state.value} count={self.entry.delivery_count}>"
 
 
-class Consumer:
-    """A taker of entries from one queue, bounded by credit.
+class Credit:
+    """How many more deliveries a receiver may take now.
 
-    Two kinds of credit, as the protocols have them: a *window* (MQTT Receive Maximum, JMS
-    prefetch) is the most unsettled deliveries at once, so each settlement gives one back; a
-    *link credit* (AMQP flow) is spent by deliveries and topped up only by the front end.
+    Two kinds, as the protocols have them: a *window* (MQTT Receive Maximum, JMS prefetch) is
+    the most unsettled deliveries at once, so each settlement gives one back; a *link credit*
+    (AMQP flow) is spent by deliveries and topped up only by the front end. Consumers of one
+    connection on several queues share one Credit (an MQTT session's own queue and its shared
+    subscriptions' queues count against one Receive Maximum).
     """
 
-    __slots__ = ("credit", "name", "queue", "receiver", "unsettled", "window")
+    __slots__ = ("available", "window")
+
+    def __init__(self, *, window: int | None = None, available: int = 0) -> None:
+        # Set when a window governs the credit; None for link credit.
+        self.window = window
+        self.available = window if window is not None else available
+
+    def set_window(self, window: int) -> None:
+        """A new window (a reconnect with another Receive Maximum); what is unsettled counts."""
+        in_use = self.window - self.available if self.window is not None else 0
+        self.window = window
+        self.available = window - in_use
+
+    def add(self, amount: int) -> None:
+        """Link credit from the front end (AMQP flow)."""
+        self.available += amount
+
+    def __repr__(self) -> str:
+        return f"<Credit {self.available} of {self.window}>"
+
+
+class Consumer:
+    """A taker of entries from one queue, bounded by its credit."""
+
+    __slots__ = ("credit", "name", "queue", "receiver", "unsettled")
 
     def __init__(
         self,
@@ -93,32 +123,32 @@ class Consumer:
         *,
         window: int | None = None,
         credit: int = 0,
+        share: Credit | None = None,
         name: str = "",
     ) -> None:
         self.name = name
         # None while the consumer cannot take anything (an MQTT session without a connection).
         self.receiver = receiver
-        # Set when a window governs the credit; None for link credit.
-        self.window = window
-        # How many more deliveries this consumer may take now.
-        self.credit = window if window is not None else credit
+        # Its own credit (a window, or link credit), or the one it shares.
+        self.credit = share if share is not None else Credit(window=window, available=credit)
         self.queue: Queue | None = None
         # Deliveries awaiting settlement, by delivery id, in the order they were made.
         self.unsettled: dict[int, Delivery] = {}
 
     @property
+    def window(self) -> int | None:
+        return self.credit.window
+
+    @property
     def ready(self) -> bool:
         """Can the queue hand this consumer an entry now?"""
-        return self.credit > 0 and self.receiver is not None
+        return self.credit.available > 0 and self.receiver is not None
 
     def set_window(self, window: int) -> None:
-        """A new window (a reconnect with another Receive Maximum); unsettled ones count."""
-        self.window = window
-        self.credit = window - len(self.unsettled)
+        self.credit.set_window(window)
 
     def add_credit(self, amount: int) -> None:
-        """Link credit from the front end (AMQP flow)."""
-        self.credit += amount
+        self.credit.add(amount)
 
     def __repr__(self) -> str:
-        return f"<Consumer {self.name!r} credit={self.credit} unsettled={len(self.unsettled)}>"
+        return f"<Consumer {self.name!r} {self.credit!r} unsettled={len(self.unsettled)}>"

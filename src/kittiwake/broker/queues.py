@@ -370,7 +370,8 @@ class Queue:
             if consumer.receiver is None:
                 return 0
             sent = 0
-            while consumer.credit > 0:
+            credit = consumer.credit
+            while credit.available > 0 and consumer.receiver is not None:
                 entry = self.pop(now)
                 if entry is None:
                     break
@@ -389,39 +390,40 @@ class Queue:
         skipped: list[QueuedMessage] = []
         sent = 0
         while True:
-            consumer = self._next_ready(None)
-            if consumer is None:
-                break
             entry = self.pop(now)
             if entry is None:
                 break
             if entry.message.awaiting_commit and self._waits_for_commit(entry):
                 self.push_front(entry)
                 break
-            excluded = entry.excluded
-            if excluded is not None and consumer in excluded:
-                other = self._next_ready(excluded)
-                if other is None:
-                    skipped.append(entry)
-                    continue
-                consumer = other
+            # The turn moves on only when a consumer takes something.
+            consumer = self._next_ready(entry.excluded)
+            if consumer is None:
+                if entry.excluded is None or self._next_ready(None, advance=False) is None:
+                    self.push_front(entry)
+                    break
+                skipped.append(entry)  # nobody present may take it; later ones may go
+                continue
             self._start(consumer, entry)
             sent += 1
         for entry in skipped:
             self.push_front(entry)
         return sent
 
-    def _next_ready(self, excluded: set[Consumer] | None) -> Consumer | None:
+    def _next_ready(
+        self, excluded: set[Consumer] | None, *, advance: bool = True
+    ) -> Consumer | None:
         """The next consumer in turn that can take an entry (and is not excluded)."""
         consumers = self.consumers
         count = len(consumers)
         for step in range(count):
             index = (self._cursor + step) % count
             consumer = consumers[index]
-            if consumer.credit > 0 and consumer.receiver is not None:
+            if consumer.credit.available > 0 and consumer.receiver is not None:
                 if excluded is not None and consumer in excluded:
                     continue
-                self._cursor = (index + 1) % count
+                if advance:
+                    self._cursor = (index + 1) % count
                 return consumer
         return None
 
@@ -452,7 +454,7 @@ class Queue:
         self._next_delivery_id += 1
         delivery = Delivery(self._next_delivery_id, entry, consumer)
         consumer.unsettled[delivery.id] = delivery
-        consumer.credit -= 1
+        consumer.credit.available -= 1
         self.in_flight += 1
         receiver = consumer.receiver
         assert receiver is not None
@@ -475,7 +477,7 @@ class Queue:
         delivery = Delivery(self._next_delivery_id, entry, consumer)
         delivery.state = state
         consumer.unsettled[delivery.id] = delivery
-        consumer.credit -= 1
+        consumer.credit.available -= 1
         self.in_flight += 1
         return delivery
 
@@ -491,8 +493,9 @@ class Queue:
         consumer = delivery.consumer
         if consumer.unsettled.pop(delivery.id, None) is None:
             return False
-        if consumer.window is not None:
-            consumer.credit += 1
+        credit = consumer.credit
+        if credit.window is not None:
+            credit.available += 1
         self.in_flight -= 1
         entry = delivery.entry
         if outcome is Outcome.ACCEPTED:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kittiwake.broker.consumers import Consumer, Delivery
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage
+
+if TYPE_CHECKING:
+    from kittiwake.broker.shared_groups import Member
 
 # A session expiry interval meaning "never expires" (the MQTT 5 value 0xFFFFFFFF).
 NEVER_EXPIRES = 0xFFFFFFFF
@@ -57,39 +60,6 @@ class Subscription:
         return f"$share/{self.share_group}/{self.topic_filter}"
 
 
-class SharedGroup:
-    """The members of one shared subscription; each message goes to one member, in turn."""
-
-    __slots__ = ("_cursor", "members", "name", "topic_filter")
-
-    def __init__(self, name: str, topic_filter: str) -> None:
-        self.name = name
-        self.topic_filter = topic_filter
-        # Ordered by joining time so the round robin is deterministic.
-        self.members: dict[Session, Subscription] = {}
-        self._cursor = 0
-
-    def pick(self) -> Subscription | None:
-        """Round robin over members that can take a message now; else any member."""
-        members = list(self.members.values())
-        if not members:
-            return None
-        count = len(members)
-        for step in range(count):
-            candidate = members[(self._cursor + step) % count]
-            if candidate.session.consumer.ready:
-                self._cursor = (self._cursor + step + 1) % count
-                return candidate
-        for step in range(count):
-            candidate = members[(self._cursor + step) % count]
-            if candidate.session.link is not None:
-                self._cursor = (self._cursor + step + 1) % count
-                return candidate
-        chosen = members[self._cursor % count]
-        self._cursor = (self._cursor + 1) % count
-        return chosen
-
-
 @dataclass(slots=True, eq=False)
 class Session:
     """One client's session, alive across connections while it has not expired."""
@@ -101,6 +71,8 @@ class Session:
     consumer: Consumer
     expiry_interval: int = 0
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
+    # Its memberships of shared subscription groups, by full filter ($share/...).
+    members: dict[str, Member] = field(default_factory=dict)
     # Ids of exactly-once publications received from the client and not yet released.
     incoming_qos2: set[int] = field(default_factory=set)
     # The connection, while there is one.

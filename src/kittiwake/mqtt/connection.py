@@ -662,7 +662,8 @@ class MQTTConnection:
             # The client holds it already: only the release is missing (MQTT-4.4.0-1).
             self._send(PubRel(delivery_id), self.protocol_version)
             return
-        self._publish(delivery_id, delivery.entry, delivery.entry.delivery_count > 0)
+        view = delivery.view
+        self._publish(delivery_id, view, view.delivery_count > 0)
 
     def deliver_settled(self, entry: QueuedMessage) -> None:
         if not self._cannot_take_qos0():

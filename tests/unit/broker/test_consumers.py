@@ -81,7 +81,7 @@ def test_consumers_take_turns_while_they_have_credit(clock: ManualClock) -> None
     assert queue.dispatch(clock.now()) == 4
     assert ra.payloads == [b"0", b"2"]
     assert rb.payloads == [b"1", b"3"]
-    assert (a.credit, b.credit) == (0, 0)
+    assert (a.credit.available, b.credit.available) == (0, 0)
     assert (queue.count, queue.in_flight) == (2, 4)
 
 
@@ -204,7 +204,7 @@ def test_accepted_removes_the_entry_for_good(clock: ManualClock) -> None:
     assert (delivery.delivery_count, delivery.redelivered) == (0, False)
     assert queue.settle(delivery, Outcome.ACCEPTED)
     assert removals.seen == [(b"m", Removal.ACCEPTED, 0)]
-    assert (queue.count, queue.in_flight, only.credit) == (0, 0, 5)
+    assert (queue.count, queue.in_flight, only.credit.available) == (0, 0, 5)
     assert not queue.settle(delivery, Outcome.ACCEPTED), "a delivery settles once"
 
 
@@ -491,3 +491,40 @@ def test_browsing_a_fifo_queue_follows_arrival_and_visibility(clock: ManualClock
     queue.attach(only)
     queue.dispatch(clock.now())
     assert browsed == rx.payloads == [b"1", b"2", b"due"]
+
+
+def test_consumers_sharing_credit_count_against_one_window(clock: ManualClock) -> None:
+    """One connection consuming from two queues (an MQTT session's own queue and a shared
+    subscription's) has one Receive Maximum: both consumers spend the same credit."""
+    own, group = make_queue()[0], make_queue()[0]
+    receiver = RecordingReceiver()
+    mine = Consumer(receiver, window=3)
+    member = Consumer(receiver, share=mine.credit)
+    own.attach(mine)
+    group.attach(member)
+    for i in range(2):
+        own.push(entry(b"own%d" % i))
+        group.push(entry(b"group%d" % i))
+    own.dispatch(clock.now())
+    group.dispatch(clock.now())
+    assert receiver.payloads == [b"own0", b"own1", b"group0"]
+    own.settle(receiver.deliveries[0], Outcome.ACCEPTED)
+    group.dispatch(clock.now())
+    assert receiver.payloads[-1] == b"group1"
+    mine.set_window(10)
+    assert mine.credit.available == member.credit.available == 7
+
+
+def test_turns_move_on_only_when_a_consumer_takes_something(clock: ManualClock) -> None:
+    """Entries arriving one at a time still alternate between two consumers (a dispatch that
+    finds nothing to give must not use up a consumer's turn)."""
+    queue, _ = make_queue()
+    a, ra = consumer(100, "a")
+    b, rb = consumer(100, "b")
+    queue.attach(a)
+    queue.attach(b)
+    for i in range(6):
+        queue.push(entry(b"%d" % i))
+        queue.dispatch(clock.now())
+    assert ra.payloads == [b"0", b"2", b"4"]
+    assert rb.payloads == [b"1", b"3", b"5"]
