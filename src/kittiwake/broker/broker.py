@@ -18,11 +18,11 @@ from enum import Enum
 from kittiwake import __version__
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Outcome
-from kittiwake.broker.delivery import delivery_level
 from kittiwake.broker.dispatch import DurableReceiver, resend
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
+from kittiwake.broker.route_plans import RoutePlan, RoutePlans
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session, SessionLink, Subscription
 from kittiwake.broker.shared_groups import (
     Member,
@@ -33,7 +33,6 @@ from kittiwake.broker.shared_groups import (
 from kittiwake.broker.store import MemoryStore, SessionRecord, Store, SubscriptionRecord
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.topics import (
-    MAX_CACHED_TOPIC_CHARS,
     TopicError,
     parse_shared,
     validate_topic_filter,
@@ -130,12 +129,9 @@ class Broker:
         self._both_waiters: dict[
             tuple[asyncio.Future[None], asyncio.Future[None]], asyncio.Future[None]
         ] = {}
-        # Bumped by every change that can alter who receives a live publication (subscribe,
-        # unsubscribe, connect, disconnect); caches of routing answers compare against it.
-        self.routing_generation = 0
+        # Who gets a publication on a topic, per topic (the publish path's one cache).
+        self.routes = RoutePlans(self.tree)
         self._flow_depth = self.config.limits.flow_control_depth
-        self._plain_cache: dict[str, tuple[Session, ...] | None] = {}
-        self._plain_generation = -1
         # Sessions whose queue holds messages not yet visible (delivery time): tick pumps them.
         self._delayed: set[Session] = set()
         self._next_anonymous = 0
@@ -283,7 +279,7 @@ class Broker:
         # The receiver comes with start_delivery: nothing may go out before the CONNACK.
         session.consumer.set_window(max(1, min(window, self.config.limits.max_inflight)))
         session.link = link
-        self.routing_generation += 1
+        self.routes.changed()
         self.stats.clients_connected += 1
         if session.persistent:
             self._save_session(session)
@@ -364,7 +360,7 @@ class Broker:
             if member.group.queue.recall(member.consumer, received_too=True):
                 self.pump_soon(member.group)
         self._release_drain_waiter(session)
-        self.routing_generation += 1
+        self.routes.changed()
         self.stats.clients_connected -= 1
         if keep_will and session.persistent:
             self._detach(session)
@@ -482,7 +478,7 @@ class Broker:
             existing.retain_handling = options.retain_handling
             existing.subscription_id = options.subscription_id
             subscription = existing
-            self.routing_generation += 1
+            self.routes.changed()
             member = session.members.get(full_filter)
             if member is not None:
                 member.group.refresh()
@@ -513,6 +509,8 @@ class Broker:
         subscription = Subscription(
             session=session,
             topic_filter=topic_filter,
+            queue=session.queue,
+            owner=session.client_id,
             max_qos=options.max_qos,
             share_group=group,
             no_local=options.no_local,
@@ -525,7 +523,7 @@ class Broker:
         return subscription
 
     def _add_subscription(self, subscription: Subscription) -> None:
-        self.routing_generation += 1
+        self.routes.changed()
         if subscription.share_group is None:
             self.tree.insert(subscription.topic_filter, subscription)
             return
@@ -547,6 +545,7 @@ class Broker:
             self.shared_groups[key] = group
             self.tree.insert(subscription.topic_filter, group)
         session = subscription.session
+        subscription.queue = group.queue
         member = Member(group, subscription)
         group.members[session] = member
         session.members[subscription.full_filter] = member
@@ -557,7 +556,7 @@ class Broker:
             self.pump_soon(group)
 
     def _remove_subscription(self, subscription: Subscription) -> None:
-        self.routing_generation += 1
+        self.routes.changed()
         if subscription.share_group is None:
             self.tree.remove(subscription.topic_filter, subscription)
             return
@@ -591,8 +590,9 @@ class Broker:
         session = subscription.session
         sub_ids = () if subscription.subscription_id is None else (subscription.subscription_id,)
         for message in self.retained.matching(subscription.topic_filter, now):
-            qos, persistent = delivery_level(message.qos, message.persistent, subscription.max_qos)
-            entry = QueuedMessage(message, qos, persistent, True, sub_ids)
+            entry = QueuedMessage.of(
+                message, subscription.max_qos, retain=True, subscription_ids=sub_ids
+            )
             self._enqueue(session, entry)
         self.pump(session)
 
@@ -691,40 +691,16 @@ class Broker:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def plain_targets(self, topic: str) -> tuple[Session, ...] | None:
-        """The connected sessions a QoS 0, non-retained publication on ``topic`` reaches as is.
+    def route_plan(self, topic: str) -> RoutePlan:
+        """Who gets a publication on ``topic`` (cached until routing changes)."""
+        return self.routes.plan(topic)
 
-        "As is" means every matching subscription is a plain one (not shared, no noLocal, no
-        subscription identifier), so a front end may forward the publication without building
-        a Message. None means some match needs the full publish path. Cached per topic until
-        the routing generation changes.
-        """
-        if self._plain_generation != self.routing_generation:
-            self._plain_cache.clear()
-            self._plain_generation = self.routing_generation
-        cache = self._plain_cache
-        try:
-            return cache[topic]
-        except KeyError:
-            pass
-        sessions: dict[Session, None] = {}
-        result: tuple[Session, ...] | None = None
-        for entry in self.tree.match(topic):
-            if (
-                isinstance(entry, SharedGroup)
-                or entry.no_local
-                or entry.subscription_id is not None
-            ):
-                break
-            if entry.session.link is not None:  # offline sessions never queue QoS 0
-                sessions[entry.session] = None
-        else:
-            result = tuple(sessions)
-        if len(topic) <= MAX_CACHED_TOPIC_CHARS:
-            if len(cache) >= 4096:
-                cache.clear()
-            cache[topic] = result
-        return result
+    def count_forwarded(self, receivers: int) -> None:
+        """A front end sent a QoS 0 publication as is to the ``direct`` receivers of its plan
+        (without building a Message): counted like any publication."""
+        stats = self.stats
+        stats.messages_received += 1
+        stats.messages_sent += receivers
 
     def _after_commit(self, future: asyncio.Future[None]) -> None:
         """Dispatch what a commit made safe; if it failed, deliver none of it."""
@@ -763,41 +739,21 @@ class Broker:
             self.store.set_retained(message.topic, None)
 
     def _route(self, message: Message) -> list[Session | SharedGroup]:
-        """Enqueue the message on every session that should get it; returns those sessions."""
-        matches = self.tree.match(message.topic)
-        if not matches:
-            return []
-        if len(matches) == 1:
-            only = matches[0]
-            if isinstance(only, Subscription):
-                return self._route_one(message, only)
-        # One copy per session at the highest QoS of its overlapping (non-shared) subscriptions.
-        merged: dict[Session, tuple[int, list[int], bool]] = {}
-        shared: list[SharedGroup] = []
-        origin = message.origin
-        for entry in matches:
-            if isinstance(entry, SharedGroup):
-                shared.append(entry)
-                continue
-            if entry.no_local and origin is not None and entry.session.client_id == origin:
-                continue
-            session = entry.session
-            retain = message.retain and entry.retain_as_published
-            previous = merged.get(session)
-            if previous is None:
-                ids = [] if entry.subscription_id is None else [entry.subscription_id]
-                merged[session] = (entry.max_qos, ids, retain)
-            else:
-                qos, ids, was_retain = previous
-                if entry.subscription_id is not None:
-                    ids.append(entry.subscription_id)
-                merged[session] = (max(qos, entry.max_qos), ids, was_retain or retain)
+        """Enqueue the message on every session and group that should get it; returns those
+        that need pumping."""
+        plan = self.routes.plan(message.topic)
         touched: list[Session | SharedGroup] = []
-        for session, (max_qos, ids, retain) in merged.items():
-            qos, persistent = delivery_level(message.qos, message.persistent, max_qos)
-            if self._enqueue(session, QueuedMessage(message, qos, persistent, retain, tuple(ids))):
-                touched.append(session)
-        for group in shared:
+        origin = message.origin
+        for copy in plan.copies:
+            options = copy.options
+            if copy.own is not options and origin == copy.session.client_id:
+                own = copy.own  # the session published it: its noLocal subscriptions skip it
+                if own is None:
+                    continue
+                options = own
+            if self._enqueue(copy.session, options.copy(message)):
+                touched.append(copy.session)
+        for group in plan.groups:
             if self._enqueue_shared(group, message):
                 touched.append(group)
         return touched
@@ -819,24 +775,6 @@ class Broker:
                 self.store.journal(message)
             self.store.enqueue(queue.name, entry)
         return True
-
-    def _route_one(
-        self, message: Message, subscription: Subscription
-    ) -> list[Session | SharedGroup]:
-        """The common case of one matching subscription, without the merging machinery."""
-        session = subscription.session
-        if subscription.no_local and session.client_id == message.origin:
-            return []
-        qos, persistent = delivery_level(message.qos, message.persistent, subscription.max_qos)
-        sub_id = subscription.subscription_id
-        entry = QueuedMessage(
-            message,
-            qos,
-            persistent,
-            message.retain and subscription.retain_as_published,
-            () if sub_id is None else (sub_id,),
-        )
-        return [session] if self._enqueue(session, entry) else []
 
     def _enqueue(self, session: Session, entry: QueuedMessage) -> bool:
         """Queue one copy; QoS 0 goes straight out or nowhere. True when pumping is needed."""

@@ -6,6 +6,7 @@ bindings of one queue (MQTT: overlapping subscriptions give one copy) is passed 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
@@ -18,29 +19,18 @@ Selector = Callable[[Message], bool]
 CopyRule = Callable[[Message, Sequence["Binding"]], QueuedMessage | None]
 
 
+@dataclass(slots=True, eq=False)
 class Binding:
     """A filter from the topic namespace to one queue: a topic filter, plus noLocal and a
     selector. ``max_qos`` caps the level of the copies it makes (the lower level wins)."""
 
-    __slots__ = ("max_qos", "no_local", "owner", "queue", "selector", "topic_filter")
-
-    def __init__(
-        self,
-        topic_filter: str,
-        queue: Queue,
-        *,
-        max_qos: int = 2,
-        no_local: bool = False,
-        owner: str | None = None,
-        selector: Selector | None = None,
-    ) -> None:
-        self.topic_filter = topic_filter
-        self.queue = queue
-        self.max_qos = max_qos
-        # noLocal: messages whose origin is ``owner`` (the subscriber's own connection) skip it.
-        self.no_local = no_local
-        self.owner = owner
-        self.selector = selector
+    topic_filter: str
+    queue: Queue
+    max_qos: int = 2
+    # noLocal: messages whose origin is ``owner`` (the subscriber's own connection) skip it.
+    no_local: bool = False
+    owner: str | None = None
+    selector: Selector | None = None
 
     def accepts(self, message: Message) -> bool:
         if self.no_local and message.origin is not None and message.origin == self.owner:

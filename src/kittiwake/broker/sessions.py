@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from kittiwake.broker.consumers import Consumer, Delivery
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage
+from kittiwake.broker.routing import Binding
 
 if TYPE_CHECKING:
     from kittiwake.broker.shared_groups import Member
@@ -40,15 +41,13 @@ class SessionLink(Protocol):
         """Another connection took this session; close without touching the session."""
 
 
-@dataclass(slots=True, eq=False)
-class Subscription:
-    """One filter of one session, with its options."""
+@dataclass(slots=True, eq=False, kw_only=True)
+class Subscription(Binding):
+    """One filter of one session, with its MQTT options: a binding to the session's queue (or,
+    for a shared subscription, to its group's queue)."""
 
     session: Session
-    topic_filter: str
-    max_qos: int
     share_group: str | None = None
-    no_local: bool = False
     retain_as_published: bool = False
     retain_handling: int = 0
     subscription_id: int | None = None

@@ -105,8 +105,6 @@ class MQTTConnection:
         # there. Publishers repeat a handful of topics, and the authorisation rules are fixed
         # for the broker's life, so each topic is checked once instead of per message.
         self._topic_verdicts: dict[str, bool] = {}
-        # topic -> (routing generation, receivers or None): the QoS 0 fast path's plan.
-        self._forward_cache: dict[str, tuple[int, tuple[MQTTConnection, ...] | None]] = {}
 
     # -- input ----------------------------------------------------------------------------
 
@@ -421,39 +419,28 @@ class MQTTConnection:
             self._send(PubRec(packet_id, ReasonCode.UNSPECIFIED_ERROR, props), 5)
 
     def _forward(self, topic: str, packet: Publish) -> bool:
-        """The QoS 0 fast path: write one encoded frame to every subscriber, no Message.
+        """The QoS 0 fast path: write one encoded frame to every receiver, no Message.
 
-        Applies when every receiver is a plain subscription of a 3.1/3.1.1 connection, whose
-        wire form carries no properties: the frame is then the same for all of them, and
-        DESIGN.md's rules give each exactly QoS 0 without retain. Returns False to fall back.
+        The broker's route plan says who gets such a publication exactly as published
+        (``direct``); this only adds the wire's condition: every receiver is a 3.1/3.1.1
+        connection, whose frame carries no properties and so is the same for all of them.
+        Returns False to take the full publish path.
         """
         broker = self.broker
-        generation = broker.routing_generation
-        cached = self._forward_cache.get(topic)
-        if cached is not None and cached[0] == generation:
-            receivers = cached[1]
-        else:
-            receivers = None
-            sessions = broker.plain_targets(topic)
-            if sessions is not None:
-                connections = [s.link for s in sessions]
-                if all(type(c) is MQTTConnection and c.protocol_version < 5 for c in connections):
-                    receivers = tuple(connections)  # type: ignore[arg-type]
-            if len(topic) <= MAX_CACHED_TOPIC_CHARS:
-                if len(self._forward_cache) >= 256:
-                    self._forward_cache.clear()
-                self._forward_cache[topic] = (generation, receivers)
+        plan = broker.route_plan(topic)
+        receivers = plan.memo
         if receivers is None:
+            receivers = plan.memo = _frame_receivers(plan.direct)
+        if receivers is False:
             return False
-        stats = broker.stats
-        stats.messages_received += 1
+        assert isinstance(receivers, tuple)
+        broker.count_forwarded(len(receivers))
         if receivers:
             frame = packet.raw
             if frame is None:  # a 5.0 publisher, or an alias: the 3.x frame must be built
                 frame = encode_publish(topic.encode(), packet.payload, 0, False, False, None, None)
             for receiver in receivers:
                 receiver.deliver_frame(frame)
-            stats.messages_sent += len(receivers)
         return True
 
     def deliver_frame(self, frame: bytes) -> None:
@@ -847,6 +834,17 @@ def _message_properties(message: Message) -> Properties:
     if message.user_properties:
         props.user_properties = message.user_properties
     return props
+
+
+def _frame_receivers(direct: tuple[Session, ...] | None) -> tuple[MQTTConnection, ...] | bool:
+    """What the QoS 0 fast path keeps on a route plan: the connections one 3.x frame goes to,
+    or False when the full publish path is needed."""
+    if direct is None:
+        return False
+    links = tuple(session.link for session in direct)
+    if all(type(link) is MQTTConnection and link.protocol_version < 5 for link in links):
+        return links  # type: ignore[return-value]
+    return False
 
 
 def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery: Delivery) -> None:
