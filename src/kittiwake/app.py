@@ -14,7 +14,7 @@ from collections.abc import Callable
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
-from kittiwake.clock import Clock
+from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.config import Config, StoreConfig
 from kittiwake.mqtt.server import MQTTServer
 from kittiwake.store.sqlite import SQLiteStore
@@ -27,6 +27,8 @@ class BrokerApp:
 
     def __init__(self, config: Config, *, clock: Clock | None = None) -> None:
         self.config = config
+        # One clock for the core and the store: expiry, sweeps and stored times agree.
+        clock = clock or MonotonicClock()
         self.broker = Broker(config, clock=clock, store=open_store(config.store, clock))
         self.mqtt = MQTTServer(self.broker)
         self.sys = SysPublisher(self.broker, config.sys.interval)
@@ -72,12 +74,19 @@ def open_store(config: StoreConfig, clock: Clock | None) -> Store:
 
 
 async def serve(config: Config) -> None:
-    """Run until SIGINT or SIGTERM."""
-    app = BrokerApp(config)
-    await app.start()
+    """Run until SIGINT or SIGTERM.
+
+    The signal handlers come first, before the store opens or anything listens: a stop
+    requested at any moment of start-up is then a graceful stop once start-up is done, never
+    the signal's default action (death without closing the store).
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await app.stop()
+    app = BrokerApp(config)
+    try:
+        await app.start()
+        await stop.wait()
+    finally:
+        await app.stop()

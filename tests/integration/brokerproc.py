@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from typing import Any
 SRC_DIR = Path(__file__).resolve().parents[2] / "src"
 HOST = "127.0.0.1"
 START_TIMEOUT = 10.0
+STOP_TIMEOUT = 15.0
 
 
 def free_port() -> int:
@@ -20,6 +22,34 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
+
+
+def listening_socket_owned(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a TCP socket listening on ``port``; None when /proc
+    cannot tell (not Linux, or not allowed to read the process's descriptors)."""
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):  # closed meanwhile
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table, encoding="ascii") as rows:
+                next(rows)  # the header
+                for row in rows:
+                    fields = row.split()
+                    local, state, inode = fields[1], fields[3], fields[9]
+                    # State 0A is LISTEN; the local address ends in the port, in hex.
+                    if (
+                        state == "0A"
+                        and int(local.rsplit(":", 1)[1], 16) == port
+                        and inode in inodes
+                    ):
+                        return True
+    except OSError:
+        return None
+    return False
 
 
 def _toml_value(value: Any) -> str:
@@ -129,13 +159,10 @@ class BrokerProcess:
                     f"broker exited with {self.proc.returncode} during start-up:\n{text}"
                 )
             try:
-                # Accepting connections on the port, and our own log says it bound it (so the
-                # listener is not some other process that grabbed the port meanwhile).
+                # Accepting connections on the port, and the listener is our process's, not
+                # another broker's (parallel test runs) that grabbed the port meanwhile.
                 with socket.create_connection(self.address, timeout=0.5):
-                    # The "listening" line is logged at info: quieter brokers are taken at
-                    # their port's word.
-                    quiet = self.sections.get("log_level") in ("warning", "error")
-                    if quiet or bound in self.log_text():
+                    if self._listener_is_ours(bound):
                         return self
             except OSError:
                 pass
@@ -147,6 +174,16 @@ class BrokerProcess:
                 )
             time.sleep(0.05)
 
+    def _listener_is_ours(self, bound: str) -> bool:
+        """The process holds the listening socket (read from /proc); where /proc cannot say,
+        our log's "listening" line (logged at info) must name the address."""
+        assert self.proc is not None
+        owned = listening_socket_owned(self.proc.pid, self.port)
+        if owned is not None:
+            return owned
+        quiet = self.sections.get("log_level") in ("warning", "error")
+        return quiet or bound in self.log_text()
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -157,7 +194,9 @@ class BrokerProcess:
         if proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(5)
+                # Generous: a graceful stop on a busy machine can take seconds, and a kill here
+                # would fail a test that checks the exit status.
+                proc.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)

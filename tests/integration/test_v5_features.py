@@ -113,6 +113,33 @@ def test_broker_respects_the_client_topic_alias_maximum(address, paho, raw):
     assert [p.topic for p in packets[1:]] == [b, "", b]
 
 
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_message_dropped_for_maximum_packet_size_sets_no_alias(address, raw, qos):
+    """A 4 KiB message is dropped for a client with Maximum Packet Size 2048 (MQTT-3.1.2-25);
+    the next message on that topic must carry the topic name, not an alias the client never
+    received (MQTT.js closes on "Received unregistered Topic Alias")."""
+    topic = unique("v5/alias-drop")
+    client = raw(address, 5)
+    client.connect(
+        unique("alias-drop"),
+        properties=Properties(topic_alias_maximum=10, maximum_packet_size=2048),
+    )
+    client.subscribe(topic, qos)
+    pub = raw(address, 5)
+    pub.connect(unique("alias-drop-pub"))
+    for payload in (b"x" * 4096, b"after", b"again"):
+        pub.publish(topic, payload, qos)
+    first, second = client.expect(Publish), client.expect(Publish)
+    assert first.payload == b"after", "the oversized message was sent"
+    assert first.topic == topic, f"first PUBLISH on the topic without its name: {first!r}"
+    assert second.payload == b"again"
+    assert second.topic == topic or second.properties.topic_alias == first.properties.topic_alias
+    if qos:
+        client.send(PubAck(first.packet_id))
+        client.send(PubAck(second.packet_id))
+    client.no_packet(0.3)
+
+
 def test_no_topic_alias_for_a_client_that_did_not_allow_them(address, paho, raw):
     """Without a Topic Alias Maximum from the client, the broker sends no aliases
     (MQTT-3.1.2-27: an absent maximum means 0)."""

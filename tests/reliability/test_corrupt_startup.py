@@ -115,13 +115,18 @@ def test_newer_schema_version(tmp_path: Path) -> None:
     assert "99" in err and "schema" in err
 
 
-def test_undecodable_session_record(tmp_path: Path) -> None:
+def test_undecodable_stored_message(tmp_path: Path) -> None:
+    """Damage inside rows (here: the property blob of every queued message) passes SQLite's
+    page checks; the start-up must still stop with a message, not a traceback."""
     data = tmp_path / "data"
     a_real_database(data, tmp_path)
     connection = sqlite3.connect(data / DB)
-    connection.execute("UPDATE sessions SET record='{not json'")
+    damaged = connection.execute(
+        "UPDATE queue_entries SET properties=x'ff' WHERE topic IS NOT NULL"
+    ).rowcount
     connection.commit()
     connection.close()
+    assert damaged > 0
     err = assert_refused(tmp_path, data)
     assert "Traceback" not in err, f"a traceback instead of a message:\n{err}"
 

@@ -42,6 +42,8 @@ from kittiwake.mqtt.packets import (
     Publish,
     PubRec,
     PubRel,
+    UnsubAck,
+    Unsubscribe,
     Will,
 )
 from kittiwake.mqtt.properties import Properties
@@ -353,6 +355,49 @@ def test_subscription_acknowledged_before_kill_survives(tmp_path: Path) -> None:
                 "PUBACKed message was never delivered"
             ) from None
         assert packet.payload == b"after restart"
+    finally:
+        ctl.shutdown()
+
+
+def test_clean_start_acknowledged_before_kill_does_not_bring_the_session_back(
+    tmp_path: Path,
+) -> None:
+    """A persistent session with a subscription and queued QoS 1 messages; the client connects
+    again with clean start, which deletes it. Once the CONNACK says so, a kill must not bring
+    the old session back: session present = 0 and none of its old messages arrive."""
+    ctl = make_ctl(tmp_path, "b", **SLOW_COMMIT)
+    try:
+        ctl.start()
+        sub = _durable_subscriber(ctl.address, "sub", "t", 1)  # type: ignore[arg-type]
+        sub.close()
+        publish_acked(ctl.address, "pub", [("t", b"old %d" % n, 1, False) for n in range(3)])  # type: ignore[arg-type]
+        sub = RawClient(ctl.address, 4, timeout=5.0)  # type: ignore[arg-type]
+        assert not sub.connect("sub", clean_start=True).session_present
+        ctl.kill9()  # right after CONNACK
+        ctl.start()
+        sub = RawClient(ctl.address, 4, timeout=5.0)  # type: ignore[arg-type]
+        present = sub.connect("sub", clean_start=False).session_present
+        assert not present, "the session deleted by an acknowledged clean start came back"
+        sub.no_packet(0.5)
+    finally:
+        ctl.shutdown()
+
+
+def test_unsubscribe_acknowledged_before_kill_stays_undone(tmp_path: Path) -> None:
+    """A persistent session unsubscribes (UNSUBACK) and the broker is killed. The resumed
+    session must not receive what is published to the topic afterwards."""
+    ctl = make_ctl(tmp_path, "b", **SLOW_COMMIT)
+    try:
+        ctl.start()
+        sub = _durable_subscriber(ctl.address, "sub", "t", 1)  # type: ignore[arg-type]
+        sub.send(Unsubscribe(2, ["t"]))
+        assert sub.expect(UnsubAck, timeout=5.0).packet_id == 2
+        ctl.kill9()  # right after UNSUBACK
+        ctl.start()
+        sub = RawClient(ctl.address, 4, timeout=5.0)  # type: ignore[arg-type]
+        assert sub.connect("sub", clean_start=False).session_present
+        publish_acked(ctl.address, "pub", [("t", b"after unsubscribe", 1, False)])  # type: ignore[arg-type]
+        sub.no_packet(0.5)
     finally:
         ctl.shutdown()
 

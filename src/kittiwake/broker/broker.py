@@ -1,8 +1,10 @@
 """The protocol-free broker: sessions, subscriptions, routing, retained messages, wills.
 
 Publish path: route (topic tree) → filter (noLocal) → enqueue on each matching session →
-persist (when persistent) → acknowledge the publisher (the caller awaits the commit) →
-dispatch to consumers. Runs on one event loop and never blocks; it holds no locks.
+persist (when persistent) → acknowledge the publisher (the caller waits on the completion
+publish returns) → dispatch to consumers. Every operation a client is answered for returns a
+completion (see completion.py): this module alone decides what must be durable first. Runs on
+one event loop and never blocks; it holds no locks.
 """
 
 from __future__ import annotations
@@ -11,19 +13,28 @@ import asyncio
 import heapq
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from kittiwake import __version__
 from kittiwake.broker.authorization import Authorizer
-from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Outcome
+from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
+from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Settlement
 from kittiwake.broker.dispatch import DurableReceiver, resend
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
 from kittiwake.broker.route_plans import RoutePlan, RoutePlans
-from kittiwake.broker.sessions import NEVER_EXPIRES, Session, SessionLink, Subscription
+from kittiwake.broker.sessions import (
+    NEVER_EXPIRES,
+    Session,
+    SessionLink,
+    Subscription,
+    session_producer_name,
+    session_queue_name,
+)
 from kittiwake.broker.shared_groups import (
     Member,
     MemberReceiver,
@@ -64,10 +75,12 @@ class SubscriptionOptions:
 
 @dataclass(slots=True)
 class Subscribed:
-    """A subscription that was accepted; ``new`` is False when it replaced an existing one."""
+    """A subscription that was accepted; ``new`` is False when it replaced an existing one;
+    ``completion`` says when it is durable."""
 
     subscription: Subscription
     new: bool
+    completion: Completion = None
 
     @property
     def granted_qos(self) -> int:
@@ -84,6 +97,15 @@ class BrokerStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     clients_connected: int = 0
+
+
+class Connected(NamedTuple):
+    """A connection attached to its session; ``completion`` says when the session as
+    announced (present or not, deleted by a clean start, stored) is durable."""
+
+    session: Session
+    present: bool
+    completion: Completion
 
 
 TreeEntry = Subscription | SharedGroup
@@ -166,13 +188,17 @@ class Broker:
                     stored.subscription_id,
                 )
                 self._attach_subscription(session, stored.topic_filter, options)
-            session.incoming_qos2 = set(state.incoming_qos2.get(record.client_id, ()))
+            session.incoming_qos2 = {
+                int(key)
+                for key in state.duplicates.get(session_producer_name(record.client_id), ())
+            }
             if session.expiry_interval != NEVER_EXPIRES:
                 session.expires_at = now + session.expiry_interval
             if session.will is not None:
                 session.will_at = now + session.will_delay
             self._detach(session)
         recovered = 0
+        by_queue = {session.queue.name: session for session in self.sessions.values()}
         groups = {group.queue.name: group for group in self.shared_groups.values()}
         # Entries queued (not marked in flight) per queue, in queue order, for the crash rule.
         waiting: dict[Queue, list[QueuedMessage]] = {}
@@ -189,9 +215,9 @@ class Broker:
                 queued.delivery_count,
             )
             in_flight = queued.state in ("sent", "received") and queued.delivery_id
-            owner = self.sessions.get(queued.client_id)
+            owner = by_queue.get(queued.queue)
             if owner is None:
-                group = groups.get(queued.client_id)
+                group = groups.get(queued.queue)
                 if group is None:
                     continue
                 # A member's unacknowledged delivery: back to the group, the attempt counted
@@ -242,10 +268,12 @@ class Broker:
         will: Message | None = None,
         will_delay: int = 0,
         will_expiry: int | None = None,
-    ) -> tuple[Session, bool]:
-        """Attach a connection to its session; returns the session and session-present."""
+    ) -> Connected:
+        """Attach a connection to its session."""
         now = self.clock.now()
         existing = self.sessions.get(client_id)
+        # Whether the store was asked to change anything: then the answer waits for it.
+        stored = existing is not None and existing.persistent
         if existing is not None and existing.link is not None:
             old = existing.link
             log.info("client %s: session taken over by a new connection", client_id)
@@ -283,9 +311,10 @@ class Broker:
         self.stats.clients_connected += 1
         if session.persistent:
             self._save_session(session)
+            stored = True
         elif was_persistent:
-            self.store.delete_session(client_id)
-        return session, session_present
+            self._forget_stored_session(session)
+        return Connected(session, session_present, self._durable() if stored else None)
 
     def assign_client_id(self) -> str:
         """A unique id for a client that connected without one."""
@@ -296,7 +325,11 @@ class Broker:
                 return candidate
 
     def start_delivery(self, session: Session) -> None:
-        """After the connection is acknowledged: resend what was in flight, then the queue."""
+        """Once the connection is accepted: resend what was in flight, then the queue.
+
+        The front end calls this when it has sent its acceptance, or has arranged that what
+        the consumer sends from now on follows it (the acceptance may wait for a completion).
+        """
         link = session.link
         if link is None:
             return
@@ -320,7 +353,7 @@ class Broker:
         if entry.persistent and session.persistent:
             if entry.message.message_id == 0:
                 self.store.journal(entry.message)
-            self.store.enqueue(session.client_id, entry)
+            self.store.enqueue(session.queue.name, entry)
         session.queue.deliver_now(session.consumer, entry)
 
     def disconnect(self, session: Session, *, publish_will: bool, keep_will: bool = False) -> None:
@@ -335,7 +368,7 @@ class Broker:
             session, publish_will=publish_will, now=self.clock.now(), keep_will=keep_will
         )
 
-    def set_session_expiry(self, session: Session, expiry_interval: int) -> None:
+    def set_session_expiry(self, session: Session, expiry_interval: int) -> Completion:
         """A v5 DISCONNECT may change the expiry interval."""
         was_persistent = session.persistent
         session.expiry_interval = expiry_interval
@@ -347,7 +380,10 @@ class Broker:
         if session.persistent:
             self._save_session(session)
         elif was_persistent:
-            self.store.delete_session(session.client_id)
+            self._forget_stored_session(session)
+        else:
+            return None
+        return self._durable()
 
     def _end_connection(
         self, session: Session, *, publish_will: bool, now: float, keep_will: bool = False
@@ -397,7 +433,7 @@ class Broker:
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         if session.persistent:  # a session that ends with its connection was never stored
-            self.store.delete_session(session.client_id)
+            self._forget_stored_session(session)
         log.debug("session %s ended", session.client_id)
 
     def _publish_will(self, session: Session) -> None:
@@ -484,18 +520,20 @@ class Broker:
                 member.group.refresh()
         else:
             subscription = self._attach_subscription(session, full_filter, options)
-        if session.persistent:
-            self._save_session(session)
-        return Subscribed(subscription, existing is None)
+        if not session.persistent:
+            return Subscribed(subscription, existing is None)
+        self._save_session(session)
+        return Subscribed(subscription, existing is None, self._durable())
 
-    def unsubscribe(self, session: Session, full_filter: str) -> bool:
+    def unsubscribe(self, session: Session, full_filter: str) -> Outcome:
         subscription = session.subscriptions.pop(full_filter, None)
         if subscription is None:
-            return False
+            return NOT_FOUND
         self._remove_subscription(subscription)
-        if session.persistent:
-            self._save_session(session)
-        return True
+        if not session.persistent:
+            return True, None
+        self._save_session(session)
+        return True, self._durable()
 
     @property
     def subscription_count(self) -> int:
@@ -598,11 +636,11 @@ class Broker:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def publish(self, message: Message) -> asyncio.Future[None] | None:
-        """Accept a publication; returns None when it is already safe, else a commit to await."""
-        now = self.clock.now()
+    def publish(self, message: Message) -> Completion:
+        """Accept a publication; the completion says when the publisher may be told it is
+        safe (its commit, and room at its congested receivers: see _flow_control)."""
         if not message.created:
-            message.created = now
+            message.created = self.clock.now()
         self.stats.messages_received += 1
         if message.persistent and not message.message_id:
             self.store.journal(message)
@@ -615,23 +653,20 @@ class Broker:
             for session in touched:
                 self.pump_soon(session)
             return drained
-        future = asyncio.ensure_future(commit)
         if touched:
             message.awaiting_commit = True
             # One callback per commit, however many publications it holds.
-            held = self._held_for_commit.get(future)
+            held = self._held_for_commit.get(commit)
             if held is None:
-                held = self._held_for_commit[future] = []
-                future.add_done_callback(self._after_commit)
+                held = self._held_for_commit[commit] = []
+                commit.add_done_callback(self._after_commit)
             held.append((message, touched))
         if drained is None:
-            return future
-        return self._commit_and_drain(future, drained)
+            return commit
+        return self._commit_and_drain(commit, drained)
 
-    def durable(self) -> Awaitable[None] | None:
-        """A barrier for every state change made so far (session, subscription, QoS 2 state):
-        a front end confirms such a change to its client only once this resolves (None: it is
-        already durable). Publications get theirs from :meth:`publish`."""
+    def _durable(self) -> Completion:
+        """Completes once every state change made so far is durable."""
         return self.store.commit()
 
     def _flow_control(self, touched: list[Session | SharedGroup]) -> asyncio.Future[None] | None:
@@ -807,7 +842,7 @@ class Broker:
         if stored:
             if entry.message.message_id == 0:
                 self.store.journal(entry.message)
-            self.store.enqueue(session.client_id, entry)
+            self.store.enqueue(session.queue.name, entry)
         return True
 
     # -- delivery -------------------------------------------------------------------------
@@ -837,26 +872,29 @@ class Broker:
                 if member.group.queue.count:
                     self.pump(member.group)
 
-    def acknowledge(self, session: Session, delivery: Delivery) -> bool:
+    def acknowledge(self, session: Session, delivery: Delivery) -> Outcome:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""
         queue = delivery.consumer.queue
-        if queue is None or not queue.settle(delivery, Outcome.ACCEPTED):
-            return False
+        if queue is None or not queue.settle(delivery, Settlement.ACCEPTED):
+            return NOT_FOUND
+        completion = None
+        if delivery.entry.persistent and queue.durable:
+            # Its stored entry is removed (see _entry_removed): the answer waits for that.
+            completion = self.store.commit()  # _durable(), without a call per acknowledgement
         if queue.count:
             self.pump_soon(session)
-        return True
+        return True, completion
 
-    def received(self, session: Session, delivery: Delivery) -> bool:
+    def received(self, session: Session, delivery: Delivery) -> Outcome:
         """A QoS 2 delivery reached the client (PUBREC); only its release remains."""
         queue = delivery.consumer.queue
         if queue is None or not queue.mark_received(delivery):
-            return False
+            return NOT_FOUND
         entry = delivery.entry
-        if entry.persistent and session.persistent:
-            self.store.mark_delivery(
-                session.client_id, entry.message.message_id, delivery.tag, "received"
-            )
-        return True
+        if not (entry.persistent and queue.durable):
+            return True, None
+        self.store.mark_delivery(queue.name, entry.message.message_id, delivery.tag, "received")
+        return True, self._durable()
 
     def begin_incoming_qos2(self, session: Session, packet_id: int) -> bool:
         """Record an incoming QoS 2 id; False means it is a resend that must not be routed."""
@@ -864,17 +902,27 @@ class Broker:
             return False
         session.incoming_qos2.add(packet_id)
         if session.persistent:
-            self.store.add_incoming_qos2(session.client_id, packet_id)
+            self.store.add_duplicate(session_producer_name(session.client_id), packet_id)
         return True
 
-    def release_incoming_qos2(self, session: Session, packet_id: int) -> bool:
+    def incoming_qos2_resent(self, session: Session, packet_id: int) -> Completion:
+        """A QoS 2 publication resent under an id the session still holds: it is not routed
+        again; the completion says when the original's state is durable.
+
+        A session that lives only as long as its connection saw the original on the same
+        connection, whose own answer comes first: nothing more to wait for.
+        """
+        return self._durable() if session.persistent else None
+
+    def release_incoming_qos2(self, session: Session, packet_id: int) -> Outcome:
         """PUBREL: the exactly-once handshake for this id is over."""
         if packet_id not in session.incoming_qos2:
-            return False
+            return NOT_FOUND
         session.incoming_qos2.discard(packet_id)
-        if session.persistent:
-            self.store.remove_incoming_qos2(session.client_id, packet_id)
-        return True
+        if not session.persistent:
+            return True, None
+        self.store.remove_duplicate(session_producer_name(session.client_id), packet_id)
+        return True, self._durable()
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -882,7 +930,7 @@ class Broker:
         """A session with its queue and its consumer (not yet connected)."""
         limits = self.config.limits
         queue = Queue(
-            f"$session/{client_id}",
+            session_queue_name(client_id),
             max_messages=limits.max_queued_messages,
             max_bytes=limits.max_queued_bytes,
             policy=limits.queue_full_policy,
@@ -898,7 +946,7 @@ class Broker:
         if reason is not Removal.ACCEPTED:
             self.stats.messages_dropped += 1
         if entry.persistent and queue.durable:
-            self.store.release(queue.name, entry.message.message_id)
+            self.store.remove(queue.name, entry.message.message_id)
 
     def _entry_removed(self, session: Session, entry: QueuedMessage, reason: Removal) -> None:
         """An entry left a session's queue for good: the store forgets it too."""
@@ -907,7 +955,13 @@ class Broker:
             # dead-letter: their queues have no maximum delivery count.)
             self.stats.messages_dropped += 1
         if entry.persistent and session.queue.durable:
-            self.store.release(session.client_id, entry.message.message_id)
+            self.store.remove(session.queue.name, entry.message.message_id)
+
+    def _forget_stored_session(self, session: Session) -> None:
+        """Drop everything stored for a session: its record, its queue, its QoS 2 state."""
+        self.store.delete_session(session.client_id)
+        self.store.delete_queue(session.queue.name)
+        self.store.delete_duplicates(session_producer_name(session.client_id))
 
     def _save_session(self, session: Session) -> None:
         self.store.save_session(

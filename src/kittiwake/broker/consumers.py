@@ -3,7 +3,7 @@ attempt ends. Knows no protocol: a front end puts a Delivery on its wire under i
 
 A :class:`Consumer` is attached to one :class:`~kittiwake.broker.queues.Queue`; the queue hands
 it entries while it has credit. Each hand-over is a :class:`Delivery`, which stays unsettled
-until the front end reports an :class:`Outcome` through the queue.
+until the front end reports its :class:`Settlement` through the queue.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from kittiwake.broker.queues import Queue, QueuedMessage
 
 
-class Outcome(Enum):
+class Settlement(Enum):
     """How a delivery attempt ended (the AMQP 1.0 outcomes, which JMS and MQTT map onto)."""
 
     # Processed: the entry leaves the queue for good.

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 
 from kittiwake.broker.destinations import Destination
-from kittiwake.broker.message import Message
+from kittiwake.broker.message import Message, MessageProperties, PropertyType
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.routing import Router
 
@@ -32,11 +32,12 @@ def moved_message(entry: QueuedMessage, queue: Queue, reason: Removal) -> Messag
         origin = queue.destination
     else:  # a subscription's queue: the message was sent to its topic
         origin = Destination.topic(message.topic)
-    properties = dict(message.properties)
-    properties[ORIGINAL_DESTINATION] = str(origin)
-    properties[ORIGINAL_QUEUE] = queue.name
-    properties[REASON] = reason.value
-    properties[DELIVERY_COUNT] = entry.delivery_count
+    properties = MessageProperties(message.properties.typed_items() if message.properties else ())
+    properties.set(ORIGINAL_DESTINATION, str(origin))
+    properties.set(ORIGINAL_QUEUE, queue.name)
+    properties.set(REASON, reason.value)
+    # JMS defines JMSXDeliveryCount as an int.
+    properties.set(DELIVERY_COUNT, entry.delivery_count, PropertyType.INT)
     return dataclasses.replace(
         message,
         properties=properties,

@@ -42,15 +42,17 @@ class DurableReceiver:
         # An at-least-once mark may be written late (or never, if the acknowledgement comes
         # first): recovery counts an unmarked entry within the window as possibly delivered.
         self.store.mark_delivery(
-            self.session.client_id, entry.message.message_id, tag, "sent", lazy=not exactly_once
+            self.session.queue.name,
+            entry.message.message_id,
+            tag,
+            "sent",
+            lazy=not exactly_once,
         )
         if exactly_once:
             # The client holds this id until the release: the broker must not forget it.
             commit = self.store.commit()
             if commit is not None:
-                asyncio.ensure_future(commit).add_done_callback(
-                    lambda done: self._send_committed(done, delivery, link)
-                )
+                commit.add_done_callback(lambda done: self._send_committed(done, delivery, link))
                 return
         link.deliver(delivery)
 
@@ -81,6 +83,6 @@ def resend(broker: Broker, session: Session, link: SessionLink) -> None:
             entry.delivery_count += 1
             if stored and entry.persistent and delivery.tag:
                 store.mark_delivery(
-                    session.client_id, entry.message.message_id, delivery.tag, "sent", lazy=True
+                    session.queue.name, entry.message.message_id, delivery.tag, "sent", lazy=True
                 )
         link.deliver(delivery)

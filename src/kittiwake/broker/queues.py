@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Outcome
+from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Settlement
 from kittiwake.broker.delivery import delivery_level
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
@@ -352,7 +352,7 @@ class Queue:
             if received_too or d.state is DeliveryState.SENT
         ]
         for delivery in taken:
-            self.settle(delivery, Outcome.MODIFIED)
+            self.settle(delivery, Settlement.MODIFIED)
         return len(taken)
 
     def dispatch(self, now: float) -> int:
@@ -484,7 +484,7 @@ class Queue:
     # -- settlement -----------------------------------------------------------------------
 
     def settle(
-        self, delivery: Delivery, outcome: Outcome, *, undeliverable_here: bool = False
+        self, delivery: Delivery, outcome: Settlement, *, undeliverable_here: bool = False
     ) -> bool:
         """End one delivery attempt; False when it was settled already.
 
@@ -498,12 +498,12 @@ class Queue:
             credit.available += 1
         self.in_flight -= 1
         entry = delivery.entry
-        if outcome is Outcome.ACCEPTED:
+        if outcome is Settlement.ACCEPTED:
             if self.on_removed is not None:
                 self.on_removed(self, entry, Removal.ACCEPTED)
-        elif outcome is Outcome.RELEASED:
+        elif outcome is Settlement.RELEASED:
             self.push_front(entry)
-        elif outcome is Outcome.MODIFIED:
+        elif outcome is Settlement.MODIFIED:
             entry.delivery_count += 1
             if undeliverable_here:
                 if entry.excluded is None:

@@ -23,6 +23,21 @@ if TYPE_CHECKING:
 NEVER_EXPIRES = 0xFFFFFFFF
 
 
+def session_queue_name(client_id: str) -> str:
+    """The name of the queue a session's subscriptions feed: its key in the store.
+
+    The broker names the queues it makes for sessions; a name starting with ``$`` is never a
+    user's (JMS) queue name, so the two cannot collide.
+    """
+    return "$session/" + client_id
+
+
+def session_producer_name(client_id: str) -> str:
+    """The producer under which the store keeps a session's duplicate-detection keys (the
+    ids of exactly-once publications received from its client and not yet released)."""
+    return "$session/" + client_id
+
+
 class SessionLink(Protocol):
     """The live connection attached to a session; a protocol front end implements it."""
 

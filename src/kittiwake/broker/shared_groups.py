@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kittiwake.broker.consumers import Consumer, Delivery, Outcome
+from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.queues import Queue, QueuedMessage
 from kittiwake.broker.sessions import Session, SessionLink, Subscription
 
@@ -96,12 +96,12 @@ class MemberReceiver:
         queue = member.group.queue
         if view.qos == 0:
             # Capped to at most once by this member's subscription: sent, and done with.
-            queue.settle(delivery, Outcome.ACCEPTED)
+            queue.settle(delivery, Settlement.ACCEPTED)
             self.link.deliver_settled(view)
             return
         if view.qos == 2:
             # Exactly once: from now on the member's own (MQTT-4.8.2-4/5).
-            queue.settle(delivery, Outcome.ACCEPTED)
+            queue.settle(delivery, Settlement.ACCEPTED)
             self.broker.hand_over(member.session, view)
             return
         delivery.view = view

@@ -3,14 +3,16 @@
 The core calls these methods in publish and acknowledge order and then asks :meth:`Store.commit`
 for a barrier; an acknowledgement to a client waits for that barrier. A disk store (SQLite,
 group commit) implements the same protocol, so the core never changes when it slots in.
+Queue entries are keyed by queue name (the broker names queues, see
+:func:`~kittiwake.broker.sessions.session_queue_name`), session records by client id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kittiwake.broker.completion import Completion
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 
@@ -45,9 +47,9 @@ class SessionRecord:
 
 @dataclass(slots=True)
 class QueuedRecord:
-    """A stored reference from a session's queue to a journalled message."""
+    """A stored entry of a queue: a reference to a stored message and its delivery state."""
 
-    client_id: str
+    queue: str
     message_id: int
     qos: int
     retain: bool
@@ -59,60 +61,81 @@ class QueuedRecord:
     state: str = "queued"
 
 
+# A duplicate-detection key: an MQTT packet id, a JMS duplicate id, a Spark fence.
+DuplicateKey = int | str
+
+
 @dataclass(slots=True)
 class RecoveredState:
     """Everything a restart hands back to the core."""
 
     messages: dict[int, Message] = field(default_factory=dict)
     sessions: dict[str, SessionRecord] = field(default_factory=dict)
+    # In message id order.
     queued: list[QueuedRecord] = field(default_factory=list)
     retained: dict[str, Message] = field(default_factory=dict)
-    incoming_qos2: dict[str, set[int]] = field(default_factory=dict)
+    # The duplicate-detection keys of each producer.
+    duplicates: dict[str, set[DuplicateKey]] = field(default_factory=dict)
 
 
 class Store(Protocol):
-    """Durable state changes, in the order the core makes them."""
+    """Durable state changes, in the order the core makes them.
+
+    Every change made in one loop turn is committed in one transaction (or none of it is), so
+    a duplicate-detection key and the state it guards are stored together.
+    """
 
     def journal(self, message: Message) -> None:
         """Record a persistent publication; assigns ``message.message_id``.
 
-        Called for every persistent publication, referenced or not: a store with a journal
-        retention keeps it (and makes the publisher's acknowledgement wait for it), one without
-        keeps it only once a queue references it.
+        Ids only grow and are never reused: they are the journal's sequence numbers, and reach
+        it in the order they were handed out. Called for every persistent publication,
+        referenced or not: a store with a journal retention keeps it (and makes the
+        publisher's acknowledgement wait for it), one without keeps it only while a queue
+        references it.
         """
 
-    def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
-        """Reference a journalled message from a persistent session's queue."""
+    def enqueue(self, queue: str, entry: QueuedMessage) -> None:
+        """Add a journalled message to a queue."""
 
     def mark_delivery(
-        self, client_id: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
+        self, queue: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
     ) -> None:
         """Record that a queued message is in flight (or PUBREC'd) under ``delivery_id``.
 
         ``lazy``: the mark may be written late, after later commits, and not at all when the
-        entry is released first. For at-least-once deliveries only: a crash before the mark is
+        entry is removed first. For at-least-once deliveries only: a crash before the mark is
         written sends the message again as a first delivery, which at-least-once allows. An
         exactly-once delivery must keep its id, so its marks are never lazy.
         """
 
-    def release(self, client_id: str, message_id: int) -> None:
-        """The session is done with this message (acknowledged, expired or discarded)."""
+    def remove(self, queue: str, message_id: int) -> None:
+        """The queue is done with this message (acknowledged, expired or discarded)."""
 
-    def save_session(self, record: SessionRecord) -> None: ...
+    def delete_queue(self, queue: str) -> None:
+        """Forget a queue with every entry it holds."""
+
+    def save_session(self, record: SessionRecord) -> None:
+        """Store (or replace) a session with its subscriptions and will."""
 
     def delete_session(self, client_id: str) -> None:
-        """Forget the session with its queue references and QoS 2 state."""
+        """Forget the session record, its subscriptions and its will (not its queue)."""
 
     def set_retained(self, topic: str, message: Message | None) -> None:
         """Store (or, with None, clear) the persistent retained message of a topic."""
 
-    def add_incoming_qos2(self, client_id: str, packet_id: int) -> None:
-        """A QoS 2 publication was accepted; a resend with this id must not be routed again."""
+    def add_duplicate(self, producer: str, key: DuplicateKey) -> None:
+        """Remember ``key`` of ``producer``: a message carrying it again must not be taken
+        again. Stored in the same transaction as the changes of the same loop turn."""
 
-    def remove_incoming_qos2(self, client_id: str, packet_id: int) -> None: ...
+    def remove_duplicate(self, producer: str, key: DuplicateKey) -> None: ...
 
-    def commit(self) -> Awaitable[None] | None:
-        """A barrier: None when everything so far is already durable, else an awaitable."""
+    def delete_duplicates(self, producer: str) -> None:
+        """Forget every key of ``producer``."""
+
+    def commit(self) -> Completion:
+        """A barrier: None when everything so far is already durable, else the future of the
+        batch that holds it (one per batch, shared by every caller: never one per call)."""
 
     def recover(self) -> RecoveredState: ...
 
@@ -133,7 +156,7 @@ class MemoryStore:
         self.sessions: dict[str, SessionRecord] = {}
         self.queued: dict[tuple[str, int], QueuedRecord] = {}
         self.retained: dict[str, Message] = {}
-        self.incoming_qos2: dict[str, set[int]] = {}
+        self.duplicates: dict[str, set[DuplicateKey]] = {}
 
     def journal(self, message: Message) -> None:
         # No retention here: a message is kept only while a queue references it.
@@ -141,14 +164,14 @@ class MemoryStore:
             self._next_id += 1
             message.message_id = self._next_id
 
-    def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
+    def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         message_id = entry.message.message_id
         self.messages[message_id] = entry.message
-        key = (client_id, message_id)
+        key = (queue, message_id)
         if key not in self.queued:
             self._refcounts[message_id] = self._refcounts.get(message_id, 0) + 1
         self.queued[key] = QueuedRecord(
-            client_id,
+            queue,
             message_id,
             entry.qos,
             entry.retain,
@@ -157,28 +180,29 @@ class MemoryStore:
         )
 
     def mark_delivery(
-        self, client_id: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
+        self, queue: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
     ) -> None:
-        record = self.queued.get((client_id, message_id))
+        record = self.queued.get((queue, message_id))
         if record is not None:
             record.delivery_id = delivery_id
             record.state = state
             if state == "sent":
                 record.delivery_count += 1
 
-    def release(self, client_id: str, message_id: int) -> None:
-        if self.queued.pop((client_id, message_id), None) is not None:
+    def remove(self, queue: str, message_id: int) -> None:
+        if self.queued.pop((queue, message_id), None) is not None:
             self._unreference(message_id)
+
+    def delete_queue(self, queue: str) -> None:
+        for key in [k for k in self.queued if k[0] == queue]:
+            del self.queued[key]
+            self._unreference(key[1])
 
     def save_session(self, record: SessionRecord) -> None:
         self.sessions[record.client_id] = record
 
     def delete_session(self, client_id: str) -> None:
         self.sessions.pop(client_id, None)
-        self.incoming_qos2.pop(client_id, None)
-        for key in [k for k in self.queued if k[0] == client_id]:
-            del self.queued[key]
-            self._unreference(key[1])
 
     def set_retained(self, topic: str, message: Message | None) -> None:
         if message is None:
@@ -186,15 +210,18 @@ class MemoryStore:
         else:
             self.retained[topic] = message
 
-    def add_incoming_qos2(self, client_id: str, packet_id: int) -> None:
-        self.incoming_qos2.setdefault(client_id, set()).add(packet_id)
+    def add_duplicate(self, producer: str, key: DuplicateKey) -> None:
+        self.duplicates.setdefault(producer, set()).add(key)
 
-    def remove_incoming_qos2(self, client_id: str, packet_id: int) -> None:
-        ids = self.incoming_qos2.get(client_id)
-        if ids is not None:
-            ids.discard(packet_id)
+    def remove_duplicate(self, producer: str, key: DuplicateKey) -> None:
+        keys = self.duplicates.get(producer)
+        if keys is not None:
+            keys.discard(key)
 
-    def commit(self) -> Awaitable[None] | None:
+    def delete_duplicates(self, producer: str) -> None:
+        self.duplicates.pop(producer, None)
+
+    def commit(self) -> Completion:
         return None
 
     def recover(self) -> RecoveredState:
@@ -203,7 +230,7 @@ class MemoryStore:
             sessions=dict(self.sessions),
             queued=sorted(self.queued.values(), key=lambda r: r.message_id),
             retained=dict(self.retained),
-            incoming_qos2={k: set(v) for k, v in self.incoming_qos2.items()},
+            duplicates={k: set(v) for k, v in self.duplicates.items() if v},
         )
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kittiwake.broker.consumers import Delivery, Outcome
+from kittiwake.broker.consumers import Delivery, Settlement
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage
@@ -32,12 +32,12 @@ class Transaction:
         # Told of each entry a commit enqueues (the owner writes it to the store).
         self._on_enqueued = on_enqueued
         self.sends: list[tuple[Destination, Message]] = []
-        self.settlements: list[tuple[Delivery, Outcome]] = []
+        self.settlements: list[tuple[Delivery, Settlement]] = []
 
     def send(self, destination: Destination, message: Message) -> None:
         self.sends.append((destination, message))
 
-    def settle(self, delivery: Delivery, outcome: Outcome = Outcome.ACCEPTED) -> None:
+    def settle(self, delivery: Delivery, outcome: Settlement = Settlement.ACCEPTED) -> None:
         self.settlements.append((delivery, outcome))
 
     def commit(self) -> list[Queue]:
@@ -84,7 +84,7 @@ class Transaction:
         touched: dict[Queue, None] = {}
         for delivery, _ in self.settlements:
             queue = delivery.consumer.queue
-            if queue is not None and queue.settle(delivery, Outcome.MODIFIED):
+            if queue is not None and queue.settle(delivery, Settlement.MODIFIED):
                 touched[queue] = None
         self.sends.clear()
         self.settlements.clear()

@@ -3,19 +3,23 @@ into packets.
 
 It never touches a socket: bytes go out through the :class:`Transport` it is given, and the
 asyncio shell in :mod:`kittiwake.mqtt.server` feeds it decoded packets. No delivery rule lives
-here: who gets what, at which QoS, is the broker's business.
+here: who gets what, at which QoS, is the broker's business; so is what must be durable before
+an answer goes out (each answer waits on the completion of the core call it reports, never on
+the store), and answers leave in the order of the packets they answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.completion import NOT_FOUND, Completion, all_of
 from kittiwake.broker.consumers import Delivery, DeliveryState
-from kittiwake.broker.message import Message
+from kittiwake.broker.message import Message, MQTT5Fields
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
 from kittiwake.broker.topics import (
@@ -93,11 +97,16 @@ class MQTTConnection:
         self._packet_ids = OutgoingPacketIds()
         self._incoming_aliases: dict[int, str] = {}
         self._problem_information = True
-        # QoS 1 publications whose PUBACK is held (store commit, flow control); with the
-        # session's incoming_qos2 ids (which already include held QoS 2 ones) they make up
-        # the client's use of our Receive Maximum.
+        # Answers not yet written, in the order of the packets they answer: each waits for
+        # its completion and for every answer before it (see _answer).
+        self._answers: deque[_Answer] = deque()
+        # The completion whose callback was last registered, so the acknowledgements of a run
+        # of publications in one commit register one callback, not one each.
+        self._watched: asyncio.Future[None] | None = None
+        # QoS 1 publications whose PUBACK is held (store commit, flow control, an earlier
+        # answer); with the session's incoming_qos2 ids (which already include held QoS 2
+        # ones) they make up the client's use of our Receive Maximum.
         self._awaiting_commit = 0
-        self._held_acks: dict[asyncio.Future[None], list[tuple[bytes, int, int]]] = {}
         self._receive_maximum = limits.receive_maximum
         self._max_backlog = limits.max_queued_bytes
         self._max_topic_levels = limits.max_topic_levels
@@ -237,7 +246,7 @@ class MQTTConnection:
         will_message, will_delay, will_expiry = self._will_message(packet, client_id)
         self.client_id = client_id
         self.keepalive = keepalive
-        session, present = broker.connect(
+        session, present, completion = broker.connect(
             client_id,
             self,
             clean_start=packet.clean_start,
@@ -268,8 +277,35 @@ class MQTTConnection:
             ack_props.session_expiry_interval = requested_expiry
             if props.request_response_information == 1:
                 ack_props.response_information = f"response/{client_id}"
-        self._send(ConnAck(present, 0, ack_props), version)
+        connack = self._encode(ConnAck(present, 0, ack_props), version)
+        if completion is None:
+            self.transport.write(connack)
+            broker.start_delivery(session)
+            return
+        # The CONNACK waits for the session's state to be durable. Delivery starts now (so
+        # nothing routed meanwhile is sent twice), but everything written until the CONNACK
+        # leaves waits behind it: the CONNACK is the first packet a client receives.
+        held = _HeldOutput(self.transport)
+        self.transport = held
         broker.start_delivery(session)
+        self._answer(completion, b"", _CONNACK, then=lambda: self._connack_sent(held, connack))
+
+    def _connack_sent(self, held: _HeldOutput, connack: bytes) -> None:
+        self.transport = held.transport
+        held.transport.write(b"".join([connack, *held.writes]))
+        held.writes.clear()
+
+    def _refuse_unstored_connect(self) -> None:
+        """The session's state could not be stored: refuse, as for a server unavailable."""
+        log.error("client %s: session not stored (store write failed)", self.client_id)
+        held = self.transport
+        if isinstance(held, _HeldOutput):
+            self.transport = held.transport
+        if self.protocol_version == 5:
+            self._send(ConnAck(False, ReasonCode.SERVER_UNAVAILABLE), 5)
+        else:
+            self._send(ConnAck(False, ConnectReturnCode.SERVER_UNAVAILABLE), self.protocol_version)
+        self._close(publish_will=False)
 
     def _will_message(
         self, packet: Connect, client_id: str
@@ -287,11 +323,7 @@ class MQTTConnection:
             retain=will.retain,
             persistent=will.qos > 0,
             origin=client_id,
-            user_properties=list(props.user_properties),
-            content_type=props.content_type,
-            response_topic=props.response_topic,
-            correlation_data=props.correlation_data,
-            payload_format_indicator=props.payload_format_indicator,
+            mqtt5=_mqtt5_fields(props),
         )
         return message, props.will_delay_interval or 0, props.message_expiry_interval
 
@@ -340,7 +372,9 @@ class MQTTConnection:
         if qos == 2 and packet_id in session.incoming_qos2:
             # A resend of a publication we already own: exactly once means do not route again.
             # Its PUBREC is an acknowledgement like the first: only once the original is stored.
-            self._after_commit(lambda: self.transport.write(encode_ack(0x50, packet_id)))
+            self._answer(
+                self.broker.incoming_qos2_resent(session, packet_id), encode_ack(0x50, packet_id)
+            )
             return
         if (
             qos
@@ -354,9 +388,9 @@ class MQTTConnection:
         if not allowed:
             log.info("client %s: publish to %s not authorised", self.client_id, topic)
             if qos == 1:
-                self._send(PubAck(packet_id, self._denied_code()), version)
+                self._answer(None, self._encode(PubAck(packet_id, self._denied_code()), version))
             elif qos == 2:
-                self._send(PubRec(packet_id, self._denied_code()), version)
+                self._answer(None, self._encode(PubRec(packet_id, self._denied_code()), version))
             return
         if qos == 0 and not packet.retain and self._forward(topic, packet):
             return
@@ -376,29 +410,10 @@ class MQTTConnection:
         if qos == 0:
             return
         ack = encode_ack(0x40 if qos == 1 else 0x50, packet_id)
-        if commit is None:
+        if commit is None and not self._answers:
             self.transport.write(ack)
             return
-        if qos == 1:
-            self._awaiting_commit += 1
-        # Acknowledgements waiting on one commit go out together, from one callback.
-        held = self._held_acks.get(commit)
-        if held is None:
-            held = self._held_acks[commit] = []
-            commit.add_done_callback(self._release_acks)
-        held.append((ack, qos, packet_id))
-
-    def _release_acks(self, commit: asyncio.Future[None]) -> None:
-        held = self._held_acks.pop(commit, [])
-        self._awaiting_commit -= sum(1 for _ack, qos, _packet_id in held if qos == 1)
-        session = self.session
-        if self.closed or session is None:
-            return
-        if commit.cancelled() or commit.exception() is not None:
-            for _ack, qos, packet_id in held:
-                self._refuse_unstored(session, qos, packet_id)
-            return
-        self.transport.write(b"".join(ack for ack, _qos, _packet_id in held))
+        self._answer(commit, ack, _PUBACK if qos == 1 else _PUBREC, packet_id)
 
     def _refuse_unstored(self, session: Session, qos: int, packet_id: int) -> None:
         """The store could not take the message: never acknowledge it as safe.
@@ -454,9 +469,15 @@ class MQTTConnection:
         if self.closed:
             return True
         if self.transport.write_backlog() > self._max_backlog:
-            self.broker.stats.messages_dropped += 1
+            self._count_dropped()
             return True
         return False
+
+    def _count_dropped(self) -> None:
+        """A message handed to us (and counted sent by whoever handed it) was not sent."""
+        stats = self.broker.stats
+        stats.messages_dropped += 1
+        stats.messages_sent -= 1
 
     def _denied_code(self) -> int:
         # 3.1.1 has no negative PUBACK: the publication is acknowledged and dropped.
@@ -469,12 +490,7 @@ class MQTTConnection:
             if cap and interval > cap:
                 interval = cap
             message.expiry = self.broker.clock.now() + interval
-        if props.user_properties:
-            message.user_properties = list(props.user_properties)
-        message.content_type = props.content_type
-        message.response_topic = props.response_topic
-        message.correlation_data = props.correlation_data
-        message.payload_format_indicator = props.payload_format_indicator
+        message.mqtt5 = _mqtt5_fields(props)
 
     def _resolve_alias(self, alias: int, topic: str) -> str:
         if alias == 0 or alias > self.broker.config.limits.topic_alias_maximum:
@@ -508,23 +524,24 @@ class MQTTConnection:
                 self.broker.acknowledge(session, delivery)
             return
         delivery = self._packet_ids.get(packet.packet_id)
-        if delivery is not None and self.broker.received(session, delivery):
-            pid = packet.packet_id
-            self._after_commit(lambda: self.transport.write(encode_ack(0x62, pid)))
+        found, completion = (
+            self.broker.received(session, delivery) if delivery is not None else NOT_FOUND
+        )
+        if found:
+            self._answer(completion, encode_ack(0x62, packet.packet_id))
         else:
             code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if self.protocol_version == 5 else 0
-            self._send(PubRel(packet.packet_id, code), self.protocol_version)
+            self._answer(None, self._encode(PubRel(packet.packet_id, code), self.protocol_version))
 
     def _on_pubrel(self, packet: PubRel) -> None:
         session = self.session
         assert session is not None
-        found = self.broker.release_incoming_qos2(session, packet.packet_id)
+        found, completion = self.broker.release_incoming_qos2(session, packet.packet_id)
         if found or self.protocol_version < 5:
-            pid = packet.packet_id
-            self._after_commit(lambda: self.transport.write(encode_ack(0x70, pid)))
+            self._answer(completion, encode_ack(0x70, packet.packet_id))
         else:
             code = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
-            self._send(PubComp(packet.packet_id, code), self.protocol_version)
+            self._answer(None, self._encode(PubComp(packet.packet_id, code), 5))
 
     def _on_pubcomp(self, packet: PubComp) -> None:
         assert self.session is not None
@@ -543,6 +560,7 @@ class MQTTConnection:
             subscription_id = packet.properties.subscription_identifiers[0]
         codes: list[int] = []
         accepted = []
+        completion: Completion = None
         for request in packet.subscriptions:
             try:
                 group, _ = parse_shared(request.topic_filter)
@@ -571,27 +589,33 @@ class MQTTConnection:
             else:
                 codes.append(outcome.granted_qos)
                 accepted.append(outcome)
+                completion = all_of(completion, outcome.completion)
 
-        def answer() -> None:
-            self._send(SubAck(packet.packet_id, codes), version)
+        def send_retained() -> None:
+            # After the SUBACK, never before it.
             for subscribed in accepted:
                 self.broker.send_retained(subscribed)
 
-        if session.persistent:
-            self._after_commit(answer)
-        else:
-            answer()
+        self._answer(
+            completion,
+            self._encode(SubAck(packet.packet_id, codes), version),
+            then=send_retained if accepted else None,
+        )
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
         assert session is not None
         codes: list[int] = []
+        completion: Completion = None
         for topic_filter in packet.topic_filters:
-            found = self.broker.unsubscribe(session, topic_filter)
+            found, removed = self.broker.unsubscribe(session, topic_filter)
             codes.append(ReasonCode.SUCCESS if found else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+            completion = all_of(completion, removed)
         if self.protocol_version < 5:
             codes = []
-        self._send(UnsubAck(packet.packet_id, codes), self.protocol_version)
+        self._answer(
+            completion, self._encode(UnsubAck(packet.packet_id, codes), self.protocol_version)
+        )
 
     # -- the rest -------------------------------------------------------------------------
 
@@ -703,7 +727,7 @@ class MQTTConnection:
                 self.client_id,
                 message.topic,
             )
-            self.broker.stats.messages_dropped += 1
+            self._count_dropped()
             if delivery_id and self.session is not None:
                 delivery = self._packet_ids.pop(delivery_id)
                 if delivery is not None:
@@ -744,16 +768,15 @@ class MQTTConnection:
             props.subscription_identifiers = list(entry.subscription_ids)
         topic = message.topic
         topic_bytes = topic.encode()
+        new_alias = 0
         if self.peer_topic_alias_maximum:
             alias = self._outgoing_aliases.get(topic)
             if alias is not None:
                 props.topic_alias = alias
                 topic_bytes = b""
             elif len(self._outgoing_aliases) < self.peer_topic_alias_maximum:
-                alias = len(self._outgoing_aliases) + 1
-                self._outgoing_aliases[topic] = alias
-                props.topic_alias = alias
-        return encode_publish(
+                new_alias = props.topic_alias = len(self._outgoing_aliases) + 1
+        data = encode_publish(
             topic_bytes,
             message.payload,
             entry.qos,
@@ -762,6 +785,11 @@ class MQTTConnection:
             delivery_id or None,
             encode_properties(props, _PUBLISH),
         )
+        if new_alias and len(data) <= self.peer_max_packet_size:
+            # The client knows the alias only once this packet reaches it; one that deliver
+            # drops for its size must leave no trace.
+            self._outgoing_aliases[topic] = new_alias
+        return data
 
     def taken_over(self) -> None:
         """The broker moved our session to a newer connection: leave it alone and go."""
@@ -776,6 +804,9 @@ class MQTTConnection:
     # -- output helpers -------------------------------------------------------------------
 
     def _send(self, packet: Packet, version: int) -> None:
+        self.transport.write(self._encode(packet, version))
+
+    def _encode(self, packet: Packet, version: int) -> bytes:
         if (
             version == 5
             and not self._problem_information
@@ -785,29 +816,87 @@ class MQTTConnection:
             if props is not None and (props.reason_string or props.user_properties):
                 props.reason_string = None
                 props.user_properties = []
-        self.transport.write(encode(packet, version))
+        return encode(packet, version)
 
     def _disconnect_with(self, reason: int, why: str = "") -> None:
         props = Properties(reason_string=why or None)
         self._send(Disconnect(reason, props), 5)
 
-    def _after_commit(self, send: Callable[[], None]) -> None:
-        """Run ``send`` once everything handed to the store so far is durable; if that write
-        fails, close instead (the peer resends after reconnecting)."""
-        commit = self.broker.durable()
-        if commit is None:
-            send()
+    def _answer(
+        self,
+        completion: Completion,
+        data: bytes,
+        kind: int = 0,
+        packet_id: int = 0,
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        """Write the answer ``data`` once ``completion`` is done and every answer before it
+        was written, so answers leave in the order of the packets they answer (MQTT-4.6.0-2
+        to -4) whatever each waits for. ``then`` runs right after it is written.
+
+        ``kind`` says what a failed completion means: for a publication (_PUBACK, _PUBREC,
+        ``packet_id``) the client is told it was not stored, a CONNACK becomes a refusal; for
+        anything else the connection closes (the client resends after reconnecting).
+        """
+        answers = self._answers
+        if completion is None and not answers:
+            self.transport.write(data)
+            if then is not None:
+                then()
             return
+        answers.append((completion, data, kind, packet_id, then))
+        if kind == _PUBACK:
+            self._awaiting_commit += 1
+        if completion is not None and (completion is not self._watched or completion.done()):
+            self._watched = completion
+            completion.add_done_callback(self._answers_ready)
 
-        def done(future: Any) -> None:
-            if self.closed:
-                return
-            if future.cancelled() or future.exception() is not None:
-                self._close(publish_will=False)
-                return
-            send()
+    def _answers_ready(self, _completion: object = None) -> None:
+        """Write every answer at the head of the line whose completion is done, together."""
+        answers = self._answers
+        ready: list[bytes] = []
+        succeeded: asyncio.Future[None] | None = None
+        while answers and not self.closed:
+            completion, data, kind, packet_id, then = answers[0]
+            if completion is not None and completion is not succeeded:
+                if not completion.done():
+                    break
+                if completion.cancelled() or completion.exception() is not None:
+                    answers.popleft()
+                    if kind == _PUBACK:
+                        self._awaiting_commit -= 1
+                    self._write_all(ready)
+                    self._answer_failed(kind, packet_id)
+                    continue
+                succeeded = completion
+            answers.popleft()
+            if kind == _PUBACK:
+                self._awaiting_commit -= 1
+            ready.append(data)
+            if then is not None:
+                self._write_all(ready)
+                then()
+        if self.closed:
+            answers.clear()
+            return
+        self._write_all(ready)
 
-        asyncio.ensure_future(commit).add_done_callback(done)
+    def _write_all(self, ready: list[bytes]) -> None:
+        if ready:
+            self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
+            ready.clear()
+
+    def _answer_failed(self, kind: int, packet_id: int) -> None:
+        session = self.session
+        if session is None:
+            return
+        if kind == _CONNACK:
+            self._refuse_unstored_connect()
+        elif kind:
+            self._refuse_unstored(session, 1 if kind == _PUBACK else 2, packet_id)
+        else:
+            log.error("client %s: state not stored (store write failed); closing", self.client_id)
+            self._close(publish_will=False)
 
     def _close(self, *, publish_will: bool, keep_will: bool = False) -> None:
         if self.closed:
@@ -819,20 +908,59 @@ class MQTTConnection:
         self.transport.close()
 
 
+# One answer waiting to be written (see MQTTConnection._answer): its completion, its bytes, its
+# kind, the packet id it answers (publications) and what runs once it is written. A tuple: one
+# is made per acknowledged publication.
+_Answer: TypeAlias = tuple[Completion, bytes, int, int, "Callable[[], None] | None"]
+
+# Kinds of answer: the PUBACK of a QoS 1 publication, the PUBREC of a QoS 2 one, the CONNACK,
+# anything else (0).
+_PUBACK = 1
+_PUBREC = 2
+_CONNACK = 3
+
+
+class _HeldOutput:
+    """Stands in for the transport while the CONNACK waits for its completion: what the
+    connection writes meanwhile waits here and follows the CONNACK."""
+
+    __slots__ = ("size", "transport", "writes")
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.writes: list[bytes] = []
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        self.size += len(data)
+
+    def close(self) -> None:
+        self.writes.clear()
+        self.transport.close()
+
+    def write_backlog(self) -> int:
+        # Held bytes count: a flood of QoS 0 meanwhile is dropped as for a slow reader.
+        return self.size + self.transport.write_backlog()
+
+
 # Key of a message's cached 5.0 property block in Message.encoded.
 _V5_SHARED_PROPERTIES = "v5-properties"
 
 
 def _message_properties(message: Message) -> Properties:
     """The 5.0 PUBLISH properties a message carries to every subscriber alike."""
+    fields = message.mqtt5
+    if fields is None:
+        return Properties()
     props = Properties(
-        payload_format_indicator=message.payload_format_indicator,
-        content_type=message.content_type,
-        response_topic=message.response_topic,
-        correlation_data=message.correlation_data,
+        payload_format_indicator=fields.payload_format_indicator,
+        content_type=fields.content_type,
+        response_topic=fields.response_topic,
+        correlation_data=fields.correlation_data,
     )
-    if message.user_properties:
-        props.user_properties = message.user_properties
+    if fields.user_properties:
+        props.user_properties = fields.user_properties
     return props
 
 
@@ -845,6 +973,25 @@ def _frame_receivers(direct: tuple[Session, ...] | None) -> tuple[MQTTConnection
     if all(type(link) is MQTTConnection and link.protocol_version < 5 for link in links):
         return links  # type: ignore[return-value]
     return False
+
+
+def _mqtt5_fields(props: Properties) -> MQTT5Fields | None:
+    """The message fields of a 5.0 PUBLISH or will; None when it has none (most messages)."""
+    if (
+        props.payload_format_indicator is None
+        and props.content_type is None
+        and props.response_topic is None
+        and props.correlation_data is None
+        and not props.user_properties
+    ):
+        return None
+    return MQTT5Fields(
+        props.payload_format_indicator,
+        props.content_type,
+        props.response_topic,
+        props.correlation_data,
+        list(props.user_properties),
+    )
 
 
 def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery: Delivery) -> None:

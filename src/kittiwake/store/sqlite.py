@@ -1,5 +1,6 @@
 """The embedded SQLite store (WAL mode): one writer thread owns the write connection and commits
-in groups; the event loop only appends operations and awaits commit futures.
+in groups; the event loop only appends operations and awaits commit futures. Its time comes
+from the broker's clock (never ``time``), so sweeps and lazy marks follow a test's manual clock.
 
 A commit future resolves after the transaction holding every earlier operation is on disk, which
 is when a publisher may be acknowledged. Must never be called from the writer thread's side of
@@ -15,7 +16,6 @@ import logging
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path
@@ -23,123 +23,67 @@ from typing import Any
 
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
-from kittiwake.broker.store import QueuedRecord, RecoveredState, SessionRecord
+from kittiwake.broker.store import (
+    DuplicateKey,
+    QueuedRecord,
+    RecoveredState,
+    SessionRecord,
+)
 from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.store.codec import (
-    apply_message_properties,
-    from_wall,
-    message_from_json,
-    message_properties_json,
-    message_to_json,
-    session_from_json,
-    session_to_json,
+    MESSAGE_COLUMNS,
+    SUBSCRIPTION_COLUMNS,
+    message_columns,
+    message_from_row,
+    message_row,
+    subscription_from_row,
+    subscription_ids_from_text,
+    subscription_ids_text,
+    subscription_row,
 )
+from kittiwake.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+__all__ = ["DATABASE_FILE", "MIGRATIONS", "SCHEMA_VERSION", "SQLiteStore", "StoreError"]
+
 DATABASE_FILE = "kittiwake.db"
 
 # A run of one statement over many parameter rows: consecutive operations with the same SQL
 # share a run, so the writer thread hands each run to executemany (one C loop, not one call
 # per row).
 Operation = tuple[str, list[tuple[Any, ...]]]
-# How often released messages are swept out of the journal (seconds).
+# How often the journal is swept of messages no queue entry needs any more (clock seconds).
 SWEEP_INTERVAL = 1.0
-# How long a lazy delivery mark waits for its acknowledgement before it is written (seconds):
-# most QoS 1 deliveries are acknowledged sooner, and then the mark is never written at all.
+# How long a lazy delivery mark waits for its acknowledgement before it is written (clock
+# seconds): most QoS 1 deliveries are acknowledged sooner, and then it is never written at all.
 LAZY_MARK_DELAY = 0.05
 
-_MIGRATIONS: dict[int, list[str]] = {
-    # 0 → 1: the first schema.
-    1: [
-        """CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
-            topic TEXT NOT NULL,
-            payload BLOB NOT NULL,
-            qos INTEGER NOT NULL,
-            retain INTEGER NOT NULL,
-            priority INTEGER NOT NULL,
-            expiry REAL,
-            delivery_time REAL,
-            created REAL NOT NULL,
-            origin TEXT,
-            extra TEXT NOT NULL,
-            stored_at REAL NOT NULL
-        )""",
-        """CREATE TABLE sessions (
-            client_id TEXT PRIMARY KEY,
-            record TEXT NOT NULL
-        )""",
-        """CREATE TABLE queued (
-            client_id TEXT NOT NULL,
-            message_id INTEGER NOT NULL,
-            qos INTEGER NOT NULL,
-            retain INTEGER NOT NULL,
-            subscription_ids TEXT NOT NULL,
-            delivery_count INTEGER NOT NULL,
-            delivery_id INTEGER NOT NULL,
-            state TEXT NOT NULL,
-            PRIMARY KEY (client_id, message_id)
-        ) WITHOUT ROWID""",
-        "CREATE INDEX queued_by_message ON queued (message_id)",
-        """CREATE TABLE retained (
-            topic TEXT PRIMARY KEY,
-            message TEXT NOT NULL
-        )""",
-        """CREATE TABLE incoming_qos2 (
-            client_id TEXT NOT NULL,
-            packet_id INTEGER NOT NULL,
-            PRIMARY KEY (client_id, packet_id)
-        ) WITHOUT ROWID""",
-        "INSERT INTO meta (key, value) VALUES ('last_message_id', '0')",
-    ],
-    # 1 → 2: the journal sweep finds messages past their retention by age.
-    2: ["CREATE INDEX messages_by_age ON messages (stored_at)"],
-    # 2 → 3: a queue row may carry its message inline (a message one queue references and no
-    # journal retention keeps): one row written and deleted per message instead of two. Only
-    # rows without a message (topic IS NULL) keep a journal row alive.
-    3: [
-        *(
-            f"ALTER TABLE queued ADD COLUMN {column}"
-            for column in (
-                "topic TEXT",
-                "payload BLOB",
-                "message_qos INTEGER",
-                "message_retain INTEGER",
-                "priority INTEGER",
-                "expiry REAL",
-                "delivery_time REAL",
-                "created REAL",
-                "origin TEXT",
-                "extra TEXT",
-            )
-        ),
-        "DROP INDEX queued_by_message",
-        "CREATE INDEX queued_by_message ON queued (message_id) WHERE topic IS NULL",
-    ],
-}
-
-
-_INSERT_MESSAGE = "INSERT OR IGNORE INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_INSERT_QUEUED = (
-    "INSERT OR REPLACE INTO queued (client_id, message_id, qos, retain, subscription_ids, "
-    "delivery_count, delivery_id, state, topic, payload, message_qos, message_retain, priority, "
-    "expiry, delivery_time, created, origin, extra) "
-    "VALUES (?, ?, ?, ?, ?, ?, 0, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_MESSAGE_PLACES = ", ".join("?" * len(MESSAGE_COLUMNS))
+_INSERT_JOURNAL = f"INSERT INTO journal VALUES ({_MESSAGE_PLACES}, ?)"
+_INSERT_ENTRY = (
+    "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
+    "subscription_ids, delivery_count, delivery_id, state, "
+    f"{', '.join(MESSAGE_COLUMNS[1:])}) "
+    f"VALUES (?, ?, ?, ?, ?, ?, 0, 'queued', {', '.join('?' * (len(MESSAGE_COLUMNS) - 1))})"
 )
 _MARK = (
-    "UPDATE queued SET delivery_id=?, state=?, delivery_count=delivery_count+? "
-    "WHERE client_id=? AND message_id=?"
+    "UPDATE queue_entries SET delivery_id=?, state=?, delivery_count=delivery_count+? "
+    "WHERE queue=? AND message_id=?"
 )
-_RELEASE = "DELETE FROM queued WHERE client_id=? AND message_id=?"
+_REMOVE = "DELETE FROM queue_entries WHERE queue=? AND message_id=?"
 _SET_LAST_ID = "UPDATE meta SET value=? WHERE key='last_message_id'"
-# The message columns of a queue row that references a journal row instead.
-_NO_MESSAGE: tuple[None, ...] = (None,) * 10
-# The columns of a message, in journal-row and inline-queue-row order.
-_MESSAGE_COLUMNS = (
-    "topic, payload, {qos}, {retain}, priority, expiry, delivery_time, created, origin, extra"
+_INSERT_SUBSCRIPTION = "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?)"
+_UPSERT_WILL = f"INSERT OR REPLACE INTO wills VALUES (?, {_MESSAGE_PLACES})"
+_UPSERT_RETAINED = f"INSERT OR REPLACE INTO retained VALUES ({_MESSAGE_PLACES})"
+# A session record is these rows, keyed by client id.
+_DELETE_SESSION = tuple(
+    f"DELETE FROM {table} WHERE client_id=?" for table in ("sessions", "subscriptions", "wills")
 )
+# The message columns of a queue entry that leaves its message to the journal.
+_NO_MESSAGE: tuple[None, ...] = (None,) * (len(MESSAGE_COLUMNS) - 1)
+# The entry columns before the message columns in an _INSERT_ENTRY row.
+_ENTRY_HEAD = 6
 
 
 class StoreError(RuntimeError):
@@ -164,34 +108,33 @@ class SQLiteStore:
         self.directory = Path(data_dir)
         self.path = self.directory / DATABASE_FILE
         self._clock = clock or MonotonicClock()
-        # Wall time minus clock time: converts the core's clock readings for disk.
-        self._offset = time.time() - self._clock.now()
+        # Wall ms minus clock ms: converts the core's clock readings for disk.
+        self._clock_to_wall_ms = self._clock.wall_ms() - self._clock.now() * 1000
         self._max_batch = max_batch
         self._max_delay = max_delay
         self._retention = journal_retention_seconds
         self._retention_bytes = journal_retention_bytes
         # With a retention, every persistent publication is journalled (for the Spark source),
-        # not only those a durable subscriber references.
+        # not only those several durable queues reference.
         self._keeps_journal = journal_retention_seconds > 0 or journal_retention_bytes > 0
         self._wal_autocheckpoint = wal_autocheckpoint
         self._synchronous = synchronous
         self._ops: list[Operation] = []
-        # Journal rows of this turn, written first in their batch as one executemany run:
-        # only the sweep deletes from that table, and it always comes last.
-        self._message_rows: list[tuple[Any, ...]] = []
-        # Released references since the last journal sweep; the sweep deletes messages that no
-        # queue references any more (after the retention), once a second rather than per ack.
-        self._released = 0
-        self._last_sweep = time.monotonic()
-        self._unwritten: dict[int, Message] = {}
-        # Ids whose journal row is written by the operations not yet handed off.
-        self._inserted: set[int] = set()
+        # Messages to write to the journal with this turn, first in its batch (only the sweep
+        # deletes from that table, and it always comes last).
+        self._journal_messages: list[Message] = []
+        # Ids already in _journal_messages (without a retention; with one, all of this turn's).
+        self._journalled: set[int] = set()
+        # Removed entries since the last journal sweep; the sweep deletes messages that no queue
+        # references any more (after the retention), once a second rather than per ack.
+        self._removed = 0
+        self._last_sweep = self._clock.now()
         # Queue rows not yet handed off that carry their message inline, by message id, as
         # (run, index) into self._ops: a second reference in the same hand-off turns the first
         # into a plain reference and writes a journal row instead.
         self._inline: dict[int, tuple[list[tuple[Any, ...]], int]] = {}
-        # Lazy delivery marks by (client id, message id): (delivery id, state, count bump,
-        # due time). Written once due; dropped when the entry is released first.
+        # Lazy delivery marks by (queue, message id): (delivery id, state, count bump, due
+        # clock time). Written once due; dropped when the entry is removed first.
         self._marks: dict[tuple[str, int], tuple[int, str, int, float]] = {}
         self._mark_timer: asyncio.TimerHandle | None = None
         # An id was handed out since last_message_id was last written.
@@ -217,6 +160,12 @@ class SQLiteStore:
             raise StoreError(f"cannot create data directory {self.directory}: {exc}") from exc
         self._open_and_migrate()
         self._last_id = self._highest_id()
+        # The highest id handed out before the last hand-off. Only a message numbered since
+        # (above it) may get a journal row: its row then reaches the journal in the same
+        # transaction as every id handed out with it, after every lower one, so a reader that
+        # saw a number never later finds a lower one, and a row the sweep deleted never
+        # comes back under its old number.
+        self._sealed_id = self._last_id
 
     # -- opening --------------------------------------------------------------------------
 
@@ -247,17 +196,20 @@ class SQLiteStore:
                     f"{self.path} has schema version {version}, newer than this kittiwake "
                     f"understands ({SCHEMA_VERSION}); upgrade kittiwake."
                 )
-            while version < SCHEMA_VERSION:
-                version += 1
-                log.info("store %s: migrating schema to version %d", self.path, version)
-                connection.execute("BEGIN IMMEDIATE")
-                for statement in _MIGRATIONS[version]:
-                    connection.execute(statement)
-                connection.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
-                    (str(version),),
+            try:
+                migrate(
+                    connection,
+                    version,
+                    lambda to: log.info("store %s: migrating schema to version %d", self.path, to),
                 )
-                connection.execute("COMMIT")
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                # A row an older version wrote that cannot be converted; the step rolled back.
+                raise StoreError(
+                    f"{self.path}: a stored record cannot be upgraded from schema version "
+                    f"{version} ({type(exc).__name__}: {exc}); refusing to start. The file is "
+                    "unchanged: run the previous kittiwake on it, or move it away to start with "
+                    "an empty store."
+                ) from exc
             connection.close()
         except sqlite3.DatabaseError as exc:
             raise StoreError(
@@ -275,8 +227,10 @@ class SQLiteStore:
             ).fetchone()
             stored = int(row[0]) if row is not None and row[0] is not None else 0
             in_rows = connection.execute(
-                "SELECT MAX(m) FROM (SELECT MAX(id) AS m FROM messages "
-                "UNION ALL SELECT MAX(message_id) FROM queued)"
+                "SELECT MAX(m) FROM (SELECT MAX(message_id) AS m FROM journal "
+                "UNION ALL SELECT MAX(message_id) FROM queue_entries "
+                "UNION ALL SELECT MAX(message_id) FROM retained "
+                "UNION ALL SELECT MAX(message_id) FROM wills)"
             ).fetchone()[0]
         except (sqlite3.DatabaseError, ValueError) as exc:
             raise StoreError(
@@ -294,115 +248,128 @@ class SQLiteStore:
             self._last_id += 1
             message.message_id = self._last_id
             self._ids_dirty = True
-        if self._keeps_journal:
-            # Every persistent publication is written, referenced or not.
-            self._unwritten[message.message_id] = message
-            self._schedule()
-        # Otherwise the row is written by enqueue(), once a durable queue references it.
+            if self._keeps_journal:
+                # Every persistent publication is written, referenced or not.
+                self._journal_messages.append(message)
+                self._schedule()
+        # Otherwise the row is written by enqueue(), once several queues reference it.
 
-    def enqueue(self, client_id: str, entry: QueuedMessage) -> None:
+    def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         message = entry.message
         message_id = message.message_id
         if self._marks:
-            self._marks.pop((client_id, message_id), None)
-        unwritten = self._unwritten.pop(message_id, None)
-        if unwritten is not None:
-            self._message_rows.append(self._message_row(unwritten))
-            self._inserted.add(message_id)
-        if message_id in self._inserted:
-            columns = _NO_MESSAGE
-        elif self._keeps_journal:
-            # Queued again in a later turn (a retained message sent to a new subscriber): the
-            # row may have been deleted when its earlier references were released.
-            self._message_rows.append(self._message_row(message))
-            self._inserted.add(message_id)
-            columns = _NO_MESSAGE
+            self._marks.pop((queue, message_id), None)
+        if message_id <= self._sealed_id:
+            # Numbered in an earlier turn (a retained message for a new subscriber): its
+            # journal row, if it ever had one, may be swept by now and never comes back. The
+            # entry carries its own copy.
+            columns = message_columns(message, self._clock_to_wall_ms)
+        elif self._keeps_journal or message_id in self._journalled:
+            columns = _NO_MESSAGE  # its journal row is written with this turn
         else:
             inline = self._inline.pop(message_id, None)
             if inline is None:
-                columns = self._message_columns(message)
+                columns = message_columns(message, self._clock_to_wall_ms)
             else:
                 # A second reference: the message moves into a journal row both point to.
                 run, index = inline
-                run[index] = run[index][:6] + _NO_MESSAGE
-                self._message_rows.append(self._message_row(message))
-                self._inserted.add(message_id)
+                run[index] = run[index][:_ENTRY_HEAD] + _NO_MESSAGE
+                self._journal_messages.append(message)
+                self._journalled.add(message_id)
                 columns = _NO_MESSAGE
+        ids = entry.subscription_ids
         self._add(
-            _INSERT_QUEUED,
+            _INSERT_ENTRY,
             (
-                client_id,
+                queue,
                 message_id,
                 entry.qos,
-                int(entry.retain),
-                ",".join(map(str, entry.subscription_ids)) if entry.subscription_ids else "",
+                1 if entry.retain else 0,
+                subscription_ids_text(ids) if ids else "",
                 entry.delivery_count,
                 *columns,
             ),
         )
-        if columns is not _NO_MESSAGE:
+        if columns is not _NO_MESSAGE and message_id > self._sealed_id:
             run = self._ops[-1][1]
             self._inline[message_id] = (run, len(run) - 1)
 
     def mark_delivery(
-        self, client_id: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
+        self, queue: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
     ) -> None:
         bump = 1 if state == "sent" else 0
-        earlier = self._marks.pop((client_id, message_id), None)
+        earlier = self._marks.pop((queue, message_id), None)
         if earlier is not None:
             bump += earlier[2]
         if lazy:
-            loop = self._loop or self._get_loop()
-            due = loop.time() + LAZY_MARK_DELAY
-            self._marks[(client_id, message_id)] = (delivery_id, state, bump, due)
+            due = self._clock.now() + LAZY_MARK_DELAY
+            self._marks[(queue, message_id)] = (delivery_id, state, bump, due)
             if self._mark_timer is None:
-                self._mark_timer = loop.call_at(due, self._on_mark_timer)
+                loop = self._loop or self._get_loop()
+                self._mark_timer = loop.call_later(LAZY_MARK_DELAY, self._on_mark_timer)
         else:
-            self._add(_MARK, (delivery_id, state, bump, client_id, message_id))
+            self._add(_MARK, (delivery_id, state, bump, queue, message_id))
 
-    def release(self, client_id: str, message_id: int) -> None:
+    def remove(self, queue: str, message_id: int) -> None:
         if self._marks:
-            self._marks.pop((client_id, message_id), None)
-        self._add(_RELEASE, (client_id, message_id))
-        self._released += 1
+            self._marks.pop((queue, message_id), None)
+        self._add(_REMOVE, (queue, message_id))
+        self._removed += 1
+
+    def delete_queue(self, queue: str) -> None:
+        for key in [key for key in self._marks if key[0] == queue]:
+            del self._marks[key]
+        self._add("DELETE FROM queue_entries WHERE queue=?", (queue,))
+        self._removed += 1
 
     def save_session(self, record: SessionRecord) -> None:
+        client_id = record.client_id
         self._add(
-            "INSERT OR REPLACE INTO sessions VALUES (?, ?)",
-            (record.client_id, session_to_json(record, self._offset)),
+            "INSERT OR REPLACE INTO sessions (client_id, expiry_interval, will_delay, will_expiry,"
+            " in_flight_window) VALUES (?, ?, ?, ?, ?)",
+            (
+                client_id,
+                record.expiry_interval,
+                record.will_delay,
+                record.will_expiry,
+                record.window,
+            ),
         )
+        self._add("DELETE FROM subscriptions WHERE client_id=?", (client_id,))
+        for subscription in record.subscriptions:
+            self._add(_INSERT_SUBSCRIPTION, subscription_row(client_id, subscription))
+        if record.will is None:
+            self._add("DELETE FROM wills WHERE client_id=?", (client_id,))
+        else:
+            self._add(
+                _UPSERT_WILL, (client_id, *message_row(record.will, self._clock_to_wall_ms))
+            )
 
     def delete_session(self, client_id: str) -> None:
-        for key in [key for key in self._marks if key[0] == client_id]:
-            del self._marks[key]
-        self._add("DELETE FROM sessions WHERE client_id=?", (client_id,))
-        self._add("DELETE FROM incoming_qos2 WHERE client_id=?", (client_id,))
-        self._add("DELETE FROM queued WHERE client_id=?", (client_id,))
-        self._released += 1
+        for sql in _DELETE_SESSION:
+            self._add(sql, (client_id,))
 
     def set_retained(self, topic: str, message: Message | None) -> None:
         if message is None:
             self._add("DELETE FROM retained WHERE topic=?", (topic,))
         else:
-            self._add(
-                "INSERT OR REPLACE INTO retained VALUES (?, ?)",
-                (topic, message_to_json(message, self._offset)),
-            )
+            self._add(_UPSERT_RETAINED, message_row(message, self._clock_to_wall_ms))
 
-    def add_incoming_qos2(self, client_id: str, packet_id: int) -> None:
-        self._add("INSERT OR IGNORE INTO incoming_qos2 VALUES (?, ?)", (client_id, packet_id))
+    def add_duplicate(self, producer: str, key: DuplicateKey) -> None:
+        self._add("INSERT OR IGNORE INTO duplicates VALUES (?, ?)", (producer, key))
 
-    def remove_incoming_qos2(self, client_id: str, packet_id: int) -> None:
-        self._add(
-            "DELETE FROM incoming_qos2 WHERE client_id=? AND packet_id=?", (client_id, packet_id)
-        )
+    def remove_duplicate(self, producer: str, key: DuplicateKey) -> None:
+        self._add("DELETE FROM duplicates WHERE producer=? AND key=?", (producer, key))
+
+    def delete_duplicates(self, producer: str) -> None:
+        self._add("DELETE FROM duplicates WHERE producer=?", (producer,))
 
     def commit(self) -> asyncio.Future[None] | None:
         """The future of the batch that will hold every operation so far, or None.
 
         Lazy marks are not waited for: they are allowed to be late.
         """
-        if self._ops or self._message_rows or (self._unwritten and self._keeps_journal):
+        if self._ops or self._journal_messages:
             self._schedule()
             if self._pending_future is None:
                 self._pending_future = self._get_loop().create_future()
@@ -413,38 +380,58 @@ class SQLiteStore:
 
     def recover(self) -> RecoveredState:
         """Read everything back (before the writer starts; on the caller's thread)."""
-        started = time.monotonic()
-        offset = self._offset
+        started = self._clock.now()
+        offset = self._clock_to_wall_ms
         state = RecoveredState()
+        columns = ", ".join(MESSAGE_COLUMNS)
         connection = self._connect()
         try:
             for row in connection.execute(
-                f"SELECT id, {_MESSAGE_COLUMNS.format(qos='qos', retain='retain')} FROM messages "
-                "WHERE id IN (SELECT message_id FROM queued WHERE topic IS NULL) ORDER BY id"
+                f"SELECT {columns} FROM journal WHERE message_id IN "
+                "(SELECT message_id FROM queue_entries WHERE topic IS NULL) ORDER BY message_id"
             ):
-                state.messages[row[0]] = _message_from_columns(row[0], row[1:], offset)
-            for client_id, text in connection.execute("SELECT client_id, record FROM sessions"):
-                state.sessions[client_id] = session_from_json(client_id, text, offset)
-            inline_columns = _MESSAGE_COLUMNS.format(qos="message_qos", retain="message_retain")
+                state.messages[row[0]] = message_from_row(row, offset)
+            for client_id, expiry_interval, will_delay, will_expiry, window in connection.execute(
+                "SELECT client_id, expiry_interval, will_delay, will_expiry, in_flight_window "
+                "FROM sessions"
+            ):
+                state.sessions[client_id] = SessionRecord(
+                    client_id, expiry_interval, [], None, will_delay, will_expiry, window
+                )
             for row in connection.execute(
-                "SELECT client_id, message_id, qos, retain, subscription_ids, delivery_count, "
-                f"delivery_id, state, {inline_columns} FROM queued ORDER BY message_id"
+                f"SELECT client_id, {', '.join(SUBSCRIPTION_COLUMNS)} FROM subscriptions "
+                "ORDER BY rowid"
             ):
-                message_id = row[1]
+                owner = state.sessions.get(row[0])
+                if owner is not None:
+                    owner.subscriptions.append(subscription_from_row(row[1:]))
+            for row in connection.execute(f"SELECT client_id, {columns} FROM wills"):
+                owner = state.sessions.get(row[0])
+                if owner is not None:
+                    owner.will = message_from_row(row[1:], offset)
+            for row in connection.execute(
+                "SELECT queue, delivery_qos, delivery_retain, subscription_ids, delivery_count, "
+                f"delivery_id, state, {columns} FROM queue_entries ORDER BY message_id"
+            ):
+                message_id = row[7]
                 if row[8] is not None and message_id not in state.messages:
-                    state.messages[message_id] = _message_from_columns(message_id, row[8:], offset)
-                ids = tuple(int(x) for x in row[4].split(",") if x)
+                    state.messages[message_id] = message_from_row(row[7:], offset)
                 state.queued.append(
                     QueuedRecord(
-                        row[0], message_id, row[2], bool(row[3]), ids, row[5], row[6], row[7]
+                        row[0],
+                        message_id,
+                        row[1],
+                        bool(row[2]),
+                        subscription_ids_from_text(row[3]),
+                        row[4],
+                        row[5],
+                        row[6],
                     )
                 )
-            for topic, text in connection.execute("SELECT topic, message FROM retained"):
-                state.retained[topic] = message_from_json(text, offset)
-            for client_id, packet_id in connection.execute(
-                "SELECT client_id, packet_id FROM incoming_qos2"
-            ):
-                state.incoming_qos2.setdefault(client_id, set()).add(packet_id)
+            for row in connection.execute(f"SELECT {columns} FROM retained"):
+                state.retained[row[1]] = message_from_row(row, offset)
+            for producer, key in connection.execute("SELECT producer, key FROM duplicates"):
+                state.duplicates.setdefault(producer, set()).add(key)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot read stored state ({exc})") from exc
         except (ValueError, KeyError, TypeError, IndexError) as exc:
@@ -462,7 +449,7 @@ class SQLiteStore:
             len(state.sessions),
             len(state.queued),
             len(state.retained),
-            time.monotonic() - started,
+            self._clock.now() - started,
         )
         return state
 
@@ -472,9 +459,9 @@ class SQLiteStore:
         if self._mark_timer is not None:
             self._mark_timer.cancel()
             self._mark_timer = None
-        if self._released:
+        if self._removed:
             self._sweep_journal()
-        if self._ops or self._message_rows or self._unwritten or self._ids_dirty or self._marks:
+        if self._ops or self._journal_messages or self._ids_dirty or self._marks:
             self._hand_off(final=True)
         if self._writer is not None:
             self._queue.put(None)
@@ -517,7 +504,7 @@ class SQLiteStore:
         marks = self._marks
         if not marks:
             return []
-        now = self._get_loop().time()
+        now = self._clock.now()
         rows: list[tuple[Any, ...]] = []
         for key, (delivery_id, state, bump, due) in marks.items():
             if due > now and not final:
@@ -526,9 +513,11 @@ class SQLiteStore:
         for row in rows:
             del marks[(row[3], row[4])]
         if marks and self._mark_timer is None:
-            # Dict order is due order: a mark is re-inserted whenever it changes.
-            first_due = next(iter(marks.values()))[3]
-            self._mark_timer = self._get_loop().call_at(first_due, self._on_mark_timer)
+            # Dict order is due order: a mark is re-inserted whenever it changes. The timer
+            # runs on the loop's time, the due times on the store's clock: on the production
+            # clock they agree; on a test's manual clock the timer only looks again.
+            wait = max(next(iter(marks.values()))[3] - now, 0.0) or LAZY_MARK_DELAY
+            self._mark_timer = self._get_loop().call_later(wait, self._on_mark_timer)
         return rows
 
     def _hand_off(self, final: bool = False) -> None:
@@ -537,21 +526,26 @@ class SQLiteStore:
             self._scheduled = None
         if self._closed and not final:
             return
-        if self._keeps_journal and self._unwritten:
-            for message in self._unwritten.values():
-                self._message_rows.append(self._message_row(message))
-        self._unwritten.clear()
-        now = time.monotonic()
-        if (self._released or self._keeps_journal) and now - self._last_sweep >= SWEEP_INTERVAL:
+        now = self._clock.now()
+        if (self._removed or self._keeps_journal) and now - self._last_sweep >= SWEEP_INTERVAL:
             self._sweep_journal()
             self._last_sweep = now
         ops = self._ops
         self._ops = []
-        if self._message_rows:
-            ops.insert(0, (_INSERT_MESSAGE, self._message_rows))
-            self._message_rows = []
-        self._inserted.clear()
+        if self._journal_messages:
+            stored_at = self._clock.wall_ms()
+            to_wall = self._clock_to_wall_ms
+            ops.insert(
+                0,
+                (
+                    _INSERT_JOURNAL,
+                    [(*message_row(m, to_wall), stored_at) for m in self._journal_messages],
+                ),
+            )
+            self._journal_messages = []
+        self._journalled.clear()
         self._inline.clear()
+        self._sealed_id = self._last_id
         marks = self._due_marks(final)
         if marks:
             ops.append((_MARK, marks))
@@ -571,7 +565,7 @@ class SQLiteStore:
             future = self._get_loop().create_future()
         self._last_future = future
         # A turn's operations stay together: the writer commits whole turns, never a part of
-        # one (a QoS 2 id and the message it admits are stored together or not at all).
+        # one (a duplicate key and the message it admits are stored together or not at all).
         self._sealed.append((ops, future))
         if not self._writing or final:
             self._send()
@@ -599,27 +593,6 @@ class SQLiteStore:
         elif not self._closed and self._marks and self._mark_timer is None:
             self._hand_off()  # lazy marks fell due while the writer was busy
 
-    def _message_row(self, message: Message) -> tuple[Any, ...]:
-        return (message.message_id, *self._message_columns(message), time.time())
-
-    def _message_columns(self, message: Message) -> tuple[Any, ...]:
-        # to_wall() written out: this runs once per durable message on the event loop.
-        offset = self._offset
-        expiry = message.expiry
-        delivery_time = message.delivery_time
-        return (
-            message.topic,
-            message.payload,
-            message.qos,
-            int(message.retain),
-            message.priority,
-            None if expiry is None else expiry + offset,
-            None if delivery_time is None else delivery_time + offset,
-            message.created + offset,
-            message.origin,
-            message_properties_json(message),
-        )
-
     def _sweep_journal(self) -> None:
         """Delete journalled messages no queue references, once past the retention.
 
@@ -627,23 +600,25 @@ class SQLiteStore:
         keeps the newest ones whose payloads fit in so many bytes (whichever is stricter wins).
         Referenced messages are never deleted.
         """
-        self._released = 0
+        self._removed = 0
+        unreferenced = (
+            "NOT EXISTS (SELECT 1 FROM queue_entries "
+            "WHERE message_id = journal.message_id AND topic IS NULL)"
+        )
         # Appended, not _add()ed: the sweep rides on a batch and must not schedule another.
         if self._retention or not self._retention_bytes:
             self._ops.append(
                 (
-                    "DELETE FROM messages WHERE stored_at < ? AND NOT EXISTS "
-                    "(SELECT 1 FROM queued WHERE message_id = messages.id AND topic IS NULL)",
-                    [(time.time() - self._retention,)],
+                    f"DELETE FROM journal WHERE stored_at <= ? AND {unreferenced}",
+                    [(self._clock.wall_ms() - round(self._retention * 1000),)],
                 )
             )
         if self._retention_bytes:
             self._ops.append(
                 (
-                    "DELETE FROM messages WHERE id IN (SELECT id FROM (SELECT id, "
-                    "SUM(length(payload)) OVER (ORDER BY id DESC) AS newer FROM messages) "
-                    "WHERE newer > ?) AND NOT EXISTS "
-                    "(SELECT 1 FROM queued WHERE message_id = messages.id AND topic IS NULL)",
+                    "DELETE FROM journal WHERE message_id IN (SELECT message_id FROM (SELECT "
+                    "message_id, SUM(length(payload)) OVER (ORDER BY message_id DESC) AS newer "
+                    f"FROM journal) WHERE newer > ?) AND {unreferenced}",
                     [(self._retention_bytes,)],
                 )
             )
@@ -733,13 +708,13 @@ def _execute(connection: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...
     elif sql in _BULK_INSERTS:
         for chunk in _chunks(rows):
             connection.execute(_bulk_insert(sql, len(chunk)), list(chain.from_iterable(chunk)))
-    elif sql is _RELEASE:
-        by_client: dict[str, list[int]] = {}
-        for client_id, message_id in rows:
-            by_client.setdefault(client_id, []).append(message_id)
-        for client_id, ids in by_client.items():
+    elif sql is _REMOVE:
+        by_queue: dict[str, list[int]] = {}
+        for queue_name, message_id in rows:
+            by_queue.setdefault(queue_name, []).append(message_id)
+        for queue_name, ids in by_queue.items():
             for chunk in _chunks(ids):
-                connection.execute(_bulk_release(len(chunk)), [client_id, *chunk])
+                connection.execute(_bulk_remove(len(chunk)), [queue_name, *chunk])
     else:
         connection.executemany(sql, rows)
 
@@ -760,35 +735,16 @@ def _bulk_insert(sql: str, rows: int) -> str:
 
 
 @functools.cache
-def _bulk_release(rows: int) -> str:
+def _bulk_remove(rows: int) -> str:
     marks = ", ".join("?" * rows)
-    return f"DELETE FROM queued WHERE client_id=? AND message_id IN ({marks})"
+    return f"DELETE FROM queue_entries WHERE queue=? AND message_id IN ({marks})"
 
 
 # INSERT statements that can take many rows: (everything up to the values, one row's values).
 _BULK_INSERTS = {
     sql: (sql[: sql.index("VALUES") + 7], sql[sql.index("VALUES") + 7 :])
-    for sql in (_INSERT_MESSAGE, _INSERT_QUEUED)
+    for sql in (_INSERT_JOURNAL, _INSERT_ENTRY, _INSERT_SUBSCRIPTION)
 }
-
-
-def _message_from_columns(message_id: int, row: Any, offset: float) -> Message:
-    """A message from its columns (journal-row or inline-queue-row order)."""
-    message = Message(
-        topic=row[0],
-        payload=bytes(row[1]),
-        qos=row[2],
-        retain=bool(row[3]),
-        persistent=True,
-        priority=row[4],
-        expiry=from_wall(row[5], offset),
-        delivery_time=from_wall(row[6], offset),
-        created=from_wall(row[7], offset) or 0.0,
-        origin=row[8],
-        message_id=message_id,
-    )
-    apply_message_properties(message, row[9])
-    return message
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:

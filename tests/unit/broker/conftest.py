@@ -121,7 +121,7 @@ class Harness:
     ) -> tuple[Session, RecordingConsumer, bool]:
         """Connect (and, like a front end after CONNACK, start delivery)."""
         consumer = consumer or RecordingConsumer()
-        session, present = self.broker.connect(
+        session, present, _ = self.broker.connect(
             client_id,
             consumer,
             clean_start=clean_start,
@@ -180,7 +180,7 @@ class Harness:
     def restart(self) -> Harness:
         """A new broker over this one's store, recovered as at process start."""
         again = Harness.__new__(Harness)
-        again.clock = ManualClock(self.clock.now())
+        again.clock = ManualClock(self.clock.now(), self.clock.wall_ms())
         again.store = self.store
         again.broker = Broker(self.broker.config, clock=again.clock, store=self.store)
         again.broker.recover()
@@ -189,12 +189,12 @@ class Harness:
     def ack(self, session: Session, consumer: RecordingConsumer, wire_id: int) -> bool:
         """Acknowledge what ``consumer`` received under ``wire_id`` (a PUBACK or PUBCOMP)."""
         delivery = consumer.by_id.get(wire_id)
-        return delivery is not None and self.broker.acknowledge(session, delivery)
+        return delivery is not None and self.broker.acknowledge(session, delivery)[0]
 
     def received(self, session: Session, consumer: RecordingConsumer, wire_id: int) -> bool:
         """The client holds what it got under ``wire_id`` (a PUBREC)."""
         delivery = consumer.by_id.get(wire_id)
-        return delivery is not None and self.broker.received(session, delivery)
+        return delivery is not None and self.broker.received(session, delivery)[0]
 
     def advance(self, seconds: float) -> None:
         """Move time and fire the broker's due timers, as the tick loop would."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Outcome
+from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Settlement
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import EntryState, Queue, QueuedMessage, Removal
 from kittiwake.clock import ManualClock
@@ -99,7 +99,7 @@ def test_a_consumer_that_stops_settling_gets_nothing_more_while_another_has_cred
         queue.push(entry(b"%d" % i))
         queue.dispatch(clock.now())
         for delivery in busy_rx.deliveries:
-            queue.settle(delivery, Outcome.ACCEPTED)
+            queue.settle(delivery, Settlement.ACCEPTED)
     assert stuck_rx.payloads == [b"0"]
     assert busy_rx.payloads == [b"1", b"2", b"3", b"4"]
     assert queue.count == 0
@@ -116,7 +116,7 @@ def test_entries_wait_for_credit_then_flow_when_it_comes_back(clock: ManualClock
     assert rx.payloads == [b"1"]
     assert queue.dispatch(clock.now()) == 0
     (first,) = rx.take()
-    assert queue.settle(first, Outcome.ACCEPTED)
+    assert queue.settle(first, Settlement.ACCEPTED)
     assert queue.dispatch(clock.now()) == 1
     assert rx.payloads == [b"2"]
 
@@ -130,7 +130,7 @@ def test_link_credit_is_spent_and_only_topped_up_by_the_front_end(clock: ManualC
     for i in range(3):
         queue.push(entry(b"%d" % i))
     queue.dispatch(clock.now())
-    queue.settle(receiver.take()[0], Outcome.ACCEPTED)
+    queue.settle(receiver.take()[0], Settlement.ACCEPTED)
     assert queue.dispatch(clock.now()) == 0
     link.add_credit(2)
     assert queue.dispatch(clock.now()) == 2
@@ -161,7 +161,7 @@ def test_delivery_ids_are_plain_ints_unique_in_the_queue(clock: ManualClock) -> 
         queue.dispatch(clock.now())
         (delivery,) = rx.take()
         ids.append(delivery.id)
-        queue.settle(delivery, Outcome.ACCEPTED)
+        queue.settle(delivery, Settlement.ACCEPTED)
     assert len(set(ids)) == len(ids)
     assert max(ids) > 0xFFFF
 
@@ -202,10 +202,10 @@ def test_accepted_removes_the_entry_for_good(clock: ManualClock) -> None:
     queue.dispatch(clock.now())
     (delivery,) = rx.take()
     assert (delivery.delivery_count, delivery.redelivered) == (0, False)
-    assert queue.settle(delivery, Outcome.ACCEPTED)
+    assert queue.settle(delivery, Settlement.ACCEPTED)
     assert removals.seen == [(b"m", Removal.ACCEPTED, 0)]
     assert (queue.count, queue.in_flight, only.credit.available) == (0, 0, 5)
-    assert not queue.settle(delivery, Outcome.ACCEPTED), "a delivery settles once"
+    assert not queue.settle(delivery, Settlement.ACCEPTED), "a delivery settles once"
 
 
 def test_released_goes_back_ahead_of_later_entries_with_its_count_unchanged(
@@ -218,7 +218,7 @@ def test_released_goes_back_ahead_of_later_entries_with_its_count_unchanged(
         queue.push(entry(payload))
     queue.dispatch(clock.now())
     (first,) = rx.take()
-    queue.settle(first, Outcome.RELEASED)
+    queue.settle(first, Settlement.RELEASED)
     queue.dispatch(clock.now())
     (again,) = rx.take()
     assert again.entry.message.payload == b"1"
@@ -234,7 +234,7 @@ def test_modified_goes_back_with_its_count_incremented(clock: ManualClock) -> No
     queue.push(entry(b"1"))
     queue.push(entry(b"2"))
     queue.dispatch(clock.now())
-    queue.settle(rx.take()[0], Outcome.MODIFIED)
+    queue.settle(rx.take()[0], Settlement.MODIFIED)
     queue.dispatch(clock.now())
     (again,) = rx.take()
     assert again.entry.message.payload == b"1"
@@ -251,7 +251,7 @@ def test_modified_undeliverable_here_goes_to_another_consumer(clock: ManualClock
     queue.push(entry(b"next"))
     queue.dispatch(clock.now())
     (first,) = ra.take()
-    queue.settle(first, Outcome.MODIFIED, undeliverable_here=True)
+    queue.settle(first, Settlement.MODIFIED, undeliverable_here=True)
     queue.dispatch(clock.now())
     assert ra.payloads == [b"next"], "a skips the entry it refused and takes the next one"
     assert queue.count == 1
@@ -268,7 +268,7 @@ def test_rejected_leaves_the_queue_as_a_dead_letter(clock: ManualClock) -> None:
     queue.attach(only)
     queue.push(entry(b"bad"))
     queue.dispatch(clock.now())
-    queue.settle(rx.take()[0], Outcome.REJECTED)
+    queue.settle(rx.take()[0], Settlement.REJECTED)
     assert removals.seen == [(b"bad", Removal.REJECTED, 0)]
     assert queue.counters.dead_lettered == 1
     assert queue.count == 0
@@ -285,7 +285,7 @@ def test_dead_letter_after_the_maximum_delivery_count(clock: ManualClock) -> Non
         queue.dispatch(clock.now())
         (delivery,) = rx.take()
         counts.append(delivery.delivery_count)
-        queue.settle(delivery, Outcome.MODIFIED)
+        queue.settle(delivery, Settlement.MODIFIED)
     assert counts == [0, 1, 2]
     assert removals.seen == [(b"flaky", Removal.DELIVERY_LIMIT, 3)]
     assert Removal.DELIVERY_LIMIT.value == "maximum delivery attempts reached"
@@ -299,7 +299,7 @@ def test_released_never_counts_towards_the_maximum(clock: ManualClock) -> None:
     queue.push(entry(b"m"))
     for _ in range(5):
         queue.dispatch(clock.now())
-        queue.settle(rx.take()[0], Outcome.RELEASED)
+        queue.settle(rx.take()[0], Settlement.RELEASED)
     assert removals.seen == [] and queue.count == 1
 
 
@@ -336,7 +336,7 @@ def test_a_detached_consumers_entries_go_to_the_remaining_one_in_order(
         queue.push(entry(b"%d" % i))
     queue.dispatch(clock.now())
     assert ra.payloads == [b"0", b"2"] and rb.payloads == [b"1", b"3"]
-    queue.settle(rb.take()[0], Outcome.ACCEPTED)
+    queue.settle(rb.take()[0], Settlement.ACCEPTED)
     queue.detach(a)
     queue.dispatch(clock.now())
     assert rb.payloads == [b"0", b"2"]
@@ -365,7 +365,7 @@ def test_priority_order_then_fifo_inside_a_priority(clock: ManualClock, attach_f
     while queue.dispatch(clock.now()):
         (delivery,) = rx.take()
         got.append(delivery.entry.message.payload)
-        queue.settle(delivery, Outcome.ACCEPTED)
+        queue.settle(delivery, Settlement.ACCEPTED)
     assert got == [b"b9", b"e9", b"a4", b"d4", b"c0"]
 
 
@@ -377,12 +377,12 @@ def test_a_redelivered_entry_keeps_its_place_inside_its_priority(clock: ManualCl
         queue.push(entry(payload, priority=5))
     queue.dispatch(clock.now())
     queue.push(entry(b"urgent", priority=9))
-    queue.settle(rx.take()[0], Outcome.MODIFIED)
+    queue.settle(rx.take()[0], Settlement.MODIFIED)
     order = []
     while queue.dispatch(clock.now()):
         (delivery,) = rx.take()
         order.append(delivery.entry.message.payload)
-        queue.settle(delivery, Outcome.ACCEPTED)
+        queue.settle(delivery, Settlement.ACCEPTED)
     assert order == [b"urgent", b"first", b"second"]
 
 
@@ -395,9 +395,9 @@ def test_fifo_returned_entries_keep_their_arrival_order(clock: ManualClock) -> N
         queue.push(entry(payload))
     queue.dispatch(clock.now())
     one, two, three = rx.take()
-    queue.settle(three, Outcome.RELEASED)
-    queue.settle(one, Outcome.RELEASED)
-    queue.settle(two, Outcome.MODIFIED)
+    queue.settle(three, Settlement.RELEASED)
+    queue.settle(one, Settlement.RELEASED)
+    queue.settle(two, Settlement.MODIFIED)
     queue.dispatch(clock.now())
     assert rx.payloads == [b"1", b"2", b"3"]
 
@@ -508,7 +508,7 @@ def test_consumers_sharing_credit_count_against_one_window(clock: ManualClock) -
     own.dispatch(clock.now())
     group.dispatch(clock.now())
     assert receiver.payloads == [b"own0", b"own1", b"group0"]
-    own.settle(receiver.deliveries[0], Outcome.ACCEPTED)
+    own.settle(receiver.deliveries[0], Settlement.ACCEPTED)
     group.dispatch(clock.now())
     assert receiver.payloads[-1] == b"group1"
     mine.set_window(10)

@@ -3,7 +3,7 @@ properties and gain their original destination, queue, the reason and the delive
 
 from __future__ import annotations
 
-from kittiwake.broker.consumers import Consumer, Delivery, Outcome
+from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.dead_letters import (
     DELIVERY_COUNT,
     ORIGINAL_DESTINATION,
@@ -12,7 +12,7 @@ from kittiwake.broker.dead_letters import (
     DeadLetters,
 )
 from kittiwake.broker.destinations import Destination
-from kittiwake.broker.message import Message
+from kittiwake.broker.message import Message, MessageProperties, PropertyType
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.routing import Router
 from kittiwake.clock import ManualClock
@@ -54,7 +54,7 @@ def fail_twice(queue: Queue, clock: ManualClock) -> None:
     queue.attach(consumer)
     for _ in range(2):
         queue.dispatch(clock.now())
-        queue.settle(receiver.deliveries.pop(), Outcome.MODIFIED)
+        queue.settle(receiver.deliveries.pop(), Settlement.MODIFIED)
     queue.detach(consumer)
 
 
@@ -67,7 +67,9 @@ def test_a_dead_letter_keeps_body_and_properties_and_says_where_and_why() -> Non
         qos=2,
         persistent=True,
         priority=7,
-        properties={"colour": "red", "size": 3},
+        properties=MessageProperties(
+            [("colour", "red", PropertyType.STRING), ("size", 3, PropertyType.SHORT)]
+        ),
         expiry=clock.now() + 3600,
     )
     orders.push(QueuedMessage.of(original, 2))
@@ -77,16 +79,20 @@ def test_a_dead_letter_keeps_body_and_properties_and_says_where_and_why() -> Non
     message = dead.message
     assert message is not original, "the original message is shared and never changes"
     assert (message.payload, message.priority, message.persistent) == (b"body", 7, True)
-    assert message.properties == {
+    assert message.properties is not None
+    assert list(message.properties.typed_items()) == [
+        ("colour", "red", PropertyType.STRING),
+        ("size", 3, PropertyType.SHORT),
+        (ORIGINAL_DESTINATION, "queue://orders", PropertyType.STRING),
+        (ORIGINAL_QUEUE, "orders", PropertyType.STRING),
+        (REASON, Removal.DELIVERY_LIMIT.value, PropertyType.STRING),
+        (DELIVERY_COUNT, 2, PropertyType.INT),
+    ]
+    assert message.expiry is None and message.message_id == 0
+    assert original.properties is not None and dict(original.properties) == {
         "colour": "red",
         "size": 3,
-        ORIGINAL_DESTINATION: "queue://orders",
-        ORIGINAL_QUEUE: "orders",
-        REASON: Removal.DELIVERY_LIMIT.value,
-        DELIVERY_COUNT: 2,
     }
-    assert message.expiry is None and message.message_id == 0
-    assert original.properties == {"colour": "red", "size": 3}
 
 
 def test_a_rejected_entry_of_a_subscription_queue_names_its_topic() -> None:
@@ -97,7 +103,7 @@ def test_a_rejected_entry_of_a_subscription_queue_names_its_topic() -> None:
     receiver = Receiver()
     subscription.attach(Consumer(receiver, window=1))
     subscription.dispatch(clock.now())
-    subscription.settle(receiver.deliveries[0], Outcome.REJECTED)
+    subscription.settle(receiver.deliveries[0], Settlement.REJECTED)
     (dead,) = router.queue("DLQ").entries()
     assert dead.message.properties[ORIGINAL_DESTINATION] == "topic://sensors/1"
     assert dead.message.properties[REASON] == "rejected"

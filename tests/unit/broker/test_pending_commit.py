@@ -1,6 +1,7 @@
 """What waits for a pending commit: a stored copy's dispatch (persist -> acknowledge ->
-dispatch), and, with producer flow control, a publisher's acknowledgement whose message is both
-not yet durable and headed for a buried subscriber.
+dispatch); with producer flow control, a publisher's acknowledgement whose message is both
+not yet durable and headed for a buried subscriber; and the completion every core operation
+returns, which is pending exactly when what it announces is not yet durable.
 
 The store is a MemoryStore whose commit() hands out a future the test resolves, so the order of
 "commit done" and "subscriber drained" is chosen by the test.
@@ -11,7 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from kittiwake.broker.broker import Broker, SubscriptionOptions
+import pytest
+
+from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
 from kittiwake.broker.consumers import Delivery
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
@@ -72,7 +75,7 @@ def buried_subscriber() -> tuple[Broker, HeldCommitStore, Session, RecordingCons
     broker = Broker(config, clock=ManualClock(), store=store)
     broker.schedule_ticks(asyncio.get_running_loop())
     consumer = RecordingConsumer()
-    session, _ = broker.connect("sub", consumer, clean_start=True, expiry_interval=0, window=1)
+    session, _, _ = broker.connect("sub", consumer, clean_start=True, expiry_interval=0, window=1)
     broker.start_delivery(session)
     broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
     for n in range(DEPTH + 1):  # one goes in flight, DEPTH wait in the queue
@@ -103,7 +106,7 @@ def test_a_stored_copy_is_not_dispatched_before_its_commit() -> None:
         broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
         broker.schedule_ticks(asyncio.get_running_loop())
         consumer = RecordingConsumer()
-        session, _ = broker.connect(
+        session, _, _ = broker.connect(
             "sub", consumer, clean_start=False, expiry_interval=3600, window=10
         )
         broker.start_delivery(session)
@@ -181,5 +184,90 @@ def test_publications_waiting_on_the_same_commit_and_drain_share_one_waiter() ->
         store.pending.set_result(None)
         await drain(broker, session, consumer)
         await asyncio.wait_for(asyncio.gather(*[w for w in waiters if w is not None]), 5)
+
+    run(body)
+
+
+# -- completions: what each core operation makes its caller wait for -----------------------
+
+
+def test_completions_wait_only_for_what_is_stored() -> None:
+    """A clean session's operations store nothing and need no wait, even while the store is
+    busy; a persistent session's wait for the pending commit."""
+
+    async def body() -> None:
+        store = HeldCommitStore()
+        broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
+        clean, present, completion = broker.connect(
+            "clean", RecordingConsumer(), clean_start=True, expiry_interval=0, window=10
+        )
+        assert (present, completion) == (False, None)
+        subscribed = broker.subscribe(clean, "t", SubscriptionOptions(max_qos=2))
+        assert isinstance(subscribed, Subscribed) and subscribed.completion is None
+        assert broker.unsubscribe(clean, "t") == (True, None)
+        assert broker.unsubscribe(clean, "t") == (False, None)
+        assert broker.begin_incoming_qos2(clean, 5)
+        assert broker.release_incoming_qos2(clean, 5) == (True, None)
+        assert broker.release_incoming_qos2(clean, 5) == (False, None)
+        assert broker.set_session_expiry(clean, 0) is None
+
+        kept, present, completion = broker.connect(
+            "kept", RecordingConsumer(), clean_start=False, expiry_interval=60, window=10
+        )
+        assert not present and completion is store.pending is not None
+        subscribed = broker.subscribe(kept, "t", SubscriptionOptions(max_qos=2))
+        assert isinstance(subscribed, Subscribed) and subscribed.completion is store.pending
+        assert broker.unsubscribe(kept, "t") == (True, store.pending)
+        assert broker.begin_incoming_qos2(kept, 5)
+        assert broker.release_incoming_qos2(kept, 5) == (True, store.pending)
+        assert broker.set_session_expiry(kept, 30) is store.pending
+        store.resolve()
+
+    run(body)
+
+
+def test_a_clean_start_over_a_stored_session_waits_for_the_deletion() -> None:
+    async def body() -> None:
+        store = HeldCommitStore()
+        broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
+        session, _, _ = broker.connect(
+            "c", RecordingConsumer(), clean_start=False, expiry_interval=60, window=10
+        )
+        broker.disconnect(session, publish_will=False)
+        store.resolve()
+        _, present, completion = broker.connect(
+            "c", RecordingConsumer(), clean_start=True, expiry_interval=0, window=10
+        )
+        assert not present
+        assert completion is not None and completion is store.pending
+        assert not completion.done()
+        store.resolve()
+        await completion
+
+    run(body)
+
+
+def test_settling_a_stored_delivery_waits_for_its_commit() -> None:
+    async def body() -> None:
+        store = HeldCommitStore()
+        broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        consumer = RecordingConsumer()
+        session, _, _ = broker.connect(
+            "sub", consumer, clean_start=False, expiry_interval=60, window=10
+        )
+        broker.start_delivery(session)
+        broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
+        broker.publish(persistent(b"stored"))
+        store.resolve()
+        for _ in range(5):  # the commit's callback, then the pump it schedules
+            await asyncio.sleep(0)
+        (delivery,) = consumer.deliveries
+        found, completion = broker.acknowledge(session, delivery)
+        assert found and completion is store.pending is not None
+        assert broker.acknowledge(session, delivery) == (False, None)
+        store.pending.set_exception(OSError("disk full"))
+        with pytest.raises(OSError):
+            await completion
 
     run(body)

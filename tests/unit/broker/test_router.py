@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kittiwake.broker.destinations import Destination
-from kittiwake.broker.message import Message
+from kittiwake.broker.message import Message, MessageProperties
 from kittiwake.broker.queues import Queue, QueuedMessage
 from kittiwake.broker.routing import Binding, Router
 
@@ -39,9 +39,12 @@ def test_bindings_filter_by_topic_no_local_and_selector() -> None:
     mine, everyone, red = r.queue("mine"), r.queue("everyone"), r.queue("red")
     r.bind(Binding("a/+", mine, no_local=True, owner="me"))
     r.bind(Binding("a/#", everyone))
-    r.bind(Binding("a/b", red, selector=lambda m: m.properties.get("colour") == "red"))
-    own = Message("a/b", b"", origin="me", properties={"colour": "red"})
-    other = Message("a/b", b"", origin="you", properties={"colour": "blue"})
+    def is_red(message: Message) -> bool:
+        return message.properties is not None and message.properties.get("colour") == "red"
+
+    r.bind(Binding("a/b", red, selector=is_red))
+    own = Message("a/b", b"", origin="me", properties=MessageProperties.of({"colour": "red"}))
+    other = Message("a/b", b"", origin="you", properties=MessageProperties.of({"colour": "blue"}))
     assert {q.name for q, _ in r.route(Destination.topic("a/b"), own)} == {"everyone", "red"}
     assert {q.name for q, _ in r.route(Destination.topic("a/b"), other)} == {"mine", "everyone"}
 

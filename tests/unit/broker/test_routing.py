@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from kittiwake.broker.broker import SubscribeRefusal
+from kittiwake.broker.sessions import session_queue_name
 from kittiwake.broker.sys_topics import publish_sys, sys_values
 
 # -- matching --------------------------------------------------------------------------------
@@ -71,8 +72,8 @@ def test_unsubscribe_stops_delivery(harness) -> None:
     """After unsubscribing, the session no longer receives the filter's messages."""
     session, consumer, _ = harness.connect("s")
     harness.subscribe(session, "t")
-    assert harness.broker.unsubscribe(session, "t") is True
-    assert harness.broker.unsubscribe(session, "t") is False
+    assert harness.broker.unsubscribe(session, "t")[0] is True
+    assert harness.broker.unsubscribe(session, "t")[0] is False
     harness.publish("t", b"m")
     assert consumer.deliveries == []
 
@@ -205,7 +206,7 @@ def test_shared_group_unsubscribe_last_member_removes_group(harness) -> None:
     """When the last member leaves, the group is gone and nothing is routed to it."""
     session, consumer, _ = harness.connect("s")
     harness.subscribe(session, "$share/g/t")
-    assert harness.broker.unsubscribe(session, "$share/g/t")
+    assert harness.broker.unsubscribe(session, "$share/g/t")[0]
     assert harness.broker.shared_groups == {}
     harness.publish("t", b"m")
     assert consumer.deliveries == []
@@ -238,7 +239,7 @@ def test_qos1_queued_for_offline_persistent_session(harness) -> None:
     message = harness.publish("t", b"m", qos=1)
     assert len(session.queue) == 1
     assert message.message_id != 0
-    assert ("sub", message.message_id) in harness.store.queued
+    assert (session_queue_name("sub"), message.message_id) in harness.store.queued
     _, consumer, present = harness.connect("sub", clean_start=False, expiry=3600)
     assert present
     [got] = consumer.deliveries
@@ -268,7 +269,8 @@ def test_queue_bound_reject_new(make_harness) -> None:
     session = offline_subscriber(h)
     m1, m2, m3 = (h.publish("t", p, qos=1) for p in (b"1", b"2", b"3"))
     assert len(session.queue) == 2
-    assert set(h.store.queued) == {("sub", m1.message_id), ("sub", m2.message_id)}
+    queue = session_queue_name("sub")
+    assert set(h.store.queued) == {(queue, m1.message_id), (queue, m2.message_id)}
     assert m3.message_id not in h.store.messages
     assert h.broker.stats.messages_dropped == 1
     _, consumer, _ = h.connect("sub", clean_start=False, expiry=3600)
@@ -281,7 +283,8 @@ def test_queue_bound_discard_oldest_releases_store_reference(make_harness) -> No
     session = offline_subscriber(h)
     m1, m2, m3 = (h.publish("t", p, qos=1) for p in (b"1", b"2", b"3"))
     assert len(session.queue) == 2
-    assert set(h.store.queued) == {("sub", m2.message_id), ("sub", m3.message_id)}
+    queue = session_queue_name("sub")
+    assert set(h.store.queued) == {(queue, m2.message_id), (queue, m3.message_id)}
     assert m1.message_id not in h.store.messages  # last reference gone
     assert h.broker.stats.messages_dropped == 1
     _, consumer, _ = h.connect("sub", clean_start=False, expiry=3600)
@@ -298,8 +301,8 @@ def test_discarded_message_kept_for_other_sessions(make_harness) -> None:
     big.queue.max_messages = 10
     m1 = h.publish("t", b"1", qos=1)
     h.publish("t", b"2", qos=1)
-    assert ("small", m1.message_id) not in h.store.queued
-    assert ("big", m1.message_id) in h.store.queued
+    assert (session_queue_name("small"), m1.message_id) not in h.store.queued
+    assert (session_queue_name("big"), m1.message_id) in h.store.queued
     assert m1.message_id in h.store.messages
 
 
@@ -324,9 +327,9 @@ def test_expired_queued_message_is_not_delivered_and_its_reference_released(harn
     _, consumer, _ = harness.connect("sub", clean_start=False, expiry=3600)
     assert consumer.payloads == [b"kept"]
     assert harness.broker.stats.messages_dropped == 1
-    assert ("sub", doomed.message_id) not in harness.store.queued
+    assert (session_queue_name("sub"), doomed.message_id) not in harness.store.queued
     assert doomed.message_id not in harness.store.messages
-    assert ("sub", kept.message_id) in harness.store.queued
+    assert (session_queue_name("sub"), kept.message_id) in harness.store.queued
     assert session.queue.counters.expired == 1  # the queue keeps its own count too
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from kittiwake.broker.consumers import DeliveryState
 from kittiwake.broker.message import Message
-from kittiwake.broker.sessions import NEVER_EXPIRES
+from kittiwake.broker.sessions import NEVER_EXPIRES, session_producer_name, session_queue_name
 
 HOUR = 3600
 
@@ -65,7 +65,7 @@ def test_clean_start_discards_the_old_session(harness) -> None:
     harness.subscribe(session, "t", qos=1)
     harness.broker.disconnect(session, publish_will=False)
     message = harness.publish("t", b"m", qos=1)
-    assert ("c", message.message_id) in harness.store.queued
+    assert (session_queue_name("c"), message.message_id) in harness.store.queued
     fresh, consumer, present = harness.connect("c", clean_start=True, expiry=HOUR)
     assert present is False
     assert fresh is not session
@@ -388,7 +388,7 @@ def test_acknowledge_releases_the_stored_reference(harness) -> None:
     session, consumer, _ = harness.connect("c", expiry=HOUR)
     harness.subscribe(session, "t", qos=1)
     message = harness.publish("t", b"m", qos=1)
-    record = harness.store.queued[("c", message.message_id)]
+    record = harness.store.queued[(session_queue_name("c"), message.message_id)]
     [got] = consumer.deliveries
     assert (record.state, record.delivery_id) == ("sent", got.delivery_id)
     harness.ack(session, consumer, got.delivery_id)
@@ -404,12 +404,12 @@ def test_qos2_received_then_acknowledge(harness) -> None:
     [got] = consumer.deliveries
     assert harness.received(session, consumer, got.delivery_id) is True
     assert consumer.delivery(got.delivery_id).state is DeliveryState.RECEIVED
-    assert harness.store.queued[("c", message.message_id)].state == "received"
+    assert harness.store.queued[(session_queue_name("c"), message.message_id)].state == "received"
     assert consumer.payloads == [b"a"]  # PUBREC does not free the window
     assert harness.received(session, consumer, 999) is False
     assert harness.ack(session, consumer, got.delivery_id) is True
     assert consumer.payloads == [b"a", b"b"]
-    assert ("c", message.message_id) not in harness.store.queued
+    assert (session_queue_name("c"), message.message_id) not in harness.store.queued
 
 
 def test_start_delivery_resends_inflight(harness) -> None:
@@ -476,8 +476,8 @@ def test_incoming_qos2_begin_and_release(harness) -> None:
     assert harness.broker.begin_incoming_qos2(session, 7) is True
     assert harness.broker.begin_incoming_qos2(session, 7) is False
     assert harness.broker.begin_incoming_qos2(session, 8) is True
-    assert harness.broker.release_incoming_qos2(session, 7) is True
-    assert harness.broker.release_incoming_qos2(session, 7) is False
+    assert harness.broker.release_incoming_qos2(session, 7)[0] is True
+    assert harness.broker.release_incoming_qos2(session, 7)[0] is False
     assert session.incoming_qos2 == {8}
     assert harness.broker.begin_incoming_qos2(session, 7) is True
 
@@ -486,12 +486,13 @@ def test_incoming_qos2_state_is_stored_for_persistent_sessions(harness) -> None:
     """A persistent session's incoming QoS 2 ids survive in the store until released."""
     session, _, _ = harness.connect("c", expiry=HOUR)
     harness.broker.begin_incoming_qos2(session, 7)
-    assert harness.store.incoming_qos2 == {"c": {7}}
+    producer = session_producer_name("c")
+    assert harness.store.duplicates == {producer: {7}}
     harness.broker.release_incoming_qos2(session, 7)
-    assert harness.store.incoming_qos2 == {"c": set()}
+    assert harness.store.duplicates == {producer: set()}
     temp, _, _ = harness.connect("t", expiry=0)
     harness.broker.begin_incoming_qos2(temp, 1)
-    assert "t" not in harness.store.incoming_qos2
+    assert session_producer_name("t") not in harness.store.duplicates
 
 
 def test_incoming_qos2_state_kept_across_reconnect_and_dropped_by_clean_start(harness) -> None:

@@ -49,16 +49,16 @@ def test_journal_keeps_an_existing_id() -> None:
     assert len(store.messages) == 1
 
 
-def test_message_removed_when_last_reference_released() -> None:
-    """References are counted: the message stays until the last session releases it."""
+def test_message_forgotten_when_its_last_entry_is_removed() -> None:
+    """References are counted: the message stays until its last queue entry is removed."""
     store = MemoryStore()
     message = stored(store)
     ref(store, "a", message)
     ref(store, "b", message)
-    store.release("a", message.message_id)
+    store.remove("a", message.message_id)
     assert message.message_id in store.messages
     assert ("a", message.message_id) not in store.queued
-    store.release("b", message.message_id)
+    store.remove("b", message.message_id)
     assert message.message_id not in store.messages
     assert store.queued == {}
 
@@ -70,19 +70,19 @@ def test_enqueue_twice_is_one_reference() -> None:
     ref(store, "a", message)
     ref(store, "a", message, retain=True)
     assert store.queued[("a", message.message_id)].retain is True
-    store.release("a", message.message_id)
+    store.remove("a", message.message_id)
     assert message.message_id not in store.messages
 
 
-def test_release_of_unknown_reference_is_harmless() -> None:
+def test_removing_an_unknown_entry_is_harmless() -> None:
     """Releasing something not referenced changes nothing (no negative counts)."""
     store = MemoryStore()
     message = stored(store)
     ref(store, "a", message)
-    store.release("b", message.message_id)
-    store.release("a", 999)
+    store.remove("b", message.message_id)
+    store.remove("a", 999)
     assert message.message_id in store.messages
-    store.release("a", message.message_id)
+    store.remove("a", message.message_id)
     assert store.messages == {}
 
 
@@ -111,35 +111,43 @@ def test_mark_delivery_tracks_state_and_count() -> None:
     store.mark_delivery("zz", message.message_id, 1, "sent")  # unknown: ignored
 
 
-def test_delete_session_drops_its_references_and_qos2_state() -> None:
-    """Deleting a session forgets its record, its references (freeing messages only it held)
-    and its incoming QoS 2 ids; other sessions are untouched."""
+def test_delete_session_forgets_the_record_only() -> None:
+    """A session record is keyed by client id; its queue and keys are deleted by name."""
+    store = MemoryStore()
+    message = stored(store)
+    ref(store, "queue-of-a", message)
+    store.save_session(SessionRecord("a", 60))
+    store.save_session(SessionRecord("b", 60))
+    store.delete_session("a")
+    assert set(store.sessions) == {"b"}
+    assert set(store.queued) == {("queue-of-a", message.message_id)}
+    store.delete_session("nobody")  # harmless
+
+
+def test_delete_queue_drops_its_entries_and_frees_messages_only_it_held() -> None:
     store = MemoryStore()
     shared, only_a = stored(store), stored(store)
     ref(store, "a", shared)
     ref(store, "a", only_a)
     ref(store, "b", shared)
-    store.save_session(SessionRecord("a", 60))
-    store.save_session(SessionRecord("b", 60))
-    store.add_incoming_qos2("a", 5)
-    store.add_incoming_qos2("b", 6)
-    store.delete_session("a")
-    assert "a" not in store.sessions and "b" in store.sessions
+    store.delete_queue("a")
     assert set(store.queued) == {("b", shared.message_id)}
     assert only_a.message_id not in store.messages
     assert shared.message_id in store.messages
-    assert store.incoming_qos2 == {"b": {6}}
-    store.delete_session("nobody")  # harmless
+    store.delete_queue("nobody")  # harmless
 
 
-def test_incoming_qos2_add_and_remove() -> None:
-    """Incoming QoS 2 ids are kept per client until removed."""
+def test_duplicate_keys_are_kept_per_producer_until_removed() -> None:
     store = MemoryStore()
-    store.add_incoming_qos2("a", 1)
-    store.add_incoming_qos2("a", 2)
-    store.remove_incoming_qos2("a", 1)
-    store.remove_incoming_qos2("nobody", 1)
-    assert store.incoming_qos2 == {"a": {2}}
+    store.add_duplicate("a", 1)
+    store.add_duplicate("a", 2)
+    store.add_duplicate("b", "batch-7/partition-0")
+    store.remove_duplicate("a", 1)
+    store.remove_duplicate("nobody", 1)
+    assert store.recover().duplicates == {"a": {2}, "b": {"batch-7/partition-0"}}
+    store.delete_duplicates("a")
+    store.delete_duplicates("nobody")
+    assert store.recover().duplicates == {"b": {"batch-7/partition-0"}}
 
 
 def test_retained_set_and_clear() -> None:
@@ -171,7 +179,7 @@ def test_commit_is_immediate() -> None:
 
 def test_recover_returns_everything() -> None:
     """recover hands back messages, sessions, references (in message order), retained
-    messages and incoming QoS 2 ids."""
+    messages and duplicate-detection keys."""
     store = MemoryStore()
     m1, m2 = stored(store, b"1"), stored(store, b"2")
     ref(store, "b", m2)
@@ -181,16 +189,16 @@ def test_recover_returns_everything() -> None:
     store.save_session(session)
     retained = Message("r", b"keep", retain=True, persistent=True)
     store.set_retained("r", retained)
-    store.add_incoming_qos2("a", 3)
+    store.add_duplicate("a", 3)
     state = store.recover()
     assert state.messages == {m1.message_id: m1, m2.message_id: m2}
     assert state.sessions == {"a": session}
-    assert [(q.client_id, q.message_id, q.delivery_id, q.state) for q in state.queued] == [
+    assert [(q.queue, q.message_id, q.delivery_id, q.state) for q in state.queued] == [
         ("a", m1.message_id, 9, "sent"),
         ("b", m2.message_id, 0, "queued"),
     ]
     assert state.retained == {"r": retained}
-    assert state.incoming_qos2 == {"a": {3}}
+    assert state.duplicates == {"a": {3}}
 
 
 def test_recover_is_a_snapshot() -> None:
@@ -198,9 +206,9 @@ def test_recover_is_a_snapshot() -> None:
     store = MemoryStore()
     message = stored(store)
     ref(store, "c", message)
-    store.add_incoming_qos2("a", 1)
+    store.add_duplicate("a", 1)
     state = store.recover()
     state.messages.clear()
-    state.incoming_qos2["a"].add(2)
+    state.duplicates["a"].add(2)
     assert message.message_id in store.messages
-    assert store.incoming_qos2 == {"a": {1}}
+    assert store.duplicates == {"a": {1}}

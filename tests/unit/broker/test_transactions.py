@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kittiwake.broker.consumers import Consumer, Delivery, Outcome
+from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage
@@ -60,7 +60,7 @@ def test_a_commit_settles_and_sends_across_destinations_at_once(router: Router) 
     (delivery,) = receiver.deliveries
     router.bind(Binding("results", router.queue("subscriber")))
     tx = Transaction(router)
-    tx.settle(delivery, Outcome.ACCEPTED)
+    tx.settle(delivery, Settlement.ACCEPTED)
     tx.send(Destination.topic("results"), Message("results", b"done", qos=1))
     tx.send(Destination.queue("out"), Message("out", b"next", qos=1))
     assert source.in_flight == 1, "a staged settlement is not applied before the commit"
@@ -83,7 +83,7 @@ def test_rollback_returns_settled_messages_with_their_count_incremented(router: 
         deliveries.append(receivers[name].deliveries.pop())
     tx = Transaction(router)
     for delivery in deliveries:
-        tx.settle(delivery, Outcome.ACCEPTED)
+        tx.settle(delivery, Settlement.ACCEPTED)
     tx.send(Destination.queue("c"), Message("c", b"never"))
     touched = tx.rollback()
     assert {q.name for q in touched} == {"a", "b"}
@@ -110,7 +110,7 @@ def test_a_commit_that_cannot_apply_everything_applies_nothing(router: Router) -
     source.attach(Consumer(receiver, window=1))
     source.dispatch(clock.now())
     tx = Transaction(router)
-    tx.settle(receiver.deliveries[0], Outcome.ACCEPTED)
+    tx.settle(receiver.deliveries[0], Settlement.ACCEPTED)
     tx.send(Destination.queue("a"), Message("a", b"x"))
     tx.send(Destination.queue("b"), Message("b", b"y"))
     tx.send(Destination.queue("b"), Message("b", b"z"))
@@ -131,7 +131,7 @@ def test_a_staged_delivery_taken_back_meanwhile_fails_the_commit(router: Router)
     source.attach(consumer)
     source.dispatch(clock.now())
     tx = Transaction(router)
-    tx.settle(receiver.deliveries[0], Outcome.ACCEPTED)
+    tx.settle(receiver.deliveries[0], Settlement.ACCEPTED)
     tx.send(Destination.queue("out"), Message("out", b"x"))
     source.detach(consumer)  # the consumer went away: its delivery came back to the queue
     with pytest.raises(TransactionRolledBack):

@@ -22,9 +22,9 @@ import pytest
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
 from kittiwake.broker.consumers import Delivery, DeliveryState
-from kittiwake.broker.message import Message
+from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields, PropertyType
 from kittiwake.broker.queues import QueuedMessage
-from kittiwake.broker.sessions import Session
+from kittiwake.broker.sessions import Session, session_queue_name
 from kittiwake.broker.store import (
     QueuedRecord,
     RecoveredState,
@@ -34,6 +34,7 @@ from kittiwake.broker.store import (
 from kittiwake.clock import ManualClock
 from kittiwake.config import Config
 from kittiwake.store import sqlite as sqlite_module
+from kittiwake.store.schema import MIGRATIONS
 from kittiwake.store.sqlite import (
     DATABASE_FILE,
     SCHEMA_VERSION,
@@ -99,9 +100,12 @@ def test_journalled_and_queued_message_survives_reopen(tmp_path: Path) -> None:
         m = message(
             "sensors/1/temp", b"\x00\x01binary\xff", qos=2, retain=True,
             created=clock.now(), expiry=clock.now() + 3600,
-            user_properties=[("k", "v"), ("k", "v2")], content_type="text/plain",
-            response_topic="reply/here", correlation_data=b"\x01corr",
-            payload_format_indicator=1, origin="pub-1",
+            mqtt5=MQTT5Fields(
+                content_type="text/plain", response_topic="reply/here",
+                correlation_data=b"\x01corr", payload_format_indicator=1,
+                user_properties=[("k", "v"), ("k", "v2")],
+            ),
+            origin="pub-1",
         )
         store.journal(m)
         assert m.message_id > 0
@@ -116,15 +120,17 @@ def test_journalled_and_queued_message_survives_reopen(tmp_path: Path) -> None:
     assert (got.topic, got.payload, got.qos, got.retain, got.persistent) == (
         "sensors/1/temp", b"\x00\x01binary\xff", 2, True, True,
     )
-    assert got.user_properties == [("k", "v"), ("k", "v2")]
-    assert got.content_type == "text/plain"
-    assert got.response_topic == "reply/here"
-    assert got.correlation_data == b"\x01corr"
-    assert got.payload_format_indicator == 1
+    assert got.mqtt5 is not None
+    assert got.mqtt5.user_properties == [("k", "v"), ("k", "v2")]
+    assert got.mqtt5.content_type == "text/plain"
+    assert got.mqtt5.response_topic == "reply/here"
+    assert got.mqtt5.correlation_data == b"\x01corr"
+    assert got.mqtt5.payload_format_indicator == 1
     assert got.origin == "pub-1"
-    # Times are stored as wall time: an hour of expiry is still (about) an hour away.
+    # Times are stored as wall time: an hour of expiry is still an hour away on a clock
+    # started later (the manual clocks share their wall time).
     assert got.expiry is not None
-    assert got.expiry - ManualClock().now() == pytest.approx(3600, abs=5)
+    assert got.expiry - ManualClock().now() == 3600
     assert state.queued == [QueuedRecord("sub-1", message_id, 2, True, (3, 7), 0, 0, "queued")]
 
 
@@ -154,7 +160,10 @@ def test_delivery_state_and_count_survive_reopen(tmp_path: Path) -> None:
 
 def test_session_record_with_subscriptions_and_will_survives_reopen(tmp_path: Path) -> None:
     clock = ManualClock()
-    will = message("wills/c1", b"gone", qos=1, retain=True, user_properties=[("why", "lost")])
+    will = message(
+        "wills/c1", b"gone", qos=1, retain=True,
+        mqtt5=MQTT5Fields(user_properties=[("why", "lost")]),
+    )
     record = SessionRecord(
         client_id="c1",
         expiry_interval=3600,
@@ -186,7 +195,7 @@ def test_session_record_with_subscriptions_and_will_survives_reopen(tmp_path: Pa
     assert (got.will.topic, got.will.payload, got.will.qos, got.will.retain) == (
         "wills/c1", b"gone", 1, True,
     )
-    assert got.will.user_properties == [("why", "lost")]
+    assert got.will.mqtt5 == MQTT5Fields(user_properties=[("why", "lost")])
     assert sessions["c2"].expiry_interval == 0xFFFFFFFF
     assert sessions["c2"].will is None
 
@@ -228,20 +237,91 @@ def test_retained_set_replace_and_clear_survive_reopen(tmp_path: Path) -> None:
     assert retained["r/2"].persistent
 
 
-def test_incoming_qos2_ids_survive_reopen(tmp_path: Path) -> None:
+def test_duplicate_keys_survive_reopen_per_producer(tmp_path: Path) -> None:
     async def write() -> None:
         store = SQLiteStore(tmp_path, clock=ManualClock())
-        store.add_incoming_qos2("c1", 5)
-        store.add_incoming_qos2("c1", 6)
-        store.add_incoming_qos2("c1", 6)  # a resend: idempotent
-        store.add_incoming_qos2("c2", 9)
+        store.add_duplicate("c1", 5)
+        store.add_duplicate("c1", 6)
+        store.add_duplicate("c1", 6)  # a resend: idempotent
+        store.add_duplicate("c2", 9)
+        store.add_duplicate("spark-query", "batch-3/partition-1")
+        store.add_duplicate("spark-query", 3)  # an int and a text key are different keys
         await settle(store)
-        store.remove_incoming_qos2("c1", 6)
+        store.remove_duplicate("c1", 6)
+        store.add_duplicate("gone", 1)
+        store.delete_duplicates("gone")
         await settle(store)
         store.close()
 
     run(write)
-    assert reopen(tmp_path).incoming_qos2 == {"c1": {5}, "c2": {9}}
+    assert reopen(tmp_path).duplicates == {
+        "c1": {5},
+        "c2": {9},
+        "spark-query": {"batch-3/partition-1", 3},
+    }
+
+
+def typed_message(topic: str, payload: bytes) -> Message:
+    properties = MessageProperties(
+        [
+            ("flag", True, PropertyType.BOOLEAN),
+            ("b", -3, PropertyType.BYTE),
+            ("s", 7, PropertyType.SHORT),
+            ("i", 7, PropertyType.INT),
+            ("l", 7, PropertyType.LONG),
+            ("f", 0.25, PropertyType.FLOAT),
+            ("d", 0.1, PropertyType.DOUBLE),
+            ("str", "text", PropertyType.STRING),
+        ]
+    )
+    mqtt5 = MQTT5Fields(user_properties=[("u", "2"), ("u", "1")], content_type="a/b")
+    return message(topic, payload, properties=properties, mqtt5=mqtt5, retain=True)
+
+
+def test_every_stored_copy_keeps_property_types_ids_and_timestamps(tmp_path: Path) -> None:
+    """One encoding everywhere: a journal row, an inline queue entry, a retained message and a
+    will all bring back typed properties, MQTT 5 fields, the message id and the timestamp."""
+    clock = ManualClock()
+    journalled = typed_message("j", b"journal")
+    inline = typed_message("i", b"inline")
+    retained = typed_message("r", b"retained")
+    will = typed_message("w", b"will")
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=clock)
+        for m in (journalled, inline, retained):
+            m.created = clock.now()
+            store.journal(m)
+            clock.advance(1)
+        store.enqueue("a", entry(journalled))
+        store.enqueue("b", entry(journalled))
+        store.enqueue("a", entry(inline))
+        store.set_retained("r", retained)
+        store.save_session(SessionRecord("c", 60, [], will))
+        await settle(store)
+        store.close()
+
+    run(write)
+    assert db_rows(tmp_path, "SELECT topic FROM journal") == [("j",)]
+    assert db_rows(tmp_path, "SELECT topic FROM queue_entries WHERE topic IS NOT NULL") == [("i",)]
+    state = reopen(tmp_path)
+    copies = {
+        "journal": (journalled, state.messages[journalled.message_id]),
+        "inline": (inline, state.messages[inline.message_id]),
+        "retained": (retained, state.retained["r"]),
+        "will": (will, state.sessions["c"].will),
+    }
+    for where, (sent, got) in copies.items():
+        assert got is not None, where
+        assert got.properties == sent.properties, where
+        assert got.properties is not None and got.properties.type_of("s") is PropertyType.SHORT
+        assert got.mqtt5 == sent.mqtt5, where
+        assert got.message_id == sent.message_id, where
+        assert got.timestamp == sent.timestamp, where
+    assert retained.message_id > 0, "a retained message keeps its message id"
+    assert journalled.timestamp == ManualClock().wall_ms()
+    assert retained.timestamp == journalled.timestamp + 2000
+    assert will.timestamp == 0  # not published yet
 
 
 # -- references and their release ------------------------------------------------------------
@@ -255,17 +335,17 @@ def test_release_removes_the_message_once_no_reference_remains(tmp_path: Path) -
         store.enqueue("a", entry(m))
         store.enqueue("b", entry(m))
         await settle(store)
-        store.release("a", m.message_id)
+        store.remove("a", m.message_id)
         await settle(store)
-        assert db_rows(tmp_path, "SELECT id FROM messages") == [(m.message_id,)]
-        store.release("b", m.message_id)
+        assert db_rows(tmp_path, "SELECT message_id FROM journal") == [(m.message_id,)]
+        store.remove("b", m.message_id)
         await settle(store)
         store.close()
         return m.message_id
 
     run(write)
-    assert db_rows(tmp_path, "SELECT COUNT(*) FROM messages") == [(0,)]
-    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queued") == [(0,)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM journal") == [(0,)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queue_entries") == [(0,)]
     state = reopen(tmp_path)
     assert state.messages == {}
     assert state.queued == []
@@ -279,7 +359,7 @@ def test_release_of_one_reference_keeps_the_message_for_the_others(tmp_path: Pat
         store.enqueue("a", entry(m))
         store.enqueue("b", entry(m))
         await settle(store)
-        store.release("a", m.message_id)
+        store.remove("a", m.message_id)
         await settle(store)
         store.close()
         return m.message_id
@@ -287,7 +367,7 @@ def test_release_of_one_reference_keeps_the_message_for_the_others(tmp_path: Pat
     message_id = run(write)
     state = reopen(tmp_path)
     assert state.messages[message_id].payload == b"shared"
-    assert [(r.client_id, r.message_id) for r in state.queued] == [("b", message_id)]
+    assert [(r.queue, r.message_id) for r in state.queued] == [("b", message_id)]
 
 
 def test_a_message_nobody_references_is_never_written(tmp_path: Path) -> None:
@@ -298,35 +378,41 @@ def test_a_message_nobody_references_is_never_written(tmp_path: Path) -> None:
         store.close()
 
     run(write)
-    assert db_rows(tmp_path, "SELECT COUNT(*) FROM messages") == [(0,)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM journal") == [(0,)]
 
 
-def test_delete_session_drops_its_references_and_state(tmp_path: Path) -> None:
+def test_deleting_a_session_its_queue_and_its_keys_drops_exactly_those(tmp_path: Path) -> None:
     async def write() -> tuple[int, int]:
         store = SQLiteStore(tmp_path, clock=ManualClock())
         only_a, shared = message(payload=b"only-a"), message(payload=b"shared")
-        store.save_session(SessionRecord("a", 60, [SubscriptionRecord("#", 1)]))
+        will = message("wills/a", b"bye", qos=0)
+        will.persistent = False
+        store.save_session(SessionRecord("a", 60, [SubscriptionRecord("#", 1)], will))
         store.save_session(SessionRecord("b", 60, [SubscriptionRecord("#", 1)]))
         store.journal(only_a)
         store.enqueue("a", entry(only_a))
         store.journal(shared)
         store.enqueue("a", entry(shared))
         store.enqueue("b", entry(shared))
-        store.add_incoming_qos2("a", 1)
-        store.add_incoming_qos2("b", 2)
+        store.add_duplicate("a", 1)
+        store.add_duplicate("b", 2)
         await settle(store)
         store.delete_session("a")
+        store.delete_queue("a")
+        store.delete_duplicates("a")
         await settle(store)
         store.close()
         return only_a.message_id, shared.message_id
 
     only_a_id, shared_id = run(write)
+    assert db_rows(tmp_path, "SELECT client_id FROM subscriptions") == [("b",)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM wills") == [(0,)]
     state = reopen(tmp_path)
     assert set(state.sessions) == {"b"}
-    assert [(r.client_id, r.message_id) for r in state.queued] == [("b", shared_id)]
+    assert [(r.queue, r.message_id) for r in state.queued] == [("b", shared_id)]
     assert set(state.messages) == {shared_id}
-    assert state.incoming_qos2 == {"b": {2}}
-    assert db_rows(tmp_path, f"SELECT COUNT(*) FROM messages WHERE id={only_a_id}") == [(0,)]
+    assert state.duplicates == {"b": {2}}
+    assert db_rows(tmp_path, f"SELECT COUNT(*) FROM journal WHERE message_id={only_a_id}") == [(0,)]
 
 
 def test_a_message_one_queue_references_is_stored_inline(tmp_path: Path) -> None:
@@ -338,14 +424,14 @@ def test_a_message_one_queue_references_is_stored_inline(tmp_path: Path) -> None
         store.journal(m)
         store.enqueue("a", entry(m))
         await settle(store)
-        assert db_rows(tmp_path, "SELECT COUNT(*) FROM messages") == [(0,)]
-        assert db_rows(tmp_path, "SELECT payload FROM queued") == [(b"alone",)]
-        store.release("a", m.message_id)
+        assert db_rows(tmp_path, "SELECT COUNT(*) FROM journal") == [(0,)]
+        assert db_rows(tmp_path, "SELECT payload FROM queue_entries") == [(b"alone",)]
+        store.remove("a", m.message_id)
         await settle(store)
         store.close()
 
     run(write)
-    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queued") == [(0,)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queue_entries") == [(0,)]
     assert reopen(tmp_path).messages == {}
 
 
@@ -363,11 +449,12 @@ def test_a_second_reference_in_the_same_turn_moves_the_message_to_the_journal(
         return m.message_id
 
     message_id = run(write)
-    assert db_rows(tmp_path, "SELECT id, payload FROM messages") == [(message_id, b"shared")]
-    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queued WHERE payload IS NOT NULL") == [(0,)]
+    assert db_rows(tmp_path, "SELECT message_id, payload FROM journal") == [(message_id, b"shared")]
+    inline = "SELECT COUNT(*) FROM queue_entries WHERE payload IS NOT NULL"
+    assert db_rows(tmp_path, inline) == [(0,)]
     state = reopen(tmp_path)
     assert state.messages[message_id].payload == b"shared"
-    assert sorted(r.client_id for r in state.queued) == ["a", "b"]
+    assert sorted(r.queue for r in state.queued) == ["a", "b"]
 
 
 def test_an_inline_copy_and_a_later_reference_each_keep_the_message(tmp_path: Path) -> None:
@@ -381,7 +468,7 @@ def test_an_inline_copy_and_a_later_reference_each_keep_the_message(tmp_path: Pa
         await settle(store)
         store.enqueue("b", entry(m))
         await settle(store)
-        store.release("a", m.message_id)
+        store.remove("a", m.message_id)
         await settle(store)
         store.close()
         return m.message_id
@@ -389,7 +476,7 @@ def test_an_inline_copy_and_a_later_reference_each_keep_the_message(tmp_path: Pa
     message_id = run(write)
     state = reopen(tmp_path)
     assert state.messages[message_id].payload == b"retained"
-    assert [(r.client_id, r.message_id) for r in state.queued] == [("b", message_id)]
+    assert [(r.queue, r.message_id) for r in state.queued] == [("b", message_id)]
 
 
 def test_large_mixed_batches_keep_every_row_and_release_exactly_the_released(
@@ -410,14 +497,14 @@ def test_large_mixed_batches_keep_every_row_and_release_exactly_the_released(
         await settle(store)
         released = sorted(expected)[::3]
         for client, message_id in released:
-            store.release(client, message_id)
+            store.remove(client, message_id)
         await settle(store)
         store.close()
         return expected - set(released)
 
     kept = run(write)
     state = reopen(tmp_path)
-    assert {(r.client_id, r.message_id) for r in state.queued} == kept
+    assert {(r.queue, r.message_id) for r in state.queued} == kept
     for record in state.queued:
         assert state.messages[record.message_id].payload.startswith(b"p")
 
@@ -425,11 +512,7 @@ def test_large_mixed_batches_keep_every_row_and_release_exactly_the_released(
 # -- lazy delivery marks ------------------------------------------------------------------------
 
 
-def test_a_lazy_mark_released_before_it_is_due_is_never_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sqlite_module, "LAZY_MARK_DELAY", 60.0)
-
+def test_a_lazy_mark_removed_before_it_is_due_is_never_written(tmp_path: Path) -> None:
     async def write() -> None:
         store = SQLiteStore(tmp_path, clock=ManualClock())
         kept, acked = message(payload=b"kept"), message(payload=b"acked")
@@ -440,35 +523,59 @@ def test_a_lazy_mark_released_before_it_is_due_is_never_written(
         store.mark_delivery("c", kept.message_id, 5, "sent", lazy=True)
         store.mark_delivery("c", acked.message_id, 6, "sent", lazy=True)
         await settle(store)
-        # Not due yet: the rows still say queued, and commit() does not wait for the marks.
-        assert db_rows(tmp_path, "SELECT DISTINCT state FROM queued") == [("queued",)]
-        store.release("c", acked.message_id)
+        # Not due on the store's clock: the rows still say queued, whatever time passes on
+        # the wall, and commit() does not wait for the marks.
+        assert db_rows(tmp_path, "SELECT DISTINCT state FROM queue_entries") == [("queued",)]
+        store.remove("c", acked.message_id)
         await settle(store)
         store.close()
 
     run(write)
-    # The graceful stop wrote the mark still pending; the released one never was.
-    assert db_rows(tmp_path, "SELECT payload, state, delivery_id, delivery_count FROM queued") == [
-        (b"kept", "sent", 5, 1)
-    ]
+    # The graceful stop wrote the mark still pending; the removed one never was.
+    assert db_rows(
+        tmp_path, "SELECT payload, state, delivery_id, delivery_count FROM queue_entries"
+    ) == [(b"kept", "sent", 5, 1)]
 
 
-def test_a_lazy_mark_is_written_once_due(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_module, "LAZY_MARK_DELAY", 0.01)
-
+def test_a_lazy_mark_rides_on_the_first_batch_after_it_is_due(tmp_path: Path) -> None:
     async def write() -> None:
-        store = SQLiteStore(tmp_path, clock=ManualClock())
+        clock = ManualClock()
+        store = SQLiteStore(tmp_path, clock=clock)
         m = message(payload=b"in flight")
         store.journal(m)
         store.enqueue("c", entry(m))
         await settle(store)
         store.mark_delivery("c", m.message_id, 9, "sent", lazy=True)
-        for _ in range(200):
+        clock.advance(sqlite_module.LAZY_MARK_DELAY / 2)
+        store.save_session(SessionRecord("other", 60))
+        await settle(store)
+        assert db_rows(tmp_path, "SELECT state FROM queue_entries") == [("queued",)]
+        clock.advance(sqlite_module.LAZY_MARK_DELAY / 2)
+        store.save_session(SessionRecord("other", 61))
+        await settle(store)
+        assert db_rows(tmp_path, "SELECT state, delivery_id FROM queue_entries") == [("sent", 9)]
+        store.close()
+
+    run(write)
+
+
+def test_a_due_lazy_mark_is_written_without_other_traffic(tmp_path: Path) -> None:
+    async def write() -> None:
+        clock = ManualClock()
+        store = SQLiteStore(tmp_path, clock=clock)
+        m = message(payload=b"in flight")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        await settle(store)
+        store.mark_delivery("c", m.message_id, 9, "sent", lazy=True)
+        clock.advance(sqlite_module.LAZY_MARK_DELAY)
+        # The store's timer looks again within LAZY_MARK_DELAY of loop time.
+        deadline = asyncio.get_running_loop().time() + COMMIT_TIMEOUT
+        while db_rows(tmp_path, "SELECT state FROM queue_entries") != [("sent",)]:
+            assert asyncio.get_running_loop().time() < deadline, "the due mark was not written"
             await asyncio.sleep(0.01)
-            if db_rows(tmp_path, "SELECT state FROM queued") == [("sent",)]:
-                break
         # Written while the store is still open: a kill -9 now would keep it.
-        assert db_rows(tmp_path, "SELECT state, delivery_id FROM queued") == [("sent", 9)]
+        assert db_rows(tmp_path, "SELECT state, delivery_id FROM queue_entries") == [("sent", 9)]
         store.close()
 
     run(write)
@@ -486,7 +593,7 @@ def test_an_eager_mark_after_a_lazy_one_keeps_both_counts(tmp_path: Path) -> Non
         store.mark_delivery("c", m.message_id, 3, "sent", lazy=True)
         store.mark_delivery("c", m.message_id, 3, "sent")
         await settle(store)
-        assert db_rows(tmp_path, "SELECT state, delivery_count FROM queued") == [("sent", 2)]
+        assert db_rows(tmp_path, "SELECT state, delivery_count FROM queue_entries") == [("sent", 2)]
         store.close()
 
     run(write)
@@ -507,7 +614,7 @@ def test_message_ids_keep_increasing_across_reopen(tmp_path: Path) -> None:
             ids.append(m.message_id)
         await settle(store)
         # Acknowledge the newest, keep the older two referenced.
-        store.release("c", ids[-1])
+        store.remove("c", ids[-1])
         await settle(store)
         store.close()
         return ids
@@ -540,7 +647,7 @@ def test_message_ids_never_reused_even_when_the_store_emptied(tmp_path: Path) ->
         store.journal(m)
         store.enqueue("c", entry(m))
         await settle(store)
-        store.release("c", m.message_id)
+        store.remove("c", m.message_id)
         await settle(store)
         store.close()
         return m.message_id
@@ -559,7 +666,7 @@ def test_enqueue_in_a_later_turn_after_release_keeps_the_message(tmp_path: Path)
         store.journal(m)
         store.enqueue("early", entry(m))
         await settle(store)
-        store.release("early", m.message_id)
+        store.remove("early", m.message_id)
         await settle(store)
         # A later subscriber gets the same (retained) message object queued.
         store.enqueue("late", entry(m, retain=True))
@@ -569,7 +676,7 @@ def test_enqueue_in_a_later_turn_after_release_keeps_the_message(tmp_path: Path)
 
     message_id = run(write)
     state = reopen(tmp_path)
-    assert [(r.client_id, r.message_id) for r in state.queued] == [("late", message_id)]
+    assert [(r.queue, r.message_id) for r in state.queued] == [("late", message_id)]
     assert message_id in state.messages, "the queue entry survived but its message did not"
     assert state.messages[message_id].payload == b"retained payload"
 
@@ -598,7 +705,7 @@ def test_many_batches_in_flight_all_land_in_order(tmp_path: Path) -> None:
         futures = []
         for n in range(200):
             store.save_session(SessionRecord("c", n + 1))
-            store.add_incoming_qos2("c", n + 1)
+            store.add_duplicate("c", n + 1)
             future = store.commit()
             assert future is not None
             futures.append(future)
@@ -609,7 +716,7 @@ def test_many_batches_in_flight_all_land_in_order(tmp_path: Path) -> None:
     run(body)
     state = reopen(tmp_path)
     assert state.sessions["c"].expiry_interval == 200
-    assert state.incoming_qos2 == {"c": set(range(1, 201))}
+    assert state.duplicates == {"c": set(range(1, 201))}
 
 
 def test_close_writes_what_is_pending(tmp_path: Path) -> None:
@@ -637,7 +744,16 @@ def tables(directory: Path) -> set[str]:
     return {r[0] for r in db_rows(directory, "SELECT name FROM sqlite_master WHERE type='table'")}
 
 
-EXPECTED_TABLES = {"meta", "messages", "sessions", "queued", "retained", "incoming_qos2"}
+EXPECTED_TABLES = {
+    "meta",
+    "journal",
+    "queue_entries",
+    "sessions",
+    "subscriptions",
+    "wills",
+    "retained",
+    "duplicates",
+}
 
 
 def test_new_directory_gets_the_current_schema(tmp_path: Path) -> None:
@@ -679,7 +795,7 @@ def test_migration_from_a_version_2_database_keeps_its_queue(tmp_path: Path) -> 
     connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
     connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
     for version in (1, 2):
-        for statement in sqlite_module._MIGRATIONS[version]:
+        for statement in MIGRATIONS[version]:
             connection.execute(statement)
     connection.execute("INSERT INTO meta VALUES ('schema_version', '2')")
     connection.execute(
@@ -694,7 +810,7 @@ def test_migration_from_a_version_2_database_keeps_its_queue(tmp_path: Path) -> 
         store = SQLiteStore(tmp_path, clock=ManualClock())
         m = message(payload=b"new")
         store.journal(m)
-        store.enqueue("c", entry(m))
+        store.enqueue(session_queue_name("c"), entry(m))
         await settle(store)
         store.close()
         return m.message_id
@@ -705,8 +821,57 @@ def test_migration_from_a_version_2_database_keeps_its_queue(tmp_path: Path) -> 
     state = reopen(tmp_path)
     assert state.messages[7].payload == b"old" and state.messages[7].topic == "old/topic"
     assert state.messages[8].payload == b"new"
-    assert state.queued[0] == QueuedRecord("c", 7, 1, False, (), 1, 12, "sent")
+    assert state.queued[0] == QueuedRecord(session_queue_name("c"), 7, 1, False, (), 1, 12, "sent")
     assert [r.message_id for r in state.queued] == [7, 8]
+
+
+def test_a_version_3_row_that_cannot_be_upgraded_stops_the_start_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    for version in (1, 2, 3):
+        for statement in MIGRATIONS[version]:
+            connection.execute(statement)
+    connection.execute("INSERT INTO meta VALUES ('schema_version', '3')")
+    connection.execute("INSERT INTO sessions VALUES ('c', '{not json')")
+    connection.close()
+    error = assert_refused(tmp_path)
+    assert "cannot be upgraded from schema version 3" in str(error)
+    assert schema_version(tmp_path) == 3
+    assert "queued" in tables(tmp_path) and "queue_entries" not in tables(tmp_path)
+
+
+def test_a_session_keeps_its_in_flight_window_and_a_version_4_session_comes_back(
+    tmp_path: Path,
+) -> None:
+    """Version 5 stores the in-flight window of the connection a session had when it was
+    saved (recovery after a crash counts that many queued entries as possibly delivered); a
+    session stored by version 4 comes back with none."""
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    for version in (1, 2, 3):
+        for statement in MIGRATIONS[version]:
+            connection.execute(statement)
+    step = MIGRATIONS[4]
+    assert callable(step)
+    step(connection)
+    connection.execute("INSERT INTO meta VALUES ('schema_version', '4')")
+    connection.execute("INSERT INTO sessions VALUES ('old', 60, 0, NULL)")
+    connection.close()
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("new", 60, window=7))
+        await settle(store)
+        store.close()
+
+    run(body)
+    assert schema_version(tmp_path) == SCHEMA_VERSION
+    state = reopen(tmp_path)
+    assert (state.sessions["old"].expiry_interval, state.sessions["old"].window) == (60, 0)
+    assert state.sessions["new"].window == 7
 
 
 def test_reopening_a_current_database_does_not_migrate_again(tmp_path: Path) -> None:
@@ -821,24 +986,24 @@ def test_a_directory_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
     assert "refusing to start" in str(error) or "cannot" in str(error)
 
 
-def test_an_undecodable_session_row_is_refused_naming_the_file(tmp_path: Path) -> None:
+def test_an_undecodable_will_is_refused_naming_the_file(tmp_path: Path) -> None:
     """Damage inside a row passes SQLite's page checks; reading it back must still stop the
     start-up with a StoreError naming the file, not a bare traceback or a silently empty store."""
 
     async def body() -> None:
         store = SQLiteStore(tmp_path, clock=ManualClock())
-        store.save_session(SessionRecord("c", 60, [SubscriptionRecord("a", 1)]))
+        will = message("w", b"bye", mqtt5=MQTT5Fields(content_type="text/plain"))
+        store.save_session(SessionRecord("c", 60, [SubscriptionRecord("a", 1)], will))
         await settle(store)
         store.close()
 
     run(body)
     connection = sqlite3.connect(tmp_path / DATABASE_FILE)
-    connection.execute(
-        "UPDATE sessions SET record=? WHERE client_id='c'", ('{"e": 60, "s": [["a"',)
-    )
+    # A content type whose length runs past the end of the blob.
+    connection.execute("UPDATE wills SET properties=x'2105616263' WHERE client_id='c'")
     connection.commit()
     connection.close()
-    assert_refused(tmp_path)
+    assert "cannot be decoded" in str(assert_refused(tmp_path))
 
 
 def test_an_undecodable_retained_row_is_refused_naming_the_file(tmp_path: Path) -> None:
@@ -850,17 +1015,17 @@ def test_an_undecodable_retained_row_is_refused_naming_the_file(tmp_path: Path) 
 
     run(body)
     connection = sqlite3.connect(tmp_path / DATABASE_FILE)
-    connection.execute("UPDATE retained SET message=? WHERE topic='r'", (json.dumps({"t": "r"}),))
+    connection.execute("UPDATE retained SET properties=x'ff00' WHERE topic='r'")
     connection.commit()
     connection.close()
-    assert_refused(tmp_path)
+    assert "cannot be decoded" in str(assert_refused(tmp_path))
 
 
 # -- write errors -----------------------------------------------------------------------------
 
 
 def test_a_failed_batch_fails_its_commit_future_and_later_batches_succeed(tmp_path: Path) -> None:
-    """A write the database refuses (here: a trigger aborting inserts into ``queued`` under the
+    """A write the database refuses (here: a trigger aborting inserts of queue entries under the
     store, the way a full disk aborts them) fails the whole batch atomically; the store keeps
     working once the cause is gone."""
 
@@ -871,7 +1036,7 @@ def test_a_failed_batch_fails_its_commit_future_and_later_batches_succeed(tmp_pa
 
         side = sqlite3.connect(tmp_path / DATABASE_FILE)
         side.execute(
-            "CREATE TRIGGER simulated_io_error BEFORE INSERT ON queued "
+            "CREATE TRIGGER simulated_io_error BEFORE INSERT ON queue_entries "
             "BEGIN SELECT RAISE(ABORT, 'simulated I/O error'); END"
         )
         side.commit()
@@ -912,6 +1077,7 @@ def test_a_dropped_table_fails_the_batch_and_recreating_it_recovers(tmp_path: Pa
         store.set_retained("r/0", message("r/0", b"0", retain=True))
         await settle(store)
         side = sqlite3.connect(tmp_path / DATABASE_FILE)
+        (create,) = side.execute("SELECT sql FROM sqlite_master WHERE name='retained'").fetchone()
         side.execute("DROP TABLE retained")
         side.commit()
         store.set_retained("r/1", message("r/1", b"1", retain=True))
@@ -919,7 +1085,7 @@ def test_a_dropped_table_fails_the_batch_and_recreating_it_recovers(tmp_path: Pa
         assert future is not None
         with pytest.raises(StoreWriteError):
             await asyncio.wait_for(future, COMMIT_TIMEOUT)
-        side.execute("CREATE TABLE retained (topic TEXT PRIMARY KEY, message TEXT NOT NULL)")
+        side.execute(create)
         side.commit()
         side.close()
         store.set_retained("r/2", message("r/2", b"2", retain=True))
@@ -940,9 +1106,9 @@ def test_one_turn_is_stored_whole_even_past_max_batch(tmp_path: Path) -> None:
         store.save_session(SessionRecord("c", 60))
         await settle(store)
         side = sqlite3.connect(tmp_path / DATABASE_FILE)
-        side.execute("ALTER TABLE queued RENAME TO queued_away")
+        side.execute("ALTER TABLE queue_entries RENAME TO queue_entries_away")
         side.commit()
-        store.add_incoming_qos2("c", 7)
+        store.add_duplicate("c", 7)
         m = message(payload=b"admitted", qos=2)
         store.journal(m)
         store.enqueue("c", entry(m))
@@ -950,21 +1116,21 @@ def test_one_turn_is_stored_whole_even_past_max_batch(tmp_path: Path) -> None:
         assert future is not None
         with pytest.raises(StoreWriteError):
             await asyncio.wait_for(future, COMMIT_TIMEOUT)
-        side.execute("ALTER TABLE queued_away RENAME TO queued")
+        side.execute("ALTER TABLE queue_entries_away RENAME TO queue_entries")
         side.commit()
         side.close()
         store.close()
 
     run(body)
     state = reopen(tmp_path)
-    assert state.incoming_qos2 == {}, "the id was kept without the message it admitted"
+    assert state.duplicates == {}, "the id was kept without the message it admitted"
     assert state.queued == []
 
 
 IO_ERROR_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, resource, sys
-    from kittiwake.broker.message import Message
+    from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields, PropertyType
     from kittiwake.broker.queues import QueuedMessage
     from kittiwake.store.sqlite import SQLiteStore, StoreWriteError
 
@@ -1079,7 +1245,7 @@ class Life:
         will: Message | None = None, will_delay: int = 0,
     ) -> tuple[Session, RecordingConsumer, bool]:
         consumer = RecordingConsumer()
-        session, present = self.broker.connect(
+        session, present, _ = self.broker.connect(
             client_id, consumer, clean_start=clean, expiry_interval=expiry, window=10,
             will=will, will_delay=will_delay,
         )
@@ -1201,7 +1367,7 @@ def test_broker_inflight_delivery_comes_back_as_a_resend_after_a_graceful_stop(
         # The count recorded when it was first sent came back with it.
         assert got_entry.delivery_count == 1
         # Acknowledged now: gone for good.
-        assert life.broker.acknowledge(session, consumer.by_id[got_id])
+        assert life.broker.acknowledge(session, consumer.by_id[got_id])[0]
         await life.crash()
 
     async def third() -> None:
@@ -1215,14 +1381,11 @@ def test_broker_inflight_delivery_comes_back_as_a_resend_after_a_graceful_stop(
     run(third)
 
 
-def test_broker_qos1_delivery_in_flight_at_a_crash_comes_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Its lazy mark was not written yet: it comes again, never lost, and marked as a
-    redelivery with the lost attempt counted (DESIGN.md section 2: recovery treats what could
-    have been in flight, within the window of a session connected at the crash, as possibly
-    delivered). Before the core redesign it came back as a first delivery (DUP=0)."""
-    monkeypatch.setattr(sqlite_module, "LAZY_MARK_DELAY", 60.0)
+def test_broker_qos1_delivery_in_flight_at_a_crash_comes_back(tmp_path: Path) -> None:
+    """Its lazy mark was not due on the store's clock: it comes again, never lost, and marked
+    as a redelivery with the lost attempt counted (DESIGN.md section 2: recovery treats what
+    could have been in flight, within the window of a session connected at the crash, as
+    possibly delivered). Before the core redesign it came back as a first delivery (DUP=0)."""
 
     async def first() -> None:
         life = Life(tmp_path)
@@ -1243,7 +1406,7 @@ def test_broker_qos1_delivery_in_flight_at_a_crash_comes_back(
         got_id, got_entry, redelivered = consumer.deliveries[0]
         assert redelivered, "possibly seen before the crash: it must carry the redelivery mark"
         assert got_entry.delivery_count == 1  # the attempt whose mark the crash lost
-        assert life.broker.acknowledge(session, consumer.by_id[got_id])
+        assert life.broker.acknowledge(session, consumer.by_id[got_id])[0]
         await life.crash()
 
     async def third() -> None:
@@ -1266,7 +1429,7 @@ def test_broker_pubrecd_qos2_delivery_comes_back_as_a_release(tmp_path: Path) ->
         await life.settle()
         await life.publish("t", b"exactly once", 2)
         delivery_id = consumer.deliveries[0][0]
-        assert life.broker.received(session, consumer.by_id[delivery_id])  # PUBREC
+        assert life.broker.received(session, consumer.by_id[delivery_id])[0]  # PUBREC
         await life.crash()
         return delivery_id
 
@@ -1276,7 +1439,7 @@ def test_broker_pubrecd_qos2_delivery_comes_back_as_a_release(tmp_path: Path) ->
         await life.settle()
         assert consumer.deliveries == [], "a PUBREC'd QoS 2 message must not be published again"
         assert consumer.releases == [delivery_id]
-        assert life.broker.acknowledge(session, consumer.by_id[delivery_id])  # PUBCOMP
+        assert life.broker.acknowledge(session, consumer.by_id[delivery_id])[0]  # PUBCOMP
         await life.crash()
 
     async def third() -> None:
@@ -1312,7 +1475,7 @@ def test_broker_incoming_qos2_state_survives_restart(tmp_path: Path) -> None:
         assert pub.incoming_qos2 == {7}
         # The publisher resends PUBLISH (DUP) with id 7: it must not be routed again.
         assert not life.broker.begin_incoming_qos2(pub, 7)
-        assert life.broker.release_incoming_qos2(pub, 7)  # PUBREL
+        assert life.broker.release_incoming_qos2(pub, 7)[0]  # PUBREL
         await life.crash()
 
     async def third() -> None:
@@ -1358,12 +1521,9 @@ def test_broker_retained_persistent_survive_restart_and_nonpersistent_do_not(
     run(second)
 
 
-def test_broker_retained_copy_sent_to_a_later_subscriber_survives_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_broker_retained_copy_sent_to_a_later_subscriber_survives_restart(tmp_path: Path) -> None:
     """A retained message is queued for a new persistent subscriber after its first subscribers
     acknowledged it (its journal row was released); that in-flight copy must come back."""
-    monkeypatch.setattr(sqlite_module, "LAZY_MARK_DELAY", 60.0)
 
     async def first() -> None:
         life = Life(tmp_path)
@@ -1484,6 +1644,6 @@ def test_broker_nonpersistent_messages_never_touch_disk(tmp_path: Path) -> None:
         await life.crash()
 
     run(first)
-    assert db_rows(tmp_path, "SELECT COUNT(*) FROM messages") == [(0,)]
-    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queued") == [(0,)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM journal") == [(0,)]
+    assert db_rows(tmp_path, "SELECT COUNT(*) FROM queue_entries") == [(0,)]
     assert db_rows(tmp_path, "SELECT COUNT(*) FROM retained") == [(0,)]
