@@ -188,7 +188,7 @@ class Broker:
                     stored.subscription_id,
                 )
                 self._attach_subscription(session, stored.topic_filter, options)
-            session.incoming_qos2 = {
+            session.exactly_once_keys = {
                 int(key)
                 for key in state.duplicates.get(session_producer_name(record.client_id), ())
             }
@@ -428,7 +428,7 @@ class Broker:
         session.queue.drain()
         session.consumer.unsettled.clear()
         session.queue.in_flight = 0
-        session.incoming_qos2.clear()
+        session.exactly_once_keys.clear()
         self._detached.discard(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
@@ -896,32 +896,35 @@ class Broker:
         self.store.mark_delivery(queue.name, entry.message.message_id, delivery.tag, "received")
         return True, self._durable()
 
-    def begin_incoming_qos2(self, session: Session, packet_id: int) -> bool:
-        """Record an incoming QoS 2 id; False means it is a resend that must not be routed."""
-        if packet_id in session.incoming_qos2:
+    def begin_exactly_once(self, session: Session, key: int) -> bool:
+        """An exactly-once publication arrived under ``key`` (an MQTT QoS 2 packet id): True
+        the first time, False for a resend that must not be routed again. The key is kept,
+        stored with the publication, until :meth:`end_exactly_once`."""
+        if key in session.exactly_once_keys:
             return False
-        session.incoming_qos2.add(packet_id)
+        session.exactly_once_keys.add(key)
         if session.persistent:
-            self.store.add_duplicate(session_producer_name(session.client_id), packet_id)
+            self.store.add_duplicate(session_producer_name(session.client_id), key)
         return True
 
-    def incoming_qos2_resent(self, session: Session, packet_id: int) -> Completion:
-        """A QoS 2 publication resent under an id the session still holds: it is not routed
-        again; the completion says when the original's state is durable.
+    def exactly_once_resent(self, session: Session, key: int) -> Completion:
+        """An exactly-once publication resent under a key the session still holds: it is not
+        routed again; the completion says when the original's state is durable.
 
         A session that lives only as long as its connection saw the original on the same
         connection, whose own answer comes first: nothing more to wait for.
         """
         return self._durable() if session.persistent else None
 
-    def release_incoming_qos2(self, session: Session, packet_id: int) -> Outcome:
-        """PUBREL: the exactly-once handshake for this id is over."""
-        if packet_id not in session.incoming_qos2:
+    def end_exactly_once(self, session: Session, key: int) -> Outcome:
+        """The publisher released ``key`` (an MQTT PUBREL): the exactly-once exchange is over
+        and the key may be used again."""
+        if key not in session.exactly_once_keys:
             return NOT_FOUND
-        session.incoming_qos2.discard(packet_id)
+        session.exactly_once_keys.discard(key)
         if not session.persistent:
             return True, None
-        self.store.remove_duplicate(session_producer_name(session.client_id), packet_id)
+        self.store.remove_duplicate(session_producer_name(session.client_id), key)
         return True, self._durable()
 
     # -- helpers --------------------------------------------------------------------------

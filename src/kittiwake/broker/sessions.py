@@ -88,7 +88,7 @@ class Session:
     # Its memberships of shared subscription groups, by full filter ($share/...).
     members: dict[str, Member] = field(default_factory=dict)
     # Ids of exactly-once publications received from the client and not yet released.
-    incoming_qos2: set[int] = field(default_factory=set)
+    exactly_once_keys: set[int] = field(default_factory=set)
     # The connection, while there is one.
     link: SessionLink | None = None
     will: Message | None = None

@@ -104,7 +104,7 @@ class MQTTConnection:
         # of publications in one commit register one callback, not one each.
         self._watched: asyncio.Future[None] | None = None
         # QoS 1 publications whose PUBACK is held (store commit, flow control, an earlier
-        # answer); with the session's incoming_qos2 ids (which already include held QoS 2
+        # answer); with the session's exactly_once_keys (which already include held QoS 2
         # ones) they make up the client's use of our Receive Maximum.
         self._awaiting_commit = 0
         self._receive_maximum = limits.receive_maximum
@@ -369,17 +369,17 @@ class MQTTConnection:
                 self._topic_verdicts[topic] = allowed
         qos = packet.qos
         packet_id = packet.packet_id or 0
-        if qos == 2 and packet_id in session.incoming_qos2:
+        if qos == 2 and packet_id in session.exactly_once_keys:
             # A resend of a publication we already own: exactly once means do not route again.
             # Its PUBREC is an acknowledgement like the first: only once the original is stored.
             self._answer(
-                self.broker.incoming_qos2_resent(session, packet_id), encode_ack(0x50, packet_id)
+                self.broker.exactly_once_resent(session, packet_id), encode_ack(0x50, packet_id)
             )
             return
         if (
             qos
             and version == 5
-            and (self._awaiting_commit + len(session.incoming_qos2) >= self._receive_maximum)
+            and (self._awaiting_commit + len(session.exactly_once_keys) >= self._receive_maximum)
         ):
             raise MQTTProtocolError(
                 ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
@@ -405,7 +405,7 @@ class MQTTConnection:
         if version == 5:
             self._copy_properties(props, message)
         if qos == 2:
-            self.broker.begin_incoming_qos2(session, packet_id)
+            self.broker.begin_exactly_once(session, packet_id)
         commit = self.broker.publish(message)
         if qos == 0:
             return
@@ -423,7 +423,7 @@ class MQTTConnection:
         """
         log.error("client %s: message not stored (store write failed)", self.client_id)
         if qos == 2:
-            self.broker.release_incoming_qos2(session, packet_id)
+            self.broker.end_exactly_once(session, packet_id)
         if self.protocol_version < 5:
             self._close(publish_will=False)
             return
@@ -536,7 +536,7 @@ class MQTTConnection:
     def _on_pubrel(self, packet: PubRel) -> None:
         session = self.session
         assert session is not None
-        found, completion = self.broker.release_incoming_qos2(session, packet.packet_id)
+        found, completion = self.broker.end_exactly_once(session, packet.packet_id)
         if found or self.protocol_version < 5:
             self._answer(completion, encode_ack(0x70, packet.packet_id))
         else:

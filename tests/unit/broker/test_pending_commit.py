@@ -206,9 +206,9 @@ def test_completions_wait_only_for_what_is_stored() -> None:
         assert isinstance(subscribed, Subscribed) and subscribed.completion is None
         assert broker.unsubscribe(clean, "t") == (True, None)
         assert broker.unsubscribe(clean, "t") == (False, None)
-        assert broker.begin_incoming_qos2(clean, 5)
-        assert broker.release_incoming_qos2(clean, 5) == (True, None)
-        assert broker.release_incoming_qos2(clean, 5) == (False, None)
+        assert broker.begin_exactly_once(clean, 5)
+        assert broker.end_exactly_once(clean, 5) == (True, None)
+        assert broker.end_exactly_once(clean, 5) == (False, None)
         assert broker.set_session_expiry(clean, 0) is None
 
         kept, present, completion = broker.connect(
@@ -218,8 +218,8 @@ def test_completions_wait_only_for_what_is_stored() -> None:
         subscribed = broker.subscribe(kept, "t", SubscriptionOptions(max_qos=2))
         assert isinstance(subscribed, Subscribed) and subscribed.completion is store.pending
         assert broker.unsubscribe(kept, "t") == (True, store.pending)
-        assert broker.begin_incoming_qos2(kept, 5)
-        assert broker.release_incoming_qos2(kept, 5) == (True, store.pending)
+        assert broker.begin_exactly_once(kept, 5)
+        assert broker.end_exactly_once(kept, 5) == (True, store.pending)
         assert broker.set_session_expiry(kept, 30) is store.pending
         store.resolve()
 

@@ -473,38 +473,38 @@ def test_incoming_qos2_begin_and_release(harness) -> None:
     """An incoming QoS 2 id is accepted once; a resend before PUBREL is refused (not routed
     twice); after PUBREL the id may be used again (MQTT-4.3.3-10)."""
     session, _, _ = harness.connect("c")
-    assert harness.broker.begin_incoming_qos2(session, 7) is True
-    assert harness.broker.begin_incoming_qos2(session, 7) is False
-    assert harness.broker.begin_incoming_qos2(session, 8) is True
-    assert harness.broker.release_incoming_qos2(session, 7)[0] is True
-    assert harness.broker.release_incoming_qos2(session, 7)[0] is False
-    assert session.incoming_qos2 == {8}
-    assert harness.broker.begin_incoming_qos2(session, 7) is True
+    assert harness.broker.begin_exactly_once(session, 7) is True
+    assert harness.broker.begin_exactly_once(session, 7) is False
+    assert harness.broker.begin_exactly_once(session, 8) is True
+    assert harness.broker.end_exactly_once(session, 7)[0] is True
+    assert harness.broker.end_exactly_once(session, 7)[0] is False
+    assert session.exactly_once_keys == {8}
+    assert harness.broker.begin_exactly_once(session, 7) is True
 
 
 def test_incoming_qos2_state_is_stored_for_persistent_sessions(harness) -> None:
     """A persistent session's incoming QoS 2 ids survive in the store until released."""
     session, _, _ = harness.connect("c", expiry=HOUR)
-    harness.broker.begin_incoming_qos2(session, 7)
+    harness.broker.begin_exactly_once(session, 7)
     producer = session_producer_name("c")
     assert harness.store.duplicates == {producer: {7}}
-    harness.broker.release_incoming_qos2(session, 7)
+    harness.broker.end_exactly_once(session, 7)
     assert harness.store.duplicates == {producer: set()}
     temp, _, _ = harness.connect("t", expiry=0)
-    harness.broker.begin_incoming_qos2(temp, 1)
+    harness.broker.begin_exactly_once(temp, 1)
     assert session_producer_name("t") not in harness.store.duplicates
 
 
 def test_incoming_qos2_state_kept_across_reconnect_and_dropped_by_clean_start(harness) -> None:
     """The exactly-once state belongs to the session: kept on resume, gone with clean start."""
     session, _, _ = harness.connect("c", expiry=HOUR)
-    harness.broker.begin_incoming_qos2(session, 7)
+    harness.broker.begin_exactly_once(session, 7)
     harness.broker.disconnect(session, publish_will=False)
     resumed, _, _ = harness.connect("c", clean_start=False, expiry=HOUR)
-    assert harness.broker.begin_incoming_qos2(resumed, 7) is False
+    assert harness.broker.begin_exactly_once(resumed, 7) is False
     harness.broker.disconnect(resumed, publish_will=False)
     fresh, _, _ = harness.connect("c", clean_start=True, expiry=HOUR)
-    assert harness.broker.begin_incoming_qos2(fresh, 7) is True
+    assert harness.broker.begin_exactly_once(fresh, 7) is True
 
 
 # -- restart (a new Broker over the same store) ----------------------------------------------
@@ -520,7 +520,7 @@ def restarted(harness):
     harness.publish("t", b"volatile", qos=1, persistent=False)
     harness.publish("r/p", b"kept", qos=1, retain=True)
     harness.publish("r/np", b"lost", qos=0, retain=True)
-    harness.broker.begin_incoming_qos2(session, 42)
+    harness.broker.begin_exactly_once(session, 42)
     return harness.restart(), consumer.deliveries[0].delivery_id
 
 
@@ -531,7 +531,7 @@ def test_restart_keeps_persistent_state(restarted) -> None:
     session, consumer, present = h.connect("c", clean_start=False, expiry=HOUR, window=1)
     assert present
     assert set(session.subscriptions) == {"t"}
-    assert h.broker.begin_incoming_qos2(session, 42) is False
+    assert h.broker.begin_exactly_once(session, 42) is False
     [again] = consumer.deliveries
     assert (again.delivery_id, again.payload, again.resend) == (inflight_id, b"inflight", True)
     h.ack(session, consumer, inflight_id)

@@ -1463,7 +1463,7 @@ def test_broker_incoming_qos2_state_survives_restart(tmp_path: Path) -> None:
         life.broker.disconnect(sub, publish_will=False)
         pub, _, _ = life.connect("pub")
         await life.settle()
-        assert life.broker.begin_incoming_qos2(pub, 7)
+        assert life.broker.begin_exactly_once(pub, 7)
         await life.publish("t", b"once", 2)
         await life.crash()  # PUBREC went out; no PUBREL yet
 
@@ -1472,17 +1472,17 @@ def test_broker_incoming_qos2_state_survives_restart(tmp_path: Path) -> None:
         pub, _, present = life.connect("pub")
         await life.settle()
         assert present
-        assert pub.incoming_qos2 == {7}
+        assert pub.exactly_once_keys == {7}
         # The publisher resends PUBLISH (DUP) with id 7: it must not be routed again.
-        assert not life.broker.begin_incoming_qos2(pub, 7)
-        assert life.broker.release_incoming_qos2(pub, 7)[0]  # PUBREL
+        assert not life.broker.begin_exactly_once(pub, 7)
+        assert life.broker.end_exactly_once(pub, 7)[0]  # PUBREL
         await life.crash()
 
     async def third() -> None:
         life = Life(tmp_path)
         pub, _, _ = life.connect("pub")
         await life.settle()
-        assert pub.incoming_qos2 == set()
+        assert pub.exactly_once_keys == set()
         _, consumer, _ = life.connect("sub")
         await life.settle()
         assert consumer.payloads == [b"once"]
