@@ -579,7 +579,7 @@ class Broker:
                     policy=self.config.limits.queue_full_policy,
                 ),
             )
-            group.queue.on_removed = self._group_entry_removed
+            group.queue.on_removed = self._entry_removed
             self.shared_groups[key] = group
             self.tree.insert(subscription.topic_filter, group)
         session = subscription.session
@@ -614,7 +614,7 @@ class Broker:
         del self.shared_groups[key]
         self.tree.remove(subscription.topic_filter, group)
         for entry in group.queue.drain():  # nobody left to take them
-            self._group_entry_removed(group.queue, entry, Removal.PURGED)
+            self._entry_removed(group.queue, entry, Removal.PURGED)
 
     def send_retained(self, subscribed: Subscribed) -> None:
         """Deliver the retained messages a new subscription should see (retain handling)."""
@@ -786,7 +786,13 @@ class Broker:
                 if own is None:
                     continue
                 options = own
-            if self._enqueue(copy.session, options.copy(message)):
+            entry = QueuedMessage.of(
+                message,
+                options.max_qos,
+                message.retain and options.retain_as_published,
+                options.subscription_ids,
+            )
+            if self._enqueue(copy.session, entry):
                 touched.append(copy.session)
         for group in plan.groups:
             if self._enqueue_shared(group, message):
@@ -875,7 +881,7 @@ class Broker:
     def acknowledge(self, session: Session, delivery: Delivery) -> Outcome:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""
         queue = delivery.consumer.queue
-        if queue is None or not queue.settle(delivery, Settlement.ACCEPTED):
+        if queue is None or not queue.settle(delivery, _ACCEPTED):
             return NOT_FOUND
         completion = None
         if delivery.entry.persistent and queue.durable:
@@ -941,24 +947,17 @@ class Broker:
         consumer = Consumer(None, window=limits.max_inflight, name=client_id)
         queue.attach(consumer)
         session = Session(client_id, queue, consumer)
-        queue.on_removed = lambda _queue, entry, reason: self._entry_removed(session, entry, reason)
+        queue.on_removed = self._entry_removed
         return session
 
-    def _group_entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
-        """An entry left a shared group's queue for good: the store forgets it too."""
+    def _entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
+        """An entry left a session's or a group's queue for good: the store forgets it too."""
         if reason is not Removal.ACCEPTED:
+            # Expired or pushed out of a full queue: never delivered. (MQTT's queues do not
+            # dead-letter: they have no maximum delivery count.)
             self.stats.messages_dropped += 1
         if entry.persistent and queue.durable:
             self.store.remove(queue.name, entry.message.message_id)
-
-    def _entry_removed(self, session: Session, entry: QueuedMessage, reason: Removal) -> None:
-        """An entry left a session's queue for good: the store forgets it too."""
-        if reason is not Removal.ACCEPTED:
-            # Expired or pushed out of a full queue: never delivered. (MQTT sessions do not
-            # dead-letter: their queues have no maximum delivery count.)
-            self.stats.messages_dropped += 1
-        if entry.persistent and session.queue.durable:
-            self.store.remove(session.queue.name, entry.message.message_id)
 
     def _forget_stored_session(self, session: Session) -> None:
         """Drop everything stored for a session: its record, its queue, its QoS 2 state."""
@@ -1015,6 +1014,10 @@ class Broker:
                 handle.cancel()
 
         return cancel
+
+
+# Read per acknowledgement; an Enum class attribute lookup costs several plain ones.
+_ACCEPTED = Settlement.ACCEPTED
 
 
 def _next_timer(session: Session) -> float | None:
