@@ -102,8 +102,12 @@ class Broker:
         self.stats = BrokerStats()
         self.started_at = self.clock.now()
         self.version = __version__
+        # The store's journal keeps some QoS 0 publications: they must take the full path.
+        self.journal_qos0 = self.store.keeps_qos0
         # Who gets a publication on a topic, per topic (the publish path's one cache).
-        self.routes = RoutePlans(self.tree)
+        self.routes = RoutePlans(
+            self.tree, self.store.journals_qos0 if self.journal_qos0 else None
+        )
         self.timers = SessionTimers()
         self.flow = FlowControl(self.config.limits.flow_control_depth)
         self.pumps = PumpSchedule(self)
