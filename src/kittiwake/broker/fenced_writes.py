@@ -2,6 +2,10 @@
 (writer, batch, partition). A unit's messages and its fence go to the store in one loop turn,
 so in one commit: both or neither survive a crash. Knows no protocol and no store format.
 
+A unit is applied as a transaction is (transactions.py: staged work applied in one loop turn,
+one store commit), but through the broker's publish path: topics reach MQTT sessions through
+the route plans, which the Router a Transaction stages against does not hold yet.
+
 A writer is a Spark streaming query (its id) or one batch write (an id its driver made). Its
 fences are duplicate-detection keys ``<batch>/<partition>`` of producer ``spark:<writer>``; once
 the writer says batch N is committed, its fences up to N give way to one key ``committed/N``
