@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 CONFIG ?= kittiwake.toml
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test venv test-deps system-deps java lint typecheck bench bench-spark clean
+.PHONY: run test venv test-deps system-deps java lint typecheck bench bench-spark demo clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import venv' 2>/dev/null && $(PYTHON) -m venv $(VENV) 2>/dev/null || \
@@ -43,7 +43,7 @@ test: test-deps
 	$(BIN)/python -m pytest -q
 
 lint: test-deps
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests examples
 	$(BIN)/mypy --strict src/kittiwake
 
 # Side-by-side benchmark against mosquitto and amqtt (not part of the tests). BENCH_ARGS=--smoke
@@ -52,9 +52,20 @@ bench: venv
 	bash bench/setup_peers.sh
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
-# The Spark data source's read throughput over Flight (batch and stream, local[2]).
+# The Spark data source's read throughput over Flight (batch and stream, local[2]), and the
+# end-to-end exactly-once pipeline (read, transform, write back).
 bench-spark: test-deps
 	$(BIN)/python bench/bench_spark_read.py $(BENCH_ARGS)
+	$(BIN)/python bench/bench_spark_pipeline.py $(BENCH_ARGS)
+
+# The data pipeline users run: broker, simulated sensors over MQTT, a Structured Streaming job
+# writing stats/<device> (retained) and alerts/<device> back, mosquitto_sub watching; for
+# DEMO_SECONDS (default 60) with DEMO_DEVICES (default 300).
+DEMO_SECONDS ?= 60
+DEMO_DEVICES ?= 300
+demo: $(BIN)/python system-deps
+	$(BIN)/python -m pip install -q -e '.[demo]'
+	DEMO_SECONDS=$(DEMO_SECONDS) DEMO_DEVICES=$(DEMO_DEVICES) $(BIN)/python examples/demo.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache
