@@ -41,7 +41,7 @@ from kittiwake.flight.protocol import (
     parse_offset_for_timestamp,
     range_schema,
 )
-from kittiwake.flight.writes import WriteRefused, messages_of, read_bounded
+from kittiwake.flight.writes import WriteRefused, read_messages
 from kittiwake.store.journal_reader import JournalError, JournalRange, JournalReader
 
 log = logging.getLogger(__name__)
@@ -144,14 +144,13 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 raise RequestError("a put's descriptor must be a command (a write request)")
             request = WriteRequest.from_descriptor(descriptor.command)
             limits = self._limits
-            batches = read_bounded(
+            messages = read_messages(
                 (chunk.data for chunk in reader),
                 reader.schema,
+                self._authorizer.may_publish,
                 limits.max_put_rows,
                 limits.max_put_bytes,
-            )
-            messages = messages_of(
-                batches, self._authorizer.may_publish, limits.max_topic_levels
+                limits.max_topic_levels,
             )
             already = writes.write(request.writer, request.batch, request.partition, messages)
             if already:

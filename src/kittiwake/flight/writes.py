@@ -24,13 +24,21 @@ class WriteRefused(RequestError):
     """A put names a topic its caller may not publish to."""
 
 
-def read_bounded(
-    batches: Iterable[pa.RecordBatch], schema: pa.Schema, max_rows: int, max_bytes: int
-) -> list[pa.RecordBatch]:
-    """Every batch of a put, refused as soon as the put passes ``max_rows`` or ``max_bytes``
-    (a Spark partition is one unit, taken whole or not at all: it must fit)."""
+def read_messages(
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    may_publish: Callable[[str], bool],
+    max_rows: int,
+    max_bytes: int,
+    max_topic_levels: int | None = None,
+) -> list[Message]:
+    """Every row of a put as a message, converted batch by batch as the batches arrive (so
+    the conversion overlaps the sender's work); refused as soon as the put passes
+    ``max_rows`` or ``max_bytes`` (a Spark partition is one unit, taken whole or not at all:
+    it must fit)."""
     check_write_schema(schema)
-    taken: list[pa.RecordBatch] = []
+    messages: list[Message] = []
+    allowed: set[str] = set()
     rows = size = 0
     for batch in batches:
         rows += batch.num_rows
@@ -44,39 +52,42 @@ def read_bounded(
                 "or raise the limits"
             )
         if batch.num_rows:
-            taken.append(batch)
-    return taken
+            messages.extend(messages_of(batch, may_publish, max_topic_levels, allowed))
+    return messages
 
 
 def messages_of(
-    batches: list[pa.RecordBatch],
+    batch: pa.RecordBatch,
     may_publish: Callable[[str], bool],
     max_topic_levels: int | None = None,
+    allowed: set[str] | None = None,
 ) -> list[Message]:
     """The rows as messages, in order: qos 1 and not retained unless a row says otherwise; QoS
-    1 and 2 are persistent (as MQTT's are). Every topic is checked once per put."""
-    if not batches:
-        return []
-    table = pa.Table.from_batches(batches)
-    names = table.column_names
-    topic_column = table.column("topic")
+    1 and 2 are persistent (as MQTT's are). Each topic is checked once per batch, or once per
+    put with ``allowed`` (the topics already checked)."""
+    names = batch.schema.names
+    topic_column = batch.column("topic")
     if topic_column.null_count:
         raise RequestError("a write's topic must not be null")
     for topic in pc.unique(topic_column).to_pylist():
+        if allowed is not None and topic in allowed:
+            continue
         try:
             validate_topic_name(topic, max_topic_levels)
         except TopicError as exc:
             raise RequestError(f"cannot publish to {topic!r}: {exc}") from None
         if not may_publish(topic):
             raise WriteRefused(f"publishing to {topic!r} is not authorised (auth.publish_* rules)")
+        if allowed is not None:
+            allowed.add(topic)
     topics = topic_column.to_pylist()
     count = len(topics)
-    payload_column = table.column("payload")
+    payload_column = batch.column("payload")
     if pa.types.is_string(payload_column.type) or pa.types.is_large_string(payload_column.type):
         payload_column = payload_column.cast(pa.binary())
     payloads = payload_column.fill_null(b"").to_pylist()
     if "qos" in names:
-        qos_column = table.column("qos").fill_null(DEFAULT_WRITE_QOS)
+        qos_column = batch.column("qos").fill_null(DEFAULT_WRITE_QOS)
         low_high = pc.min_max(qos_column).as_py()
         if low_high["min"] is not None and (low_high["min"] < 0 or low_high["max"] > 2):
             raise RequestError(
@@ -87,19 +98,24 @@ def messages_of(
     else:
         qos = [DEFAULT_WRITE_QOS] * count
     if "retain" in names:
-        retain: list[bool] = table.column("retain").fill_null(False).to_pylist()
+        retain: list[bool] = batch.column("retain").fill_null(False).to_pylist()
     else:
         retain = [False] * count
-    properties: list[Any] = (
-        table.column("properties").to_pylist() if "properties" in names else [None] * count
-    )
+    properties_column = batch.column("properties") if "properties" in names else None
+    if properties_column is None or properties_column.null_count == count:
+        # The common case: positional arguments (topic, payload, qos, retain, persistent).
+        return [
+            Message(topic, payload, level, kept, level > 0)
+            for topic, payload, level, kept in zip(topics, payloads, qos, retain, strict=True)
+        ]
+    properties: list[Any] = properties_column.to_pylist()
     return [
         Message(
             topic,
             payload,
-            qos=level,
-            retain=kept,
-            persistent=level > 0,
+            level,
+            kept,
+            level > 0,
             mqtt5=MQTT5Fields(user_properties=list(pairs)) if pairs else None,
         )
         for topic, payload, level, kept, pairs in zip(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -162,13 +162,24 @@ class SinkClient(_FlightCaller):
     def __init__(self, options: SinkOptions) -> None:
         super().__init__(options)
 
-    def put(self, request: WriteRequest, batches: list[pa.RecordBatch]) -> WriteAnswer:
+    def put(self, request: WriteRequest, batches: Iterable[pa.RecordBatch]) -> WriteAnswer:
+        """Send ``batches`` as one unit, streamed as they come (the broker converts them while
+        Spark still produces the rest); the answer comes once the unit is committed. The
+        batches sent are kept, so a retry sends the unit again whole."""
         descriptor = flight.FlightDescriptor.for_command(request.to_descriptor())
+        source = iter(batches)
+        sent: list[pa.RecordBatch] = []
+
+        def every_batch() -> Iterator[pa.RecordBatch]:
+            yield from list(sent)
+            for batch in source:
+                sent.append(batch)
+                yield batch
 
         def send(connection: Any) -> WriteAnswer:
             writer, answers = connection.do_put(descriptor, WRITE_SCHEMA, self._call_options)
             try:
-                for batch in batches:
+                for batch in every_batch():
                     writer.write_batch(batch)
                 writer.done_writing()
                 answer = answers.read()

@@ -11,6 +11,7 @@ executors; ``commit``/``abort`` on the driver.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
@@ -124,14 +125,17 @@ def wire_batch(batch: pa.RecordBatch, options: SinkOptions) -> pa.RecordBatch:
 def write_partition(
     options: SinkOptions, writer: str, batch: int, iterator: Iterator[pa.RecordBatch]
 ) -> PartitionWritten:
-    """Send this task's partition as one fenced unit (nothing when it is empty)."""
+    """Send this task's partition as one fenced unit, streamed while Spark produces it
+    (nothing when it is empty)."""
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
-    batches = [wire_batch(b, options) for b in iterator if b.num_rows]
-    rows = sum(b.num_rows for b in batches)
-    if not rows:
+    rows = (wire_batch(b, options) for b in iterator if b.num_rows)
+    first = next(rows, None)
+    if first is None:
         return PartitionWritten(writer, batch, partition, 0, False)
-    answer = SinkClient(options).put(WriteRequest(writer, batch, partition), batches)
+    answer = SinkClient(options).put(
+        WriteRequest(writer, batch, partition), itertools.chain((first,), rows)
+    )
     if answer.already_committed:
         log.info(
             "kittiwake: writer %s batch %d partition %d was committed before; nothing "
