@@ -243,14 +243,9 @@ def publish_with_paho(port: int, rows: Any) -> None:
     client.max_inflight_messages_set(1000)
     client.connect("127.0.0.1", port)
     client.loop_start()
-    last = None
-    for row in rows:
-        last = client.publish(row.topic, row.payload, qos=1)
-    if last is not None:
-        last.wait_for_publish(120)
-    # Every earlier publication was acknowledged before the last one (one inflight window).
-    while client.want_write() or client._out_messages:  # noqa: SLF001 - paho has no "drained" API
-        time.sleep(0.01)
+    sent = [client.publish(row.topic, row.payload, qos=1) for row in rows]
+    for info in sent:
+        info.wait_for_publish(120)
     client.disconnect()
     client.loop_stop()
 

@@ -1,4 +1,5 @@
-"""The Kittiwake journal as a PySpark data source: ``format("kittiwake")``, batch and stream.
+"""The Kittiwake journal as a PySpark data source, ``format("kittiwake")``: read as a batch or a
+stream, and written back (the sink) exactly once.
 
 Needs the ``spark`` extra (pyspark >= 4.2 and pyarrow) on the driver and every executor::
 
@@ -6,6 +7,8 @@ Needs the ``spark`` extra (pyspark >= 4.2 and pyarrow) on the driver and every e
     register(spark)
     df = spark.readStream.format("kittiwake").option("url", "grpc://broker:8815") \\
         .option("topics", "sensors/#").load()
+    results.writeStream.format("kittiwake").option("url", "grpc://broker:8815") \\
+        .option("checkpointLocation", "/checkpoints/results").start()  # topic, payload columns
 """
 
 from __future__ import annotations
