@@ -11,6 +11,7 @@ import logging
 import signal
 from collections.abc import Callable
 
+from kittiwake.amqp.server import AMQPServer
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
@@ -31,6 +32,7 @@ class BrokerApp:
         clock = clock or MonotonicClock()
         self.broker = Broker(config, clock=clock, store=open_store(config.store, clock))
         self.mqtt = MQTTServer(self.broker)
+        self.amqp = AMQPServer(self.broker)
         self.sys = SysPublisher(self.broker, config.sys.interval)
         self.addresses: list[tuple[str, int]] = []
         self._cancel_ticks: Callable[[], None] | None = None
@@ -40,7 +42,8 @@ class BrokerApp:
         self.broker.recover()
         self._cancel_ticks = self.broker.schedule_ticks(loop)
         for listener in self.config.listeners:
-            self.addresses.append(await self.mqtt.listen(listener.host, listener.port))
+            server = self.amqp if listener.protocol == "amqp" else self.mqtt
+            self.addresses.append(await server.listen(listener.host, listener.port))
         self.sys.start()
         # Everything built so far lives as long as the broker: keep it out of every future
         # garbage collection, so a full collection never walks it mid-traffic.
@@ -53,6 +56,7 @@ class BrokerApp:
         if self._cancel_ticks is not None:
             self._cancel_ticks()
         await self.mqtt.close()
+        await self.amqp.close()
         self.broker.store.close()
 
 

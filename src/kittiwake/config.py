@@ -25,9 +25,14 @@ class ConfigError(ValueError):
 class ListenerConfig:
     """One socket the broker accepts connections on."""
 
-    protocol: Literal["mqtt"] = "mqtt"
+    protocol: Literal["mqtt", "amqp"] = "mqtt"
     host: str = "127.0.0.1"
+    # Defaults to the protocol's port (DEFAULT_PORTS) when the file does not say.
     port: int = 1883
+
+
+# The IANA ports, used when a listener names no port.
+DEFAULT_PORTS = {"mqtt": 1883, "amqp": 5672}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +122,25 @@ class StoreConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AMQPConfig:
+    """What one AMQP 1.0 connection may make the broker spend."""
+
+    # Largest frame either side may send (advertised in open); at least 512 (AMQP's floor).
+    max_frame_size: int = 1024 * 1024
+    # Sessions (channels) one connection may open.
+    max_sessions: int = 32
+    # Links one session may attach.
+    max_links_per_session: int = 256
+    # Seconds without any frame from the peer before the connection is closed (advertised as
+    # idle-time-out, so clients send heartbeats); 0 = never.
+    idle_timeout: float = 60.0
+    # Bytes of incoming transfers one session may have buffered (its incoming window).
+    session_capacity: int = 8 * 1024 * 1024
+    # Largest message accepted on a link (advertised as max-message-size).
+    max_message_size: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole broker configuration."""
 
@@ -126,6 +150,7 @@ class Config:
     sys: SysConfig = field(default_factory=SysConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    amqp: AMQPConfig = field(default_factory=AMQPConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Use uvloop when it is installed.
     uvloop: bool = True
@@ -166,6 +191,8 @@ def _build(cls: type[Any], raw: Any, where: str) -> Any:
     if unknown:
         raise ConfigError(f"unknown key {_join(where, unknown[0])!r}; known keys: {sorted(names)}")
     values = {name: _convert(hints[name], value, _join(where, name)) for name, value in raw.items()}
+    if cls is ListenerConfig and "port" not in values:
+        values["port"] = DEFAULT_PORTS[values.get("protocol", "mqtt")]
     result = cls(**values)
     _check_ranges(result, where)
     return result
@@ -212,6 +239,13 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'topic_alias_maximum')}: must be 0..65535")
         if not 16 <= obj.max_packet_size <= 268_435_460:
             raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
+    if isinstance(obj, AMQPConfig):
+        if not 512 <= obj.max_frame_size <= 0xFFFFFFFF:
+            raise ConfigError(f"{_join(where, 'max_frame_size')}: must be 512..4294967295")
+        if not 1 <= obj.max_sessions <= 65536:
+            raise ConfigError(f"{_join(where, 'max_sessions')}: must be 1..65536")
+        if obj.max_links_per_session < 1:
+            raise ConfigError(f"{_join(where, 'max_links_per_session')}: must be at least 1")
     if isinstance(obj, SessionConfig) and obj.max_keepalive > 65535:
         raise ConfigError(f"{_join(where, 'max_keepalive')}: must be 0..65535")
 

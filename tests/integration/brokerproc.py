@@ -97,11 +97,14 @@ class BrokerProcess:
     Iterating gives ``(host, port)`` so tests can write ``host, port = broker(...)``.
     """
 
-    def __init__(self, workdir: Path, **sections: dict[str, Any]) -> None:
+    def __init__(self, workdir: Path, *, amqp: bool = False, **sections: dict[str, Any]) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.host = HOST
         self.port = 0
+        # With ``amqp``, an AMQP listener too, on ``amqp_port``.
+        self.amqp = amqp
+        self.amqp_port = 0
         self.sections = sections
         self.proc: subprocess.Popen[bytes] | None = None
         self.config_path = workdir / "kittiwake.toml"
@@ -113,6 +116,10 @@ class BrokerProcess:
     @property
     def address(self) -> tuple[str, int]:
         return self.host, self.port
+
+    @property
+    def amqp_url(self) -> str:
+        return f"amqp://{self.host}:{self.amqp_port}"
 
     def start(self, attempts: int = 3) -> BrokerProcess:
         """Start on a free port; retried on a fresh port if another process took it first."""
@@ -133,6 +140,11 @@ class BrokerProcess:
             else:
                 config[name] = dict(values)
         config["listeners"] = [{"protocol": "mqtt", "host": self.host, "port": self.port}]
+        if self.amqp:
+            self.amqp_port = free_port()
+            # First, so it is bound by the time the MQTT port (checked below) accepts.
+            amqp = {"protocol": "amqp", "host": self.host, "port": self.amqp_port}
+            config["listeners"].insert(0, amqp)
         self.config_path.write_text(to_toml(config), encoding="utf-8")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
