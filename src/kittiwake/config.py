@@ -141,6 +141,18 @@ class AMQPConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuesConfig:
+    """Redelivery and where entries go that a queue gives up on (DESIGN.md section 5)."""
+
+    # Failed deliveries of one entry before it moves to the dead-letter queue; 0 = no limit.
+    max_delivery_attempts: int = 10
+    # The dead-letter queue's name, or a pattern with {queue} for the original queue's name.
+    dead_letter_queue: str = "DLQ"
+    # Where expired entries move (a name or pattern, as above); "" drops them, still counted.
+    expiry_queue: str = "ExpiryQueue"
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole broker configuration."""
 
@@ -151,6 +163,7 @@ class Config:
     auth: AuthConfig = field(default_factory=AuthConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     amqp: AMQPConfig = field(default_factory=AMQPConfig)
+    queues: QueuesConfig = field(default_factory=QueuesConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Use uvloop when it is installed.
     uvloop: bool = True
@@ -246,6 +259,15 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'max_sessions')}: must be 1..65536")
         if obj.max_links_per_session < 1:
             raise ConfigError(f"{_join(where, 'max_links_per_session')}: must be at least 1")
+    if isinstance(obj, QueuesConfig):
+        for key in ("dead_letter_queue", "expiry_queue"):
+            pattern = getattr(obj, key)
+            try:
+                pattern.format(queue="q")
+            except (KeyError, IndexError, ValueError):
+                raise ConfigError(
+                    f"{_join(where, key)}: {pattern!r} may only use the placeholder {{queue}}"
+                ) from None
     if isinstance(obj, SessionConfig) and obj.max_keepalive > 65535:
         raise ConfigError(f"{_join(where, 'max_keepalive')}: must be 0..65535")
 

@@ -21,24 +21,29 @@ from typing import NamedTuple
 from kittiwake import __version__
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
-from kittiwake.broker.delivery import delivery_level
+from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Settlement
+from kittiwake.broker.dispatch import DurableReceiver, resend
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import MessageQueue, QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
+from kittiwake.broker.route_plans import RoutePlan, RoutePlans
 from kittiwake.broker.sessions import (
     NEVER_EXPIRES,
-    InflightDelivery,
     Session,
-    SessionConsumer,
-    SharedGroup,
+    SessionLink,
     Subscription,
     session_producer_name,
     session_queue_name,
 )
+from kittiwake.broker.shared_groups import (
+    Member,
+    MemberReceiver,
+    SharedGroup,
+    group_queue_name,
+)
 from kittiwake.broker.store import MemoryStore, SessionRecord, Store, SubscriptionRecord
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.topics import (
-    MAX_CACHED_TOPIC_CHARS,
     TopicError,
     parse_shared,
     validate_topic_filter,
@@ -137,19 +142,18 @@ class Broker:
         # Sessions to pump at the end of this loop turn: one pump serves every acknowledgement
         # and publication of a read, instead of one pump each. None = no loop, pump at once.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pump_pending: dict[Session, None] = {}
+        self._pump_pending: dict[Session | SharedGroup, None] = {}
         # Publications (with the sessions they were queued on) waiting for their commit.
-        self._held_for_commit: dict[asyncio.Future[None], list[tuple[Message, list[Session]]]] = {}
+        self._held_for_commit: dict[
+            asyncio.Future[None], list[tuple[Message, list[Session | SharedGroup]]]
+        ] = {}
         # A commit and a drain both waited for: one shared future per pair, not one per message.
         self._both_waiters: dict[
             tuple[asyncio.Future[None], asyncio.Future[None]], asyncio.Future[None]
         ] = {}
-        # Bumped by every change that can alter who receives a live publication (subscribe,
-        # unsubscribe, connect, disconnect); caches of routing answers compare against it.
-        self.routing_generation = 0
+        # Who gets a publication on a topic, per topic (the publish path's one cache).
+        self.routes = RoutePlans(self.tree)
         self._flow_depth = self.config.limits.flow_control_depth
-        self._plain_cache: dict[str, tuple[Session, ...] | None] = {}
-        self._plain_generation = -1
         # Sessions whose queue holds messages not yet visible (delivery time): tick pumps them.
         self._delayed: set[Session] = set()
         self._next_anonymous = 0
@@ -168,14 +172,12 @@ class Broker:
         for message in state.retained.values():
             self.retained.restore(message)
         for record in state.sessions.values():
-            session = Session(
-                client_id=record.client_id,
-                queue=self._new_queue(record.client_id),
-                expiry_interval=record.expiry_interval,
-                will=record.will,
-                will_delay=record.will_delay,
-                will_expiry=record.will_expiry,
-            )
+            session = self._new_session(record.client_id)
+            session.expiry_interval = record.expiry_interval
+            session.queue.durable = True
+            session.will = record.will
+            session.will_delay = record.will_delay
+            session.will_expiry = record.will_expiry
             self.sessions[record.client_id] = session
             for stored in record.subscriptions:
                 options = SubscriptionOptions(
@@ -186,7 +188,7 @@ class Broker:
                     stored.subscription_id,
                 )
                 self._attach_subscription(session, stored.topic_filter, options)
-            session.incoming_qos2 = {
+            session.exactly_once_keys = {
                 int(key)
                 for key in state.duplicates.get(session_producer_name(record.client_id), ())
             }
@@ -197,10 +199,12 @@ class Broker:
             self._detach(session)
         recovered = 0
         by_queue = {session.queue.name: session for session in self.sessions.values()}
+        groups = {group.queue.name: group for group in self.shared_groups.values()}
+        # Entries queued (not marked in flight) per queue, in queue order, for the crash rule.
+        waiting: dict[Queue, list[QueuedMessage]] = {}
         for queued in state.queued:
-            owner = by_queue.get(queued.queue)
             stored_message = state.messages.get(queued.message_id)
-            if owner is None or stored_message is None:
+            if stored_message is None:
                 continue
             entry = QueuedMessage(
                 stored_message,
@@ -210,11 +214,40 @@ class Broker:
                 queued.subscription_ids,
                 queued.delivery_count,
             )
-            if queued.state in ("sent", "received") and queued.delivery_id:
-                owner.inflight[queued.delivery_id] = InflightDelivery(entry, queued.state)
+            in_flight = queued.state in ("sent", "received") and queued.delivery_id
+            owner = by_queue.get(queued.queue)
+            if owner is None:
+                group = groups.get(queued.queue)
+                if group is None:
+                    continue
+                # A member's unacknowledged delivery: back to the group, the attempt counted
+                # (the stored count includes it). The restart disconnected every member.
+                group.queue.push(entry)
+                if not in_flight:
+                    waiting.setdefault(group.queue, []).append(entry)
+            elif in_flight:
+                # The stored count includes the attempt in flight; resuming counts it again.
+                entry.delivery_count = max(0, queued.delivery_count - 1)
+                state_now = DeliveryState(queued.state)
+                delivery = owner.queue.restore(owner.consumer, entry, state_now)
+                delivery.tag = queued.delivery_id
             else:
                 owner.queue.push(entry)
+                waiting.setdefault(owner.queue, []).append(entry)
             recovered += 1
+        # A lazily written in-flight mark is lost in a crash: whatever the window of the
+        # connection attached at the time let out may have been seen (DESIGN.md section 2).
+        windows = {
+            self.sessions[record.client_id].queue: record.window
+            for record in state.sessions.values()
+        }
+        for group in self.shared_groups.values():
+            windows[group.queue] = sum(
+                windows.get(m.session.queue, 0) for m in group.members.values()
+            )
+        for queue, entries in waiting.items():
+            for entry in entries[: windows.get(queue, 0)]:
+                entry.delivery_count += 1
         log.info(
             "recovered %d sessions, %d messages, %d retained",
             len(state.sessions),
@@ -227,7 +260,7 @@ class Broker:
     def connect(
         self,
         client_id: str,
-        consumer: SessionConsumer,
+        link: SessionLink,
         *,
         clean_start: bool,
         expiry_interval: int,
@@ -241,8 +274,8 @@ class Broker:
         existing = self.sessions.get(client_id)
         # Whether the store was asked to change anything: then the answer waits for it.
         stored = existing is not None and existing.persistent
-        if existing is not None and existing.consumer is not None:
-            old = existing.consumer
+        if existing is not None and existing.link is not None:
+            old = existing.link
             log.info("client %s: session taken over by a new connection", client_id)
             self._end_connection(existing, publish_will=True, now=now)
             old.taken_over()
@@ -262,17 +295,19 @@ class Broker:
             session.expires_at = None
             self._detached.discard(session)
         else:
-            session = Session(client_id=client_id, queue=self._new_queue(client_id))
+            session = self._new_session(client_id)
             self.sessions[client_id] = session
             session_present = False
         was_persistent = session.persistent
         session.expiry_interval = expiry_interval
+        session.queue.durable = session.persistent
         session.will = will
         session.will_delay = will_delay
         session.will_expiry = will_expiry
-        session.window = max(1, min(window, self.config.limits.max_inflight))
-        session.consumer = consumer
-        self.routing_generation += 1
+        # The receiver comes with start_delivery: nothing may go out before the CONNACK.
+        session.consumer.set_window(max(1, min(window, self.config.limits.max_inflight)))
+        session.link = link
+        self.routes.changed()
         self.stats.clients_connected += 1
         if session.persistent:
             self._save_session(session)
@@ -295,15 +330,31 @@ class Broker:
         The front end calls this when it has sent its acceptance, or has arranged that what
         the consumer sends from now on follows it (the acceptance may wait for a completion).
         """
-        consumer = session.consumer
-        if consumer is None:
+        link = session.link
+        if link is None:
             return
-        for delivery_id, inflight in list(session.inflight.items()):
-            if inflight.state == "received":
-                consumer.release(delivery_id)
-            else:
-                consumer.deliver(delivery_id, inflight.entry, resend=True)
+        self._attach_receiver(session, link)
+        resend(self, session, link)
         self.pump(session)
+
+    def _attach_receiver(self, session: Session, link: SessionLink) -> None:
+        """The consumer's receiver: the link itself, or, when the session's copies are
+        stored, a receiver that writes their in-flight marks first; and its receivers on the
+        queues of the shared subscriptions it is a member of."""
+        if session.persistent:
+            session.consumer.receiver = DurableReceiver(self.store, session, link)
+        else:
+            session.consumer.receiver = link
+        for member in session.members.values():
+            member.consumer.receiver = MemberReceiver(self, member, link)
+
+    def hand_over(self, session: Session, entry: QueuedMessage) -> None:
+        """A shared group's exactly-once message becomes this member's own, in flight now."""
+        if entry.persistent and session.persistent:
+            if entry.message.message_id == 0:
+                self.store.journal(entry.message)
+            self.store.enqueue(session.queue.name, entry)
+        session.queue.deliver_now(session.consumer, entry)
 
     def disconnect(self, session: Session, *, publish_will: bool, keep_will: bool = False) -> None:
         """The session's connection ended (cleanly or not).
@@ -311,7 +362,7 @@ class Broker:
         ``keep_will``: the broker is stopping, which is not the client's doing: a persistent
         session keeps its will, stored, to be due after the restart like after a crash.
         """
-        if session.consumer is None:
+        if session.link is None:
             return
         self._end_connection(
             session, publish_will=publish_will, now=self.clock.now(), keep_will=keep_will
@@ -321,6 +372,11 @@ class Broker:
         """A v5 DISCONNECT may change the expiry interval."""
         was_persistent = session.persistent
         session.expiry_interval = expiry_interval
+        session.queue.durable = session.persistent
+        if session.link is not None and session.consumer.receiver is not None:
+            self._attach_receiver(session, session.link)
+        for member in session.members.values():
+            member.group.refresh()
         if session.persistent:
             self._save_session(session)
         elif was_persistent:
@@ -332,9 +388,15 @@ class Broker:
     def _end_connection(
         self, session: Session, *, publish_will: bool, now: float, keep_will: bool = False
     ) -> None:
-        session.consumer = None
+        session.link = None
+        session.consumer.receiver = None
+        for member in session.members.values():
+            # What it has not acknowledged goes back to the group, for the other members.
+            member.consumer.receiver = None
+            if member.group.queue.recall(member.consumer, received_too=True):
+                self.pump_soon(member.group)
         self._release_drain_waiter(session)
-        self.routing_generation += 1
+        self.routes.changed()
         self.stats.clients_connected -= 1
         if keep_will and session.persistent:
             self._detach(session)
@@ -358,14 +420,15 @@ class Broker:
 
     def _end_session(self, session: Session, now: float) -> None:
         """The session is over: its will goes out if still pending, its state is dropped."""
-        if session.will is not None and session.consumer is None:
+        if session.will is not None and session.link is None:
             self._publish_will(session)
         for subscription in list(session.subscriptions.values()):
             self._remove_subscription(subscription)
         session.subscriptions.clear()
         session.queue.drain()
-        session.inflight.clear()
-        session.incoming_qos2.clear()
+        session.consumer.unsettled.clear()
+        session.queue.in_flight = 0
+        session.exactly_once_keys.clear()
         self._detached.discard(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
@@ -419,7 +482,7 @@ class Broker:
             due = session.queue.next_visible_time()
             if due is None or self.sessions.get(session.client_id) is not session:
                 self._delayed.discard(session)
-            elif due <= now and session.consumer is not None:
+            elif due <= now and session.link is not None:
                 self.pump(session)
 
     # -- subscriptions --------------------------------------------------------------------
@@ -451,7 +514,10 @@ class Broker:
             existing.retain_handling = options.retain_handling
             existing.subscription_id = options.subscription_id
             subscription = existing
-            self.routing_generation += 1
+            self.routes.changed()
+            member = session.members.get(full_filter)
+            if member is not None:
+                member.group.refresh()
         else:
             subscription = self._attach_subscription(session, full_filter, options)
         if not session.persistent:
@@ -481,6 +547,8 @@ class Broker:
         subscription = Subscription(
             session=session,
             topic_filter=topic_filter,
+            queue=session.queue,
+            owner=session.client_id,
             max_qos=options.max_qos,
             share_group=group,
             no_local=options.no_local,
@@ -493,31 +561,60 @@ class Broker:
         return subscription
 
     def _add_subscription(self, subscription: Subscription) -> None:
-        self.routing_generation += 1
+        self.routes.changed()
         if subscription.share_group is None:
             self.tree.insert(subscription.topic_filter, subscription)
             return
         key = (subscription.share_group, subscription.topic_filter)
         group = self.shared_groups.get(key)
         if group is None:
-            group = SharedGroup(subscription.share_group, subscription.topic_filter)
+            name = group_queue_name(*key)
+            group = SharedGroup(
+                subscription.share_group,
+                subscription.topic_filter,
+                Queue(
+                    name,
+                    max_messages=self.config.limits.max_queued_messages,
+                    max_bytes=self.config.limits.max_queued_bytes,
+                    policy=self.config.limits.queue_full_policy,
+                ),
+            )
+            group.queue.on_removed = self._group_entry_removed
             self.shared_groups[key] = group
             self.tree.insert(subscription.topic_filter, group)
-        group.members[subscription.session] = subscription
+        session = subscription.session
+        subscription.queue = group.queue
+        member = Member(group, subscription)
+        group.members[session] = member
+        session.members[subscription.full_filter] = member
+        group.queue.attach(member.consumer)
+        group.refresh()
+        if session.link is not None and session.consumer.receiver is not None:
+            member.consumer.receiver = MemberReceiver(self, member, session.link)
+            self.pump_soon(group)
 
     def _remove_subscription(self, subscription: Subscription) -> None:
-        self.routing_generation += 1
+        self.routes.changed()
         if subscription.share_group is None:
             self.tree.remove(subscription.topic_filter, subscription)
             return
         key = (subscription.share_group, subscription.topic_filter)
         group = self.shared_groups.get(key)
-        if group is None:
+        session = subscription.session
+        member = session.members.pop(subscription.full_filter, None)
+        if group is None or member is None:
             return
-        group.members.pop(subscription.session, None)
-        if not group.members:
-            del self.shared_groups[key]
-            self.tree.remove(subscription.topic_filter, group)
+        del group.members[session]
+        # What the member has not acknowledged goes back to the group.
+        group.queue.detach(member.consumer)
+        if group.members:
+            group.refresh()
+            self.pump_soon(group)
+            return
+        del self.shared_groups[key]
+        self.tree.remove(subscription.topic_filter, group)
+        for entry in group.queue.drain():  # nobody left to take them
+            self._group_entry_removed(group.queue, entry, Removal.PURGED)
 
     def send_retained(self, subscribed: Subscribed) -> None:
         """Deliver the retained messages a new subscription should see (retain handling)."""
@@ -531,8 +628,9 @@ class Broker:
         session = subscription.session
         sub_ids = () if subscription.subscription_id is None else (subscription.subscription_id,)
         for message in self.retained.matching(subscription.topic_filter, now):
-            qos, persistent = delivery_level(message.qos, message.persistent, subscription.max_qos)
-            entry = QueuedMessage(message, qos, persistent, True, sub_ids)
+            entry = QueuedMessage.of(
+                message, subscription.max_qos, retain=True, subscription_ids=sub_ids
+            )
             self._enqueue(session, entry)
         self.pump(session)
 
@@ -571,7 +669,7 @@ class Broker:
         """Completes once every state change made so far is durable."""
         return self.store.commit()
 
-    def _flow_control(self, touched: list[Session]) -> asyncio.Future[None] | None:
+    def _flow_control(self, touched: list[Session | SharedGroup]) -> asyncio.Future[None] | None:
         """A future that resolves once every congested receiver has drained, or None.
 
         Only connected receivers count: an offline session's queue does not drain, and a
@@ -581,7 +679,9 @@ class Broker:
         if not depth or self._loop is None:
             return None
         for session in touched:
-            if session.consumer is not None and session.queue.count >= depth:
+            if isinstance(session, SharedGroup):
+                continue
+            if session.link is not None and session.queue.count >= depth:
                 # One future per congested session, shared by every publisher waiting on it.
                 waiter = session.drain_waiter
                 if waiter is None:
@@ -626,40 +726,16 @@ class Broker:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def plain_targets(self, topic: str) -> tuple[Session, ...] | None:
-        """The connected sessions a QoS 0, non-retained publication on ``topic`` reaches as is.
+    def route_plan(self, topic: str) -> RoutePlan:
+        """Who gets a publication on ``topic`` (cached until routing changes)."""
+        return self.routes.plan(topic)
 
-        "As is" means every matching subscription is a plain one (not shared, no noLocal, no
-        subscription identifier), so a front end may forward the publication without building
-        a Message. None means some match needs the full publish path. Cached per topic until
-        the routing generation changes.
-        """
-        if self._plain_generation != self.routing_generation:
-            self._plain_cache.clear()
-            self._plain_generation = self.routing_generation
-        cache = self._plain_cache
-        try:
-            return cache[topic]
-        except KeyError:
-            pass
-        sessions: dict[Session, None] = {}
-        result: tuple[Session, ...] | None = None
-        for entry in self.tree.match(topic):
-            if (
-                isinstance(entry, SharedGroup)
-                or entry.no_local
-                or entry.subscription_id is not None
-            ):
-                break
-            if entry.session.consumer is not None:  # offline sessions never queue QoS 0
-                sessions[entry.session] = None
-        else:
-            result = tuple(sessions)
-        if len(topic) <= MAX_CACHED_TOPIC_CHARS:
-            if len(cache) >= 4096:
-                cache.clear()
-            cache[topic] = result
-        return result
+    def count_forwarded(self, receivers: int) -> None:
+        """A front end sent a QoS 0 publication as is to the ``direct`` receivers of its plan
+        (without building a Message): counted like any publication."""
+        stats = self.stats
+        stats.messages_received += 1
+        stats.messages_sent += receivers
 
     def _after_commit(self, future: asyncio.Future[None]) -> None:
         """Dispatch what a commit made safe; if it failed, deliver none of it."""
@@ -674,21 +750,21 @@ class Broker:
                 else:
                     self.pump_soon(session)
 
-    def pump_soon(self, session: Session) -> None:
-        """Pump this session once the current loop turn has done its reading."""
+    def pump_soon(self, target: Session | SharedGroup) -> None:
+        """Pump this session (or group) once the current loop turn has done its reading."""
         if self._loop is None:
-            self.pump(session)
+            self.pump(target)
             return
         pending = self._pump_pending
         if not pending:
             self._loop.call_soon(self._run_pumps)
-        pending[session] = None
+        pending[target] = None
 
     def _run_pumps(self) -> None:
-        sessions = list(self._pump_pending)
+        targets = list(self._pump_pending)
         self._pump_pending.clear()
-        for session in sessions:
-            self.pump(session)
+        for target in targets:
+            self.pump(target)
 
     def _retain(self, message: Message) -> None:
         previous = self.retained.update(message)
@@ -697,100 +773,70 @@ class Broker:
         elif previous is not None and previous.persistent:
             self.store.set_retained(message.topic, None)
 
-    def _route(self, message: Message) -> list[Session]:
-        """Enqueue the message on every session that should get it; returns those sessions."""
-        matches = self.tree.match(message.topic)
-        if not matches:
-            return []
-        if len(matches) == 1:
-            only = matches[0]
-            if isinstance(only, Subscription):
-                return self._route_one(message, only)
-        # One copy per session at the highest QoS of its overlapping (non-shared) subscriptions.
-        merged: dict[Session, tuple[int, list[int], bool]] = {}
-        shared: list[Subscription] = []
+    def _route(self, message: Message) -> list[Session | SharedGroup]:
+        """Enqueue the message on every session and group that should get it; returns those
+        that need pumping."""
+        plan = self.routes.plan(message.topic)
+        touched: list[Session | SharedGroup] = []
         origin = message.origin
-        for entry in matches:
-            if isinstance(entry, SharedGroup):
-                member = entry.pick()
-                if member is not None:
-                    shared.append(member)
-                continue
-            if entry.no_local and origin is not None and entry.session.client_id == origin:
-                continue
-            session = entry.session
-            retain = message.retain and entry.retain_as_published
-            previous = merged.get(session)
-            if previous is None:
-                ids = [] if entry.subscription_id is None else [entry.subscription_id]
-                merged[session] = (entry.max_qos, ids, retain)
-            else:
-                qos, ids, was_retain = previous
-                if entry.subscription_id is not None:
-                    ids.append(entry.subscription_id)
-                merged[session] = (max(qos, entry.max_qos), ids, was_retain or retain)
-        touched: list[Session] = []
-        for session, (max_qos, ids, retain) in merged.items():
-            qos, persistent = delivery_level(message.qos, message.persistent, max_qos)
-            if self._enqueue(session, QueuedMessage(message, qos, persistent, retain, tuple(ids))):
-                touched.append(session)
-        for member in shared:
-            qos, persistent = delivery_level(message.qos, message.persistent, member.max_qos)
-            ids_t = () if member.subscription_id is None else (member.subscription_id,)
-            retain = message.retain and member.retain_as_published
-            entry_q = QueuedMessage(message, qos, persistent, retain, ids_t)
-            if self._enqueue(member.session, entry_q):
-                touched.append(member.session)
+        for copy in plan.copies:
+            options = copy.options
+            if copy.own is not options and origin == copy.session.client_id:
+                own = copy.own  # the session published it: its noLocal subscriptions skip it
+                if own is None:
+                    continue
+                options = own
+            if self._enqueue(copy.session, options.copy(message)):
+                touched.append(copy.session)
+        for group in plan.groups:
+            if self._enqueue_shared(group, message):
+                touched.append(group)
         return touched
 
-    def _route_one(self, message: Message, subscription: Subscription) -> list[Session]:
-        """The common case of one matching subscription, without the merging machinery."""
-        session = subscription.session
-        if subscription.no_local and session.client_id == message.origin:
-            return []
-        qos, persistent = delivery_level(message.qos, message.persistent, subscription.max_qos)
-        sub_id = subscription.subscription_id
-        entry = QueuedMessage(
-            message,
-            qos,
-            persistent,
-            message.retain and subscription.retain_as_published,
-            () if sub_id is None else (sub_id,),
-        )
-        return [session] if self._enqueue(session, entry) else []
+    def _enqueue_shared(self, group: SharedGroup, message: Message) -> bool:
+        """Queue one copy for a shared group (each member's own cap applies when it is sent
+        one); QoS 0 goes to a connected member or nowhere. True when pumping is needed."""
+        entry = QueuedMessage.of(message, group.max_qos)
+        queue = group.queue
+        if entry.qos == 0:
+            if queue.offer(entry):
+                self.stats.messages_sent += 1
+            return False
+        if not queue.push(entry)[0]:
+            self.stats.messages_dropped += 1
+            return False
+        if entry.persistent and queue.durable:
+            if message.message_id == 0:
+                self.store.journal(message)
+            self.store.enqueue(queue.name, entry)
+        return True
 
     def _enqueue(self, session: Session, entry: QueuedMessage) -> bool:
         """Queue one copy; QoS 0 goes straight out or nowhere. True when pumping is needed."""
+        queue = session.queue
         if entry.qos == 0:
-            consumer = session.consumer
-            if consumer is None:
-                return False
-            consumer.deliver(0, entry)
-            self.stats.messages_sent += 1
+            if queue.offer(entry):
+                self.stats.messages_sent += 1
             return False
-        consumer = session.consumer
-        if consumer is None and not session.persistent:
+        if session.link is None and not session.persistent:
             return False
         stored = entry.persistent and session.persistent
+        consumer = session.consumer
         if (
-            consumer is not None
-            and not stored
-            and not session.queue.count
-            and len(session.inflight) < session.window
+            not stored
+            and not queue.count
+            and consumer.credit.available > 0
+            and consumer.receiver is not None
             and entry.message.delivery_time is None
             # A QoS 2 copy of a message still being committed waits for the commit: if it
             # fails, the publisher is refused and resends, and this copy would be a duplicate.
             and (entry.qos < 2 or not entry.message.persistent)
         ):
             # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
-            self._start_delivery(session, consumer, entry, False)
+            queue.deliver_now(consumer, entry)
+            self.stats.messages_sent += 1
             return False
-        accepted, victims = session.queue.push(entry)
-        for victim in victims:
-            self.stats.messages_dropped += 1
-            if victim.persistent and session.persistent:
-                self.store.remove(session.queue.name, victim.message.message_id)
-        if not accepted:
+        if not queue.push(entry)[0]:
             self.stats.messages_dropped += 1
             return False
         if stored:
@@ -801,141 +847,118 @@ class Broker:
 
     # -- delivery -------------------------------------------------------------------------
 
-    def pump(self, session: Session) -> None:
-        """Move queued messages into flight while the consumer's window has room."""
-        consumer = session.consumer
-        if consumer is None:
+    def pump(self, target: Session | SharedGroup) -> None:
+        """Move queued messages into flight while the consumers' windows have room.
+
+        A session's pump also serves the groups it is a member of, since the credit an
+        acknowledgement frees may be theirs to use.
+        """
+        if isinstance(target, SharedGroup):
+            if target.queue.count:
+                self.stats.messages_sent += target.queue.dispatch(self.clock.now())
+            return
+        session = target
+        if session.consumer.receiver is None:
             return
         queue = session.queue
-        if not queue.count:
-            return
-        inflight = session.inflight
-        now = self.clock.now()
-        stored = session.persistent
-        expired: list[QueuedMessage] = []
-        while len(inflight) < session.window:
-            entry = queue.pop(now, expired)
-            if entry is None:
-                break
-            if entry.message.awaiting_commit and (entry.qos == 2 or (stored and entry.persistent)):
-                # Its commit's callback pumps again. (A QoS 1 copy nobody stores may go first,
-                # as in _enqueue: a failed commit only makes it a duplicate, which QoS 1 allows.)
-                queue.push_front(entry)
-                break
-            self._start_delivery(session, consumer, entry, stored and entry.persistent)
-        if session.drain_waiter is not None and queue.count <= self._flow_depth // 2:
-            self._release_drain_waiter(session)
-        if queue.next_visible_time() is not None:
-            self._delayed.add(session)
-        for dead in expired:  # expired while queued: the store must forget them too
-            if stored and dead.persistent:
-                self.store.remove(session.queue.name, dead.message.message_id)
-        if queue.counters.expired:
-            self.stats.messages_dropped += queue.counters.expired
-            queue.counters.expired = 0
+        if queue.count:
+            self.stats.messages_sent += queue.dispatch(self.clock.now())
+            if session.drain_waiter is not None and queue.count <= self._flow_depth // 2:
+                self._release_drain_waiter(session)
+            if queue.next_visible_time() is not None:
+                self._delayed.add(session)
+        if session.members:
+            for member in session.members.values():
+                if member.group.queue.count:
+                    self.pump(member.group)
 
-    def _start_delivery(
-        self, session: Session, consumer: SessionConsumer, entry: QueuedMessage, stored: bool
-    ) -> None:
-        """Put one QoS 1/2 entry in flight under a fresh delivery id and send it."""
-        delivery_id = session.allocate_delivery_id()
-        session.inflight[delivery_id] = InflightDelivery(entry)
-        entry.delivery_count += 1
-        self.stats.messages_sent += 1
-        if stored:
-            self.store.mark_delivery(
-                session.queue.name,
-                entry.message.message_id,
-                delivery_id,
-                "sent",
-                lazy=entry.qos == 1,
-            )
-            if entry.qos == 2:
-                # The client will hold this id until PUBREL: the broker must not forget it.
-                commit = self.store.commit()
-                if commit is not None:
-
-                    def send(f: asyncio.Future[None]) -> None:
-                        current = session.inflight.get(delivery_id)
-                        if f.cancelled() or f.exception() is not None:
-                            return  # stays in flight; resent on the next connection
-                        if (
-                            session.consumer is consumer
-                            and current is not None
-                            and current.entry is entry
-                        ):
-                            consumer.deliver(delivery_id, entry)
-
-                    commit.add_done_callback(send)
-                    return
-        consumer.deliver(delivery_id, entry)
-
-    def acknowledge(self, session: Session, delivery_id: int) -> Outcome:
+    def acknowledge(self, session: Session, delivery: Delivery) -> Outcome:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""
-        inflight = session.inflight.pop(delivery_id, None)
-        if inflight is None:
+        queue = delivery.consumer.queue
+        if queue is None or not queue.settle(delivery, Settlement.ACCEPTED):
             return NOT_FOUND
-        entry = inflight.entry
         completion = None
-        if entry.persistent and session.persistent:
-            self.store.remove(session.queue.name, entry.message.message_id)
+        if delivery.entry.persistent and queue.durable:
+            # Its stored entry is removed (see _entry_removed): the answer waits for that.
             completion = self.store.commit()  # _durable(), without a call per acknowledgement
-        if session.queue.count:
+        if queue.count:
             self.pump_soon(session)
         return True, completion
 
-    def received(self, session: Session, delivery_id: int) -> Outcome:
+    def received(self, session: Session, delivery: Delivery) -> Outcome:
         """A QoS 2 delivery reached the client (PUBREC); only its release remains."""
-        inflight = session.inflight.get(delivery_id)
-        if inflight is None:
+        queue = delivery.consumer.queue
+        if queue is None or not queue.mark_received(delivery):
             return NOT_FOUND
-        inflight.state = "received"
-        entry = inflight.entry
-        if not (entry.persistent and session.persistent):
+        entry = delivery.entry
+        if not (entry.persistent and queue.durable):
             return True, None
-        self.store.mark_delivery(
-            session.queue.name, entry.message.message_id, delivery_id, "received"
-        )
+        self.store.mark_delivery(queue.name, entry.message.message_id, delivery.tag, "received")
         return True, self._durable()
 
-    def begin_incoming_qos2(self, session: Session, packet_id: int) -> bool:
-        """Record an incoming QoS 2 id; False means it is a resend that must not be routed."""
-        if packet_id in session.incoming_qos2:
+    def begin_exactly_once(self, session: Session, key: int) -> bool:
+        """An exactly-once publication arrived under ``key`` (an MQTT QoS 2 packet id): True
+        the first time, False for a resend that must not be routed again. The key is kept,
+        stored with the publication, until :meth:`end_exactly_once`."""
+        if key in session.exactly_once_keys:
             return False
-        session.incoming_qos2.add(packet_id)
+        session.exactly_once_keys.add(key)
         if session.persistent:
-            self.store.add_duplicate(session_producer_name(session.client_id), packet_id)
+            self.store.add_duplicate(session_producer_name(session.client_id), key)
         return True
 
-    def incoming_qos2_resent(self, session: Session, packet_id: int) -> Completion:
-        """A QoS 2 publication resent under an id the session still holds: it is not routed
-        again; the completion says when the original's state is durable.
+    def exactly_once_resent(self, session: Session, key: int) -> Completion:
+        """An exactly-once publication resent under a key the session still holds: it is not
+        routed again; the completion says when the original's state is durable.
 
         A session that lives only as long as its connection saw the original on the same
         connection, whose own answer comes first: nothing more to wait for.
         """
         return self._durable() if session.persistent else None
 
-    def release_incoming_qos2(self, session: Session, packet_id: int) -> Outcome:
-        """PUBREL: the exactly-once handshake for this id is over."""
-        if packet_id not in session.incoming_qos2:
+    def end_exactly_once(self, session: Session, key: int) -> Outcome:
+        """The publisher released ``key`` (an MQTT PUBREL): the exactly-once exchange is over
+        and the key may be used again."""
+        if key not in session.exactly_once_keys:
             return NOT_FOUND
-        session.incoming_qos2.discard(packet_id)
+        session.exactly_once_keys.discard(key)
         if not session.persistent:
             return True, None
-        self.store.remove_duplicate(session_producer_name(session.client_id), packet_id)
+        self.store.remove_duplicate(session_producer_name(session.client_id), key)
         return True, self._durable()
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _new_queue(self, client_id: str) -> MessageQueue:
+    def _new_session(self, client_id: str) -> Session:
+        """A session with its queue and its consumer (not yet connected)."""
         limits = self.config.limits
-        return MessageQueue(
+        queue = Queue(
             session_queue_name(client_id),
             max_messages=limits.max_queued_messages,
             max_bytes=limits.max_queued_bytes,
             policy=limits.queue_full_policy,
         )
+        consumer = Consumer(None, window=limits.max_inflight, name=client_id)
+        queue.attach(consumer)
+        session = Session(client_id, queue, consumer)
+        queue.on_removed = lambda _queue, entry, reason: self._entry_removed(session, entry, reason)
+        return session
+
+    def _group_entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
+        """An entry left a shared group's queue for good: the store forgets it too."""
+        if reason is not Removal.ACCEPTED:
+            self.stats.messages_dropped += 1
+        if entry.persistent and queue.durable:
+            self.store.remove(queue.name, entry.message.message_id)
+
+    def _entry_removed(self, session: Session, entry: QueuedMessage, reason: Removal) -> None:
+        """An entry left a session's queue for good: the store forgets it too."""
+        if reason is not Removal.ACCEPTED:
+            # Expired or pushed out of a full queue: never delivered. (MQTT sessions do not
+            # dead-letter: their queues have no maximum delivery count.)
+            self.stats.messages_dropped += 1
+        if entry.persistent and session.queue.durable:
+            self.store.remove(session.queue.name, entry.message.message_id)
 
     def _forget_stored_session(self, session: Session) -> None:
         """Drop everything stored for a session: its record, its queue, its QoS 2 state."""
@@ -962,6 +985,7 @@ class Broker:
                 will=session.will,
                 will_delay=session.will_delay,
                 will_expiry=session.will_expiry,
+                window=session.window if session.link is not None else 0,
             )
         )
 
