@@ -11,8 +11,10 @@ import logging
 import signal
 from collections.abc import Callable
 
+from kittiwake.amqp.links import link_layer_factory
 from kittiwake.amqp.server import AMQPServer
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
 from kittiwake.clock import Clock, MonotonicClock
@@ -32,15 +34,18 @@ class BrokerApp:
         clock = clock or MonotonicClock()
         self.broker = Broker(config, clock=clock, store=open_store(config.store, clock))
         self.mqtt = MQTTServer(self.broker)
-        self.amqp = AMQPServer(self.broker)
+        self.queues = QueueDestinations(self.broker)
+        self.amqp = AMQPServer(self.broker, link_layer_factory(self.broker, self.queues))
         self.sys = SysPublisher(self.broker, config.sys.interval)
         self.addresses: list[tuple[str, int]] = []
         self._cancel_ticks: Callable[[], None] | None = None
+        self._cancel_queue_ticks: Callable[[], None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.broker.recover()
         self._cancel_ticks = self.broker.schedule_ticks(loop)
+        self._cancel_queue_ticks = self.queues.schedule_ticks(loop)
         for listener in self.config.listeners:
             server = self.amqp if listener.protocol == "amqp" else self.mqtt
             self.addresses.append(await server.listen(listener.host, listener.port))
@@ -55,6 +60,8 @@ class BrokerApp:
         self.sys.stop()
         if self._cancel_ticks is not None:
             self._cancel_ticks()
+        if self._cancel_queue_ticks is not None:
+            self._cancel_queue_ticks()
         await self.mqtt.close()
         await self.amqp.close()
         self.broker.store.close()

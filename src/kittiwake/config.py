@@ -138,6 +138,9 @@ class AMQPConfig:
     session_capacity: int = 8 * 1024 * 1024
     # Largest message accepted on a link (advertised as max-message-size).
     max_message_size: int = 16 * 1024 * 1024
+    # Credit the broker grants each producing link (topped up when half is used): how many
+    # transfers a producer may have on their way before the broker answers.
+    link_credit: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +260,8 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'max_frame_size')}: must be 512..4294967295")
         if not 1 <= obj.max_sessions <= 65536:
             raise ConfigError(f"{_join(where, 'max_sessions')}: must be 1..65536")
+        if obj.link_credit < 1:
+            raise ConfigError(f"{_join(where, 'link_credit')}: must be at least 1")
         if obj.max_links_per_session < 1:
             raise ConfigError(f"{_join(where, 'max_links_per_session')}: must be at least 1")
     if isinstance(obj, QueuesConfig):

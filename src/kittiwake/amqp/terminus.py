@@ -110,9 +110,7 @@ def read_node(terminus: Terminus, *, source: bool) -> NodeRequest:
     capabilities = capabilities_of(terminus)
     address = terminus.address
     kind, name = _kind_and_name(address, capabilities)
-    temporary = bool(
-        capabilities & {TEMPORARY_QUEUE_CAPABILITY, TEMPORARY_TOPIC_CAPABILITY}
-    )
+    temporary = bool(capabilities & {TEMPORARY_QUEUE_CAPABILITY, TEMPORARY_TOPIC_CAPABILITY})
     durable = (
         terminus.durability != Terminus.NONDURABLE
         and terminus.expiry_policy == Terminus.EXPIRE_NEVER
@@ -147,7 +145,9 @@ def read_node(terminus: Terminus, *, source: bool) -> NodeRequest:
     )
 
 
-def _kind_and_name(address: str | None, capabilities: frozenset[str]) -> tuple[NodeKind, str | None]:
+def _kind_and_name(
+    address: str | None, capabilities: frozenset[str]
+) -> tuple[NodeKind, str | None]:
     if address is not None:
         if address.startswith(TOPIC_PREFIX):
             return NodeKind.TOPIC, address[len(TOPIC_PREFIX) :]

@@ -1,0 +1,209 @@
+"""Queue destinations (JMS queues, point to point): named queues created on first use, fed by
+senders, drained by competing consumers that pull by credit; what a queue gives up on moves
+to the dead-letter or expiry queue (DESIGN.md section 5). Persistent entries are stored and
+a sender's completion is their commit. Knows no protocol: front ends attach consumers and
+settle their deliveries here.
+
+Not yet here: recovery of stored queue entries after a restart (the broker's recovery skips
+queues that are not sessions' or shared groups'), configured (declared) queues, admin deletion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from kittiwake.broker.broker import Broker
+from kittiwake.broker.completion import Completion
+from kittiwake.broker.consumers import Consumer, Delivery, Settlement
+from kittiwake.broker.dead_letters import DeadLetters
+from kittiwake.broker.destinations import Destination
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import Queue, QueuedMessage, Removal
+from kittiwake.broker.routing import Router
+
+log = logging.getLogger(__name__)
+
+
+class QueueDestinations:
+    """Every queue destination of one broker, and the pumping that moves their entries to
+    consumers."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store = broker.store
+        self.clock = broker.clock
+        self.router = Router(self._new_queue)
+        queues = broker.config.queues
+        self.dead_letters = DeadLetters(
+            self.router,
+            dead_letter_queue=queues.dead_letter_queue,
+            expiry_queue=queues.expiry_queue,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: dict[Queue, None] = {}
+
+    # -- queues -----------------------------------------------------------------------------
+
+    def queue(self, name: str) -> Queue:
+        """The queue of this name, created on first use."""
+        return self.router.queue(name)
+
+    def _new_queue(self, name: str) -> Queue:
+        limits = self.broker.config.limits
+        return Queue(
+            name,
+            max_messages=limits.max_queued_messages,
+            max_bytes=limits.max_queued_bytes,
+            policy=limits.queue_full_policy,
+            # JMS: higher priority first, FIFO within a priority.
+            ordering="priority",
+            max_delivery_attempts=self.broker.config.queues.max_delivery_attempts,
+            durable=True,
+            on_removed=self._removed,
+            destination=Destination.queue(name),
+        )
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, name: str, message: Message) -> tuple[bool, Completion]:
+        """Put a message on a queue: (accepted, completion). Refused when the queue is full
+        (its policy said so); the completion is the commit that stores a persistent one."""
+        if not message.created:
+            message.created = self.clock.now()
+        stats = self.broker.stats
+        stats.messages_received += 1
+        queue = self.queue(name)
+        entry = QueuedMessage.of(message, 2)
+        if not queue.push(entry)[0]:
+            stats.messages_dropped += 1
+            return False, None
+        if entry.persistent:
+            if not message.message_id:
+                self.store.journal(message)
+            self.store.enqueue(queue.name, entry)
+            commit = self.store.commit()
+            if commit is not None:
+                # Persist -> acknowledge -> dispatch: the entry waits for its commit.
+                message.awaiting_commit = True
+                commit.add_done_callback(lambda done: self._committed(done, queue, message))
+                return True, commit
+        self.pump_soon(queue)
+        return True, None
+
+    def _committed(self, done: asyncio.Future[None], queue: Queue, message: Message) -> None:
+        message.awaiting_commit = False
+        if done.cancelled() or done.exception() is not None:
+            # Not stored, and its sender is told so: it must not be delivered.
+            queue.remove_message(message)
+            return
+        self.pump_soon(queue)
+
+    # -- consuming --------------------------------------------------------------------------
+
+    def attach(self, name: str, consumer: Consumer) -> Queue:
+        queue = self.queue(name)
+        queue.attach(consumer)
+        self.pump_soon(queue)
+        return queue
+
+    def detach(self, consumer: Consumer) -> None:
+        """The consumer is gone: what it did not settle comes back, possibly delivered."""
+        queue = consumer.queue
+        if queue is None:
+            return
+        queue.detach(consumer)
+        if queue.count:
+            self.pump_soon(queue)
+
+    def settle(
+        self, delivery: Delivery, settlement: Settlement, *, undeliverable_here: bool = False
+    ) -> Completion:
+        """End a delivery attempt; the completion says when a removal is durable."""
+        queue = delivery.consumer.queue
+        if queue is None or not queue.settle(
+            delivery, settlement, undeliverable_here=undeliverable_here
+        ):
+            return None
+        if queue.count:
+            self.pump_soon(queue)
+        if delivery.entry.persistent and settlement is not Settlement.RELEASED:
+            return self.store.commit()
+        return None
+
+    def _removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
+        """An entry left its queue for good: the store forgets it; dead letters and expired
+        entries move on."""
+        if reason is not Removal.ACCEPTED:
+            self.broker.stats.messages_dropped += 1
+        if entry.persistent:
+            self.store.remove(queue.name, entry.message.message_id)
+        moved = self.dead_letters(queue, entry, reason)
+        if moved is None:
+            return
+        target, copy = moved
+        if copy.persistent:
+            self.store.journal(copy.message)
+            self.store.enqueue(target.name, copy)
+        self.pump_soon(target)
+
+    # -- pumping ----------------------------------------------------------------------------
+
+    def pump(self, queue: Queue) -> int:
+        if not queue.count:
+            return 0
+        sent = queue.dispatch(self.clock.now())
+        self.broker.stats.messages_sent += sent
+        return sent
+
+    def pump_soon(self, queue: Queue) -> None:
+        """Pump once the current loop turn has done its reading (one pump per turn)."""
+        if self._loop is None:
+            self.pump(queue)
+            return
+        if not self._pending:
+            self._loop.call_soon(self._run_pumps)
+        self._pending[queue] = None
+
+    def _run_pumps(self) -> None:
+        queues = list(self._pending)
+        self._pending.clear()
+        for queue in queues:
+            self.pump(queue)
+
+    def tick(self) -> None:
+        """Make due delayed entries visible and sweep expired ones."""
+        now = self.clock.now()
+        for queue in list(self.router.queues.values()):
+            if not queue.count:
+                continue
+            due = queue.next_visible_time()
+            if due is not None and due <= now:
+                self.pump(queue)
+            if not queue.consumers:
+                queue.expire(now)
+
+    def schedule_ticks(
+        self, loop: asyncio.AbstractEventLoop, interval: float = 0.5
+    ) -> Callable[[], None]:
+        """Run :meth:`tick` every ``interval`` seconds and batch pumps per loop turn from now
+        on; returns a canceller."""
+        self._loop = loop
+        handle: asyncio.TimerHandle | None = None
+
+        def run() -> None:
+            nonlocal handle
+            try:
+                self.tick()
+            except Exception:
+                log.exception("queue destinations tick failed")
+            handle = loop.call_later(interval, run)
+
+        handle = loop.call_later(interval, run)
+
+        def cancel() -> None:
+            if handle is not None:
+                handle.cancel()
+
+        return cancel
