@@ -27,6 +27,7 @@ from proton import Delivery as ProtonDelivery
 
 from kittiwake.amqp.frames import (
     INTERNAL_ERROR,
+    INVALID_FIELD,
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
     RESOURCE_LIMIT_EXCEEDED,
@@ -36,6 +37,7 @@ from kittiwake.amqp.message_mapping import (
     DestinationType,
     MappingError,
     from_amqp,
+    jms_headers,
     to_amqp,
 )
 from kittiwake.amqp.terminus import (
@@ -51,7 +53,9 @@ from kittiwake.broker.consumers import Consumer, Credit, Delivery, Settlement
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
+from kittiwake.broker.subscription_filters import FilteringReceiver
 from kittiwake.broker.topics import TopicError, validate_topic_name
+from kittiwake.selector import InvalidSelector, Selector, compile_selector
 
 if TYPE_CHECKING:
     from kittiwake.amqp.connection import AMQPConnection
@@ -160,10 +164,19 @@ class LinkLayer:
         request = read_node(link.remote_source, source=True)
         if request.name is None or request.dynamic:
             raise TerminusError("temporary destinations are not supported yet", NOT_IMPLEMENTED)
+        selector: Selector | None = None
         if request.selector is not None:
-            raise TerminusError("message selectors are not supported yet", NOT_IMPLEMENTED)
-        if request.no_local:
-            raise TerminusError("noLocal is not supported yet", NOT_IMPLEMENTED)
+            if request.kind is NodeKind.QUEUE:
+                raise TerminusError(
+                    "message selectors on queue consumers are not supported yet",
+                    NOT_IMPLEMENTED,
+                )
+            try:
+                selector = compile_selector(request.selector)
+            except InvalidSelector as exc:
+                raise TerminusError(f"invalid selector: {exc}", INVALID_FIELD) from None
+        if request.no_local and request.kind is NodeKind.QUEUE:
+            raise TerminusError("noLocal applies to topic subscriptions only", NOT_IMPLEMENTED)
         if request.durable or request.shared:
             raise TerminusError(
                 "durable and shared subscriptions are not supported yet", NOT_IMPLEMENTED
@@ -184,6 +197,8 @@ class LinkLayer:
             consumer = QueueConsumerLink(self, link, request.name or "", presettled)
         else:
             consumer = TopicConsumerLink(self, link, request.name or "", presettled)
+            consumer.selector = selector
+            consumer.no_local = request.no_local
         link.open()
         if not consumer.start():
             return
@@ -460,6 +475,8 @@ class TopicConsumerLink(ConsumerLink):
         super().__init__(layer, link, name, presettled)
         self.session: Session | None = None
         self.client_id = f"{layer.id}/{link.name}"
+        self.selector: Selector | None = None
+        self.no_local = False
 
     def start(self) -> bool:
         broker = self.layer.broker
@@ -483,6 +500,15 @@ class TopicConsumerLink(ConsumerLink):
             self.link.close()
             return False
         broker.start_delivery(session)
+        if self.selector is not None or self.no_local:
+            # Applied where the subscription's own queue hands entries over (see
+            # broker.subscription_filters); set before anything is queued for it.
+            session.consumer.receiver = FilteringReceiver(
+                self,
+                selector=self.selector,
+                no_local_origin=self.layer.id if self.no_local else None,
+                protocol_headers=jms_headers,
+            )
         return True
 
     def pump(self) -> None:

@@ -438,3 +438,29 @@ def decode(encoded: bytes) -> ProtonMessage:
     message = ProtonMessage()
     message.decode(encoded)
     return message
+
+
+def jms_headers(message: Message) -> dict[str, object]:
+    """JMSMessageID, JMSCorrelationID and JMSType of a message received over AMQP (from its
+    properties section: message-id, correlation-id, subject), for selectors; empty for
+    others. Decoded on demand: only selectors that name these headers pay for it."""
+    encoded = message.encoded
+    sections = encoded.get(SECTIONS_KEY) if encoded is not None else None
+    if sections is None:
+        return {}
+    decoded = ProtonMessage()
+    try:
+        decoded.decode(sections)
+    except Exception:
+        return {}
+    headers: dict[str, object] = {}
+    for name, value in (
+        ("JMSMessageID", decoded.id),
+        ("JMSCorrelationID", decoded.correlation_id),
+        ("JMSType", decoded.subject),
+    ):
+        if isinstance(value, str):
+            headers[name] = value
+        elif value is not None and not isinstance(value, (bytes, memoryview)):
+            headers[name] = str(value)
+    return headers

@@ -176,3 +176,11 @@ def set_capabilities(terminus: Terminus, names: list[str]) -> None:
     for name in names:
         data.put_symbol(symbol(name))
     data.exit()
+
+
+def copy_filter(remote: Terminus, local: Terminus) -> None:
+    """Answer with the filters the client asked for (all of which the broker applies)."""
+    data = remote.filter
+    data.rewind()
+    if data.next():
+        local.filter.put_object(data.get_object())

@@ -6,14 +6,27 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from proton import Message, Timeout
-from proton.reactor import AtMostOnce
-from proton.utils import BlockingConnection
+from proton import Described, Message, Timeout, symbol
+from proton.reactor import AtMostOnce, Filter, Selector
+from proton.utils import BlockingConnection, LinkDetached
 
 from ..brokerproc import BrokerProcess
 from ..clients import PahoClient, unique
 
 Connect = Callable[..., BlockingConnection]
+
+
+class NoLocal(Filter):
+    """The no-local filter as Qpid JMS sends it (the blocking client has no option for it)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            {
+                symbol("no-local"): Described(
+                    symbol("apache.org:no-local-filter:list"), ["NoLocalFilter{}"]
+                )
+            }
+        )
 
 
 def round_trip(connection: BlockingConnection) -> None:
@@ -152,3 +165,66 @@ def test_a_topic_subscription_ends_with_its_link(
     # Only the live subscription got it: nothing queued for the closed one.
     with pytest.raises(Timeout):
         again.receive(timeout=0.3)
+
+
+def test_topic_selector_filters_in_the_broker(amqp: Connect) -> None:
+    topic = unique("sel") + "/t"
+    connection = amqp()
+    receiver = connection.create_receiver(
+        f"topic://{topic}", credit=10, options=Selector("colour = 'red' AND size > 2")
+    )
+    sender = connection.create_sender(f"topic://{topic}")
+    sent = [("red", 3), ("blue", 5), ("red", 1), ("red", 9)]
+    for colour, size in sent:
+        sender.send(Message(body=f"{colour}-{size}", properties={"colour": colour, "size": size}))
+    got = []
+    for _ in range(2):
+        got.append(receiver.receive(timeout=5).body)
+        receiver.accept()
+    with pytest.raises(Timeout):
+        receiver.receive(timeout=0.3)
+    assert got == ["red-3", "red-9"]
+
+
+def test_selector_on_header_fields(amqp: Connect, paho: Callable[..., PahoClient],
+                                   amqp_broker: BrokerProcess) -> None:
+    topic = unique("selh") + "/t"
+    connection = amqp()
+    selector = "JMSType = 'order' AND JMSPriority > 5 AND JMSDeliveryMode = 'PERSISTENT'"
+    receiver = connection.create_receiver(
+        f"topic://{topic}", credit=10, options=Selector(selector)
+    )
+    sender = connection.create_sender(f"topic://{topic}")
+    sender.send(Message(body="match", subject="order", priority=7, durable=True))
+    sender.send(Message(body="low", subject="order", priority=2, durable=True))
+    sender.send(Message(body="other type", subject="invoice", priority=7, durable=True))
+    sender.send(Message(body="non persistent", subject="order", priority=7, durable=False))
+    # An MQTT message has no JMSType: UNKNOWN, not selected.
+    paho(amqp_broker.address).publish(topic, b"mqtt", qos=1)
+    assert receiver.receive(timeout=5).body == "match"
+    receiver.accept()
+    with pytest.raises(Timeout):
+        receiver.receive(timeout=0.3)
+
+
+def test_invalid_selector_is_refused_with_its_position(amqp: Connect) -> None:
+    with pytest.raises(LinkDetached, match="column"):
+        amqp().create_receiver(f"topic://{unique('bad')}", options=Selector("a = = 1"))
+
+
+def test_no_local_skips_own_messages_only(amqp: Connect, paho: Callable[..., PahoClient],
+                                          amqp_broker: BrokerProcess) -> None:
+    topic = unique("nolocal") + "/t"
+    connection = amqp()
+    receiver = connection.create_receiver(f"topic://{topic}", credit=10, options=NoLocal())
+    connection.create_sender(f"topic://{topic}").send(Message(body="mine"))
+    amqp().create_sender(f"topic://{topic}").send(Message(body="theirs"))
+    paho(amqp_broker.address).publish(topic, b"mqtt", qos=1)
+    got = []
+    for _ in range(2):
+        message = receiver.receive(timeout=5)
+        got.append(message.body if isinstance(message.body, str) else bytes(message.body))
+        receiver.accept()
+    with pytest.raises(Timeout):
+        receiver.receive(timeout=0.3)
+    assert got == ["theirs", b"mqtt"]

@@ -181,7 +181,7 @@ def test_undeliverable_here_skips_that_consumer(amqp: Connect) -> None:
     other.accept()
 
 
-def test_selectors_are_refused_until_supported(amqp: Connect) -> None:
+def test_queue_selectors_are_refused_until_supported(amqp: Connect) -> None:
     connection = amqp()
     with pytest.raises(LinkDetached, match="not-implemented"):
         connection.create_receiver(unique("q"), options=Selector("a = 1"))
