@@ -17,6 +17,7 @@ from kittiwake.broker.broker import Broker
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
+from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.config import Config, StoreConfig
 from kittiwake.mqtt.server import MQTTServer
@@ -35,7 +36,10 @@ class BrokerApp:
         self.broker = Broker(config, clock=clock, store=open_store(config.store, clock))
         self.mqtt = MQTTServer(self.broker)
         self.queues = QueueDestinations(self.broker)
-        self.amqp = AMQPServer(self.broker, link_layer_factory(self.broker, self.queues))
+        self.temporaries = TemporaryDestinations(self.queues)
+        self.amqp = AMQPServer(
+            self.broker, link_layer_factory(self.broker, self.queues, self.temporaries)
+        )
         self.sys = SysPublisher(self.broker, config.sys.interval)
         self.addresses: list[tuple[str, int]] = []
         self._cancel_ticks: Callable[[], None] | None = None

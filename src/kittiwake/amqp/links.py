@@ -29,6 +29,7 @@ from kittiwake.amqp.frames import (
     INTERNAL_ERROR,
     INVALID_FIELD,
     NOT_ALLOWED,
+    NOT_FOUND,
     NOT_IMPLEMENTED,
     RESOURCE_LIMIT_EXCEEDED,
 )
@@ -50,10 +51,12 @@ from kittiwake.amqp.terminus import (
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Settlement
+from kittiwake.broker.destinations import Destination
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
 from kittiwake.broker.subscription_filters import FilteringReceiver
+from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.broker.topics import TopicError, validate_topic_name
 from kittiwake.selector import InvalidSelector, Selector, compile_selector
 
@@ -70,14 +73,21 @@ class LinkLayer:
     """The links of one AMQP connection."""
 
     def __init__(
-        self, connection: AMQPConnection, broker: Broker, queues: QueueDestinations
+        self,
+        connection: AMQPConnection,
+        broker: Broker,
+        queues: QueueDestinations,
+        temporaries: TemporaryDestinations,
     ) -> None:
         self.connection = connection
         self.broker = broker
         self.queues = queues
+        self.temporaries = temporaries
         self.id = f"$amqp/{next(_connection_ids)}"
         self.producers: dict[Link, ProducerLink] = {}
         self.consumers: dict[Link, ConsumerLink] = {}
+        # Temporary destinations made by a dynamic attach, deleted when that link closes.
+        self.dynamic: dict[Link, Destination] = {}
         self.ended = False
 
     def clocks(self) -> Clocks:
@@ -101,6 +111,9 @@ class LinkLayer:
             consumer.flow()
 
     def link_closed(self, link: Link) -> None:
+        temporary = self.dynamic.pop(link, None)
+        if temporary is not None:
+            self.temporaries.delete(temporary)  # its lifetime is the link's (delete-on-close)
         producer = self.producers.pop(link, None)
         if producer is not None:
             producer.closed = True
@@ -126,6 +139,8 @@ class LinkLayer:
         for producer in self.producers.values():
             producer.closed = True
         self.producers.clear()
+        self.temporaries.delete_owned(self.id)
+        self.dynamic.clear()
 
     # -- attaching --------------------------------------------------------------------------
 
@@ -137,15 +152,44 @@ class LinkLayer:
         link.open()
         link.close()
 
+    def _create_temporary(self, link: Link, request: NodeRequest) -> NodeRequest:
+        destination = self.temporaries.create(topic=_temporary_kind(request), owner=self.id)
+        self.dynamic[link] = destination
+        return NodeRequest(
+            destination.name,
+            request.kind,
+            dynamic=True,
+            temporary=True,
+            capabilities=request.capabilities,
+        )
+
+    def check_temporary(self, kind: NodeKind, name: str, *, consuming: bool) -> None:
+        """A temporary destination must exist, and only its owner may consume from it."""
+        if not self.temporaries.is_temporary(name):
+            return
+        destination = (
+            Destination.topic(name) if kind is NodeKind.TOPIC else Destination.queue(name)
+        )
+        owner = self.temporaries.owner(destination)
+        if owner is None:
+            raise TerminusError(f"temporary destination {name} does not exist", NOT_FOUND)
+        if consuming and owner != self.id:
+            raise TerminusError(
+                f"temporary destination {name} belongs to another connection", NOT_ALLOWED
+            )
+
     def _open_producer(self, link: Link) -> None:
         request = read_node(link.remote_target, source=False)
         if request.coordinator:
             raise TerminusError("transactions are not supported yet", NOT_IMPLEMENTED)
         if request.dynamic:
-            raise TerminusError("temporary destinations are not supported yet", NOT_IMPLEMENTED)
-        if request.name is not None:
-            _check_name(request)
-        _set_address(link.target, link.remote_target.address)
+            request = self._create_temporary(link, request)
+            _set_address(link.target, request.name)
+        else:
+            if request.name is not None:
+                _check_name(request)
+                self.check_temporary(request.kind, request.name, consuming=False)
+            _set_address(link.target, link.remote_target.address)
         link.target.durability = link.remote_target.durability
         link.target.expiry_policy = link.remote_target.expiry_policy
         if request.capabilities:
@@ -162,8 +206,10 @@ class LinkLayer:
 
     def _open_consumer(self, link: Link) -> None:
         request = read_node(link.remote_source, source=True)
-        if request.name is None or request.dynamic:
-            raise TerminusError("temporary destinations are not supported yet", NOT_IMPLEMENTED)
+        if request.dynamic:
+            request = self._create_temporary(link, request)
+        elif request.name is None:
+            raise TerminusError("a consumer must name its source", NOT_IMPLEMENTED)
         selector: Selector | None = None
         if request.selector is not None:
             if request.kind is NodeKind.QUEUE:
@@ -182,8 +228,10 @@ class LinkLayer:
                 "durable and shared subscriptions are not supported yet", NOT_IMPLEMENTED
             )
         _check_name(request)
+        if not request.dynamic:
+            self.check_temporary(request.kind, request.name or "", consuming=True)
         source = link.source
-        _set_address(source, link.remote_source.address)
+        _set_address(source, request.name if request.dynamic else link.remote_source.address)
         source.durability = Terminus.NONDURABLE
         source.expiry_policy = link.remote_source.expiry_policy
         if request.capabilities:
@@ -203,6 +251,11 @@ class LinkLayer:
         if not consumer.start():
             return
         self.consumers[link] = consumer
+
+
+def _temporary_kind(request: NodeRequest) -> bool:
+    """Whether a dynamic node is to be a topic (capability temporary-topic or topic)."""
+    return request.kind is NodeKind.TOPIC
 
 
 def _set_address(terminus: Terminus, address: str | None) -> None:
@@ -263,6 +316,11 @@ class ProducerLink:
             kind = NodeKind.TOPIC if incoming.to_type in _TOPIC_TYPES else NodeKind.QUEUE
             message.topic = name
         presettled = delivery.settled  # settled by the client already
+        try:
+            layer.check_temporary(kind, name, consuming=False)
+        except TerminusError as exc:
+            self._reject(delivery, exc.condition, str(exc))
+            return
         if presettled and not message.persistent:
             message.qos = 0  # acknowledgements disabled: at most once (DESIGN.md section 2)
         if kind is NodeKind.TOPIC:
@@ -551,11 +609,11 @@ class TopicConsumerLink(ConsumerLink):
 
 
 def link_layer_factory(
-    broker: Broker, queues: QueueDestinations
+    broker: Broker, queues: QueueDestinations, temporaries: TemporaryDestinations
 ) -> Callable[[AMQPConnection], LinkLayer]:
     """What the AMQP server calls for each new connection."""
 
     def make(connection: AMQPConnection) -> LinkLayer:
-        return LinkLayer(connection, broker, queues)
+        return LinkLayer(connection, broker, queues, temporaries)
 
     return make

@@ -65,6 +65,23 @@ class QueueDestinations:
             destination=Destination.queue(name),
         )
 
+    def delete(self, name: str) -> bool:
+        """Delete a queue and what waits in it (a temporary queue's end, an admin command);
+        its consumers are detached, their unsettled entries dropped with it."""
+        queue = self.router.delete_queue(name)
+        if queue is None:
+            return False
+        for consumer in list(queue.consumers):
+            consumer.receiver = None
+            queue.detach(consumer)
+        for entry in queue.drain():
+            self._forget(queue, entry)
+        return True
+
+    def _forget(self, queue: Queue, entry: QueuedMessage) -> None:
+        if entry.persistent:
+            self.store.remove(queue.name, entry.message.message_id)
+
     # -- sending ----------------------------------------------------------------------------
 
     def send(self, name: str, message: Message) -> tuple[bool, Completion]:
@@ -137,8 +154,9 @@ class QueueDestinations:
         entries move on."""
         if reason is not Removal.ACCEPTED:
             self.broker.stats.messages_dropped += 1
-        if entry.persistent:
-            self.store.remove(queue.name, entry.message.message_id)
+        self._forget(queue, entry)
+        if self.router.queues.get(queue.name) is not queue:
+            return  # a deleted queue's entries go nowhere
         moved = self.dead_letters(queue, entry, reason)
         if moved is None:
             return
