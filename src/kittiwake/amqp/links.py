@@ -25,6 +25,12 @@ from typing import TYPE_CHECKING
 from proton import Condition, Link, Terminus
 from proton import Delivery as ProtonDelivery
 
+from kittiwake.amqp.coordinator import (
+    TRANSACTIONAL_STATE,
+    UNKNOWN_ID,
+    Coordinator,
+    transactional_outcome,
+)
 from kittiwake.amqp.frames import (
     INTERNAL_ERROR,
     INVALID_FIELD,
@@ -88,6 +94,7 @@ class LinkLayer:
         self.consumers: dict[Link, ConsumerLink] = {}
         # Temporary destinations made by a dynamic attach, deleted when that link closes.
         self.dynamic: dict[Link, Destination] = {}
+        self.coordinator = Coordinator(self)
         self.ended = False
 
     def clocks(self) -> Clocks:
@@ -133,6 +140,7 @@ class LinkLayer:
 
     def connection_ended(self) -> None:
         self.ended = True
+        self.coordinator.connection_ended()
         for consumer in list(self.consumers.values()):
             consumer.close()
         self.consumers.clear()
@@ -181,7 +189,8 @@ class LinkLayer:
     def _open_producer(self, link: Link) -> None:
         request = read_node(link.remote_target, source=False)
         if request.coordinator:
-            raise TerminusError("transactions are not supported yet", NOT_IMPLEMENTED)
+            self._open_coordinator(link, request)
+            return
         if request.dynamic:
             request = self._create_temporary(link, request)
             _set_address(link.target, request.name)
@@ -201,6 +210,15 @@ class LinkLayer:
         link.max_message_size = self.connection.config.max_message_size
         producer = ProducerLink(self, link, request)
         self.producers[link] = producer
+        link.open()
+        link.flow(self.connection.config.link_credit)
+
+    def _open_coordinator(self, link: Link, request: NodeRequest) -> None:
+        link.target.type = Terminus.COORDINATOR
+        set_capabilities(link.target, ["amqp:local-transactions"])
+        _set_address(link.source, link.remote_source.address)
+        link.rcv_settle_mode = Link.RCV_FIRST
+        self.producers[link] = ProducerLink(self, link, request)
         link.open()
         link.flow(self.connection.config.link_credit)
 
@@ -294,6 +312,10 @@ class ProducerLink:
         link.advance()
         if link.credit <= self.credit // 2:
             link.flow(self.credit - link.credit)
+        if self.request.coordinator:
+            self.layer.coordinator.control(delivery, bytes(data))
+            self.layer.connection.wake()
+            return
         try:
             self._publish(delivery, bytes(data))
         except MappingError as exc:
@@ -323,6 +345,16 @@ class ProducerLink:
             return
         if presettled and not message.persistent:
             message.qos = 0  # acknowledgements disabled: at most once (DESIGN.md section 2)
+        if delivery.remote_state == TRANSACTIONAL_STATE:
+            staged = layer.coordinator.find(delivery.remote.data)
+            if staged is None:
+                self._reject(delivery, UNKNOWN_ID, "the transfer names no declared transaction")
+                return
+            destination = (
+                Destination.topic(name) if kind is NodeKind.TOPIC else Destination.queue(name)
+            )
+            layer.coordinator.stage_send(delivery, staged, destination, message)
+            return
         if kind is NodeKind.TOPIC:
             try:
                 validate_topic_name(name)
@@ -458,6 +490,9 @@ class ConsumerLink:
     def disposition(self, wire: ProtonDelivery) -> None:
         """The client settled, or gave an outcome for, a delivery."""
         state = wire.remote_state
+        if state == TRANSACTIONAL_STATE:
+            self._transactional(wire)
+            return
         if not wire.settled and state not in _TERMINAL:
             return  # only a received state, or nothing yet
         delivery = self.unsettled.pop(wire.tag, None)
@@ -479,6 +514,19 @@ class ConsumerLink:
             settlement = Settlement.MODIFIED
         undeliverable = state == ProtonDelivery.MODIFIED and bool(remote.undeliverable)
         self._settle_core(delivery, settlement, undeliverable)
+
+    def _transactional(self, wire: ProtonDelivery) -> None:
+        """An outcome under a transaction: staged there; the core settles it on commit."""
+        coordinator = self.layer.coordinator
+        data = wire.remote.data
+        staged = coordinator.find(data)
+        settlement = transactional_outcome(data)
+        if staged is None or settlement is None:
+            return  # not (yet) an outcome of a transaction we know: wait for one
+        delivery = self.unsettled.pop(wire.tag, None)
+        wire.settle()
+        if delivery is not None:
+            coordinator.stage_settlement(staged, delivery, settlement)
 
     def _settle_core(
         self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False

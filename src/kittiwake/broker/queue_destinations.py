@@ -11,17 +11,19 @@ queues that are not sessions' or shared groups'), configured (declared) queues, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 
 from kittiwake.broker.broker import Broker
-from kittiwake.broker.completion import Completion
+from kittiwake.broker.completion import Completion, all_of
 from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.dead_letters import DeadLetters
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.routing import Router
+from kittiwake.broker.transactions import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,8 @@ class QueueDestinations:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[Queue, None] = {}
+        # Stored entries the commit in progress enqueued, to hold until the store commit.
+        self._committing: list[tuple[Queue, Message]] = []
 
     # -- queues -----------------------------------------------------------------------------
 
@@ -109,6 +113,9 @@ class QueueDestinations:
         self.pump_soon(queue)
         return True, None
 
+    def _after(self, queue: Queue, message: Message, done: asyncio.Future[None]) -> None:
+        self._committed(done, queue, message)
+
     def _committed(self, done: asyncio.Future[None], queue: Queue, message: Message) -> None:
         message.awaiting_commit = False
         if done.cancelled() or done.exception() is not None:
@@ -165,6 +172,55 @@ class QueueDestinations:
             self.store.journal(copy.message)
             self.store.enqueue(target.name, copy)
         self.pump_soon(target)
+
+    # -- transactions ---------------------------------------------------------------------
+
+    def begin(self) -> Transaction:
+        """A new local transaction: sends and settlements staged until commit."""
+        return Transaction(self.router, on_enqueued=self._enqueued_by_commit)
+
+    def commit(self, transaction: Transaction) -> Completion:
+        """Apply a transaction in this loop turn, so in one store commit: its queue sends and
+        staged settlements through the core Transaction, its topic sends through the broker's
+        publish. Raises TransactionRolledBack (having rolled back) when it cannot apply all.
+        Entries it enqueues are dispatched only after the commit (transactions keep the
+        strict order)."""
+        topic_sends = [(d, m) for d, m in transaction.sends if d.is_topic]
+        transaction.sends[:] = [(d, m) for d, m in transaction.sends if not d.is_topic]
+        now = self.clock.now()
+        for _, message in transaction.sends:
+            if not message.created:
+                message.created = now
+        self._committing = []
+        try:
+            touched = transaction.commit()
+        finally:
+            staged, self._committing = self._committing, []
+        completion: Completion = None
+        for _, message in topic_sends:
+            completion = all_of(completion, self.broker.publish(message))
+        commit = self.store.commit()
+        if commit is not None and staged:
+            for queue, message in staged:
+                message.awaiting_commit = True
+                commit.add_done_callback(functools.partial(self._after, queue, message))
+        for queue in touched:
+            self.pump_soon(queue)
+        return all_of(commit, completion)
+
+    def rollback(self, transaction: Transaction) -> None:
+        """Drop the staged sends; staged settlements' entries come back, possibly seen."""
+        for queue in transaction.rollback():
+            self.pump_soon(queue)
+
+    def _enqueued_by_commit(self, queue: Queue, entry: QueuedMessage) -> None:
+        self.broker.stats.messages_received += 1
+        if entry.persistent:
+            message = entry.message
+            if not message.message_id:
+                self.store.journal(message)
+            self.store.enqueue(queue.name, entry)
+            self._committing.append((queue, message))
 
     # -- pumping ----------------------------------------------------------------------------
 
