@@ -52,8 +52,9 @@ class LinkHandler(Protocol):
     def link_flow(self, link: Link) -> None:
         """The peer changed a link's credit (or drain) flag."""
 
-    def link_closed(self, link: Link) -> None:
-        """The peer detached or closed a link; the connection answers in kind afterwards."""
+    def link_closed(self, link: Link, *, closed: bool) -> None:
+        """The peer detached (``closed`` False: a durable subscription stays) or closed a
+        link; the connection answers in kind afterwards."""
 
     def delivery_updated(self, delivery: Delivery) -> None:
         """A transfer arrived, or the peer settled or changed the state of a delivery."""
@@ -346,7 +347,7 @@ class AMQPConnection:
         active = bool(link.state & Link.LOCAL_ACTIVE)
         if active:
             if self.handler is not None:
-                self.handler.link_closed(link)
+                self.handler.link_closed(link, closed=closed)
             if link.session in self._links:
                 self._links[link.session] -= 1
         if closed:

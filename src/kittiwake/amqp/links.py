@@ -51,16 +51,18 @@ from kittiwake.amqp.terminus import (
     NodeKind,
     NodeRequest,
     TerminusError,
+    copy_filter,
     read_node,
     set_capabilities,
+    subscription_name,
 )
-from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.broker import Broker, Subscribed, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Settlement
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import QueuedMessage
-from kittiwake.broker.sessions import Session
+from kittiwake.broker.sessions import NEVER_EXPIRES, Session
 from kittiwake.broker.subscription_filters import FilteringReceiver
 from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.broker.topics import TopicError, validate_topic_name
@@ -117,7 +119,7 @@ class LinkLayer:
         if consumer is not None:
             consumer.flow()
 
-    def link_closed(self, link: Link) -> None:
+    def link_closed(self, link: Link, *, closed: bool) -> None:
         temporary = self.dynamic.pop(link, None)
         if temporary is not None:
             self.temporaries.delete(temporary)  # its lifetime is the link's (delete-on-close)
@@ -126,7 +128,7 @@ class LinkLayer:
             producer.closed = True
         consumer = self.consumers.pop(link, None)
         if consumer is not None:
-            consumer.close()
+            consumer.close(remove=closed)
 
     def delivery_updated(self, delivery: ProtonDelivery) -> None:
         link = delivery.link
@@ -142,7 +144,7 @@ class LinkLayer:
         self.ended = True
         self.coordinator.connection_ended()
         for consumer in list(self.consumers.values()):
-            consumer.close()
+            consumer.close(remove=False)  # a connection drop is a detach: durable ones stay
         self.consumers.clear()
         for producer in self.producers.values():
             producer.closed = True
@@ -213,6 +215,18 @@ class LinkLayer:
         link.open()
         link.flow(self.connection.config.link_credit)
 
+    def durable_client_id(self, link: Link) -> str:
+        """A durable subscription's session: client id (container id) + subscription name."""
+        container = self.connection.engine.remote_container or ""
+        return f"$durable/{container}/{subscription_name(link)}"
+
+    def _durable_source(self, link: Link) -> NodeRequest:
+        session = self.broker.sessions.get(self.durable_client_id(link))
+        if session is None or len(session.subscriptions) != 1:
+            raise TerminusError(f"no durable subscription {subscription_name(link)!r}", NOT_FOUND)
+        (topic,) = session.subscriptions
+        return NodeRequest(topic, NodeKind.TOPIC, durable=True)
+
     def _open_coordinator(self, link: Link, request: NodeRequest) -> None:
         link.target.type = Terminus.COORDINATOR
         set_capabilities(link.target, ["amqp:local-transactions"])
@@ -224,10 +238,14 @@ class LinkLayer:
 
     def _open_consumer(self, link: Link) -> None:
         request = read_node(link.remote_source, source=True)
+        lookup = False
         if request.dynamic:
             request = self._create_temporary(link, request)
         elif request.name is None:
-            raise TerminusError("a consumer must name its source", NOT_IMPLEMENTED)
+            # No source: a durable subscription looked up by its name (Qpid JMS does this
+            # to unsubscribe), answered with the subscription's own source.
+            lookup = True
+            request = self._durable_source(link)
         selector: Selector | None = None
         if request.selector is not None:
             if request.kind is NodeKind.QUEUE:
@@ -241,19 +259,29 @@ class LinkLayer:
                 raise TerminusError(f"invalid selector: {exc}", INVALID_FIELD) from None
         if request.no_local and request.kind is NodeKind.QUEUE:
             raise TerminusError("noLocal applies to topic subscriptions only", NOT_IMPLEMENTED)
-        if request.durable or request.shared:
-            raise TerminusError(
-                "durable and shared subscriptions are not supported yet", NOT_IMPLEMENTED
-            )
+        if request.shared:
+            raise TerminusError("shared subscriptions are not supported yet", NOT_IMPLEMENTED)
+        if request.durable and request.kind is NodeKind.QUEUE:
+            request = NodeRequest(request.name, request.kind, capabilities=request.capabilities)
         _check_name(request)
         if not request.dynamic:
             self.check_temporary(request.kind, request.name or "", consuming=True)
         source = link.source
-        _set_address(source, request.name if request.dynamic else link.remote_source.address)
-        source.durability = Terminus.NONDURABLE
-        source.expiry_policy = link.remote_source.expiry_policy
+        if request.dynamic or lookup:
+            _set_address(source, request.name)
+        else:
+            _set_address(source, link.remote_source.address)
+        if request.durable:
+            source.durability = Terminus.DELIVERIES
+            source.expiry_policy = Terminus.EXPIRE_NEVER
+        else:
+            source.durability = Terminus.NONDURABLE
+            source.expiry_policy = link.remote_source.expiry_policy
         if request.capabilities:
             set_capabilities(source, sorted(request.capabilities))
+        if request.selector is not None or request.no_local:
+            # The filters in force, echoed: Qpid JMS checks that the broker applies them.
+            copy_filter(link.remote_source, source)
         _set_address(link.target, link.remote_target.address)
         presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
@@ -265,6 +293,9 @@ class LinkLayer:
             consumer = TopicConsumerLink(self, link, request.name or "", presettled)
             consumer.selector = selector
             consumer.no_local = request.no_local
+            if request.durable:
+                consumer.client_id = self.durable_client_id(link)
+                consumer.durable = True
         link.open()
         if not consumer.start():
             return
@@ -428,7 +459,7 @@ class ConsumerLink:
     def start(self) -> bool:
         raise NotImplementedError
 
-    def close(self) -> None:
+    def close(self, *, remove: bool) -> None:
         raise NotImplementedError
 
     def pump(self) -> None:
@@ -555,7 +586,7 @@ class QueueConsumerLink(ConsumerLink):
         if self.consumer is not None and self.consumer.queue is not None:
             self.layer.queues.pump_soon(self.consumer.queue)
 
-    def close(self) -> None:
+    def close(self, *, remove: bool) -> None:
         if self.closed:
             return
         self.closed = True
@@ -583,51 +614,80 @@ class TopicConsumerLink(ConsumerLink):
         self.client_id = f"{layer.id}/{link.name}"
         self.selector: Selector | None = None
         self.no_local = False
+        self.durable = False
 
     def start(self) -> bool:
         broker = self.layer.broker
+        existing = broker.sessions.get(self.client_id)
+        if existing is not None and existing.link is not None:
+            return self._refuse(
+                "amqp:resource-locked", "the subscription has an active consumer already"
+            )
+        # Re-subscribing a durable subscription to another topic replaces it (JMS).
+        replace = existing is not None and self.name not in existing.subscriptions
         connected = broker.connect(
-            self.client_id, self, clean_start=True, expiry_interval=0, window=1
+            self.client_id,
+            self,
+            clean_start=not self.durable or replace,
+            expiry_interval=NEVER_EXPIRES if self.durable else 0,
+            window=1,
         )
         session = self.session = connected.session
-        # Link credit, not a window: spent by deliveries, topped up only by the client.
-        session.consumer.credit = Credit(available=max(0, self.link.credit))
+        # Link credit, not a window: spent by deliveries, topped up only by the client. None
+        # until the filters are in place (below).
+        session.consumer.credit = Credit(available=0)
         self.consumer = session.consumer
-        options = SubscriptionOptions(max_qos=0 if self.presettled else 2)
-        result = broker.subscribe(session, self.name, options)
-        if isinstance(result, SubscribeRefusal):
-            condition = (
-                "amqp:unauthorized-access"
-                if result is SubscribeRefusal.NOT_AUTHORIZED
-                else NOT_ALLOWED
-            )
-            self.close()
-            self.link.condition = Condition(condition, f"cannot subscribe: {result.value}")
-            self.link.close()
-            return False
-        broker.start_delivery(session)
+        subscribed: Subscribed | None = None
+        if self.name not in session.subscriptions:
+            options = SubscriptionOptions(max_qos=0 if self.presettled else 2)
+            result = broker.subscribe(session, self.name, options)
+            if isinstance(result, SubscribeRefusal):
+                self.close(remove=True)
+                condition = (
+                    "amqp:unauthorized-access"
+                    if result is SubscribeRefusal.NOT_AUTHORIZED
+                    else NOT_ALLOWED
+                )
+                return self._refuse(condition, f"cannot subscribe: {result.value}")
+            subscribed = result
+        broker.start_delivery(session)  # what was in flight goes out again, nothing new yet
         if self.selector is not None or self.no_local:
             # Applied where the subscription's own queue hands entries over (see
-            # broker.subscription_filters); set before anything is queued for it.
+            # broker.subscription_filters).
+            receiver = session.consumer.receiver
             session.consumer.receiver = FilteringReceiver(
-                self,
+                receiver if receiver is not None else self,
                 selector=self.selector,
                 no_local_origin=self.layer.id if self.no_local else None,
                 protocol_headers=jms_headers,
             )
+        if subscribed is not None and subscribed.new:
+            # Retained messages: for a durable subscription only when it is created.
+            broker.send_retained(subscribed)
+        self.flow()
         return True
+
+    def _refuse(self, condition: str, description: str) -> bool:
+        self.link.condition = Condition(condition, description)
+        self.link.close()
+        return False
 
     def pump(self) -> None:
         if self.session is not None:
             self.layer.broker.pump_soon(self.session)
 
-    def close(self) -> None:
+    def close(self, *, remove: bool) -> None:
+        """End the subscription, or, for a durable one merely detached, only its link (the
+        subscription keeps collecting messages)."""
         if self.closed:
             return
         self.closed = True
         session = self.session
-        if session is not None:
-            self.layer.broker.disconnect(session, publish_will=False)
+        if session is not None and session.link is self:
+            broker = self.layer.broker
+            if remove and self.durable:
+                broker.set_session_expiry(session, 0)  # unsubscribed: it ends now
+            broker.disconnect(session, publish_will=False)
         self.unsettled.clear()
 
     # SessionLink
