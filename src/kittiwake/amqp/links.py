@@ -465,6 +465,9 @@ class ConsumerLink:
     def pump(self) -> None:
         raise NotImplementedError
 
+    def pump_now(self) -> None:
+        raise NotImplementedError
+
     def flow(self) -> None:
         """The client's credit changed: the consumer's credit follows it."""
         consumer = self.consumer
@@ -472,13 +475,17 @@ class ConsumerLink:
             return
         link = self.link
         consumer.credit.available = max(0, link.credit)
-        if link.credit > 0:
+        if link.credit <= 0:
+            return
+        if not link.drain_mode:
             self.pump()
-        if link.drain_mode and link.credit > 0:
-            # Nothing more to send now: the rest of the credit is used up (drain).
+            return
+        # Drain: send what waits now, then the rest of the credit is used up.
+        self.pump_now()
+        if link.credit > 0:
             link.drained()
             consumer.credit.available = 0
-            self.layer.connection.wake()
+        self.layer.connection.wake()
 
     # -- Receiver (the core's side) ----------------------------------------------------------
 
@@ -586,6 +593,10 @@ class QueueConsumerLink(ConsumerLink):
         if self.consumer is not None and self.consumer.queue is not None:
             self.layer.queues.pump_soon(self.consumer.queue)
 
+    def pump_now(self) -> None:
+        if self.consumer is not None and self.consumer.queue is not None:
+            self.layer.queues.pump(self.consumer.queue)
+
     def close(self, *, remove: bool) -> None:
         if self.closed:
             return
@@ -675,6 +686,10 @@ class TopicConsumerLink(ConsumerLink):
     def pump(self) -> None:
         if self.session is not None:
             self.layer.broker.pump_soon(self.session)
+
+    def pump_now(self) -> None:
+        if self.session is not None:
+            self.layer.broker.pump(self.session)
 
     def close(self, *, remove: bool) -> None:
         """End the subscription, or, for a durable one merely detached, only its link (the

@@ -185,3 +185,15 @@ def test_queue_selectors_are_refused_until_supported(amqp: Connect) -> None:
     connection = amqp()
     with pytest.raises(LinkDetached, match="not-implemented"):
         connection.create_receiver(unique("q"), options=Selector("a = 1"))
+
+
+def test_drain_gets_a_waiting_message_before_the_credit_is_used_up(amqp: Connect) -> None:
+    """Qpid JMS pulls with drain when prefetch is 0: a waiting message must come, not an
+    emptied credit."""
+    queue = unique("q")
+    connection = amqp()
+    connection.create_sender(queue).send(Message(body="waiting"))
+    receiver = connection.create_receiver(queue, credit=0, name="puller")
+    receiver.link.drain(1)
+    assert receiver.receive(timeout=5).body == "waiting"
+    receiver.accept()
