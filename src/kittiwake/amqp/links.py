@@ -61,9 +61,9 @@ from kittiwake.broker.completion import Completion
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Settlement
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.queue_destinations import QueueDestinations
-from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.queues import EntryState, QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
-from kittiwake.broker.subscription_filters import FilteringReceiver
+from kittiwake.broker.subscription_filters import EntrySubject, FilteringReceiver
 from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.broker.topics import TopicError, validate_topic_name
 from kittiwake.selector import InvalidSelector, Selector, compile_selector
@@ -246,9 +246,10 @@ class LinkLayer:
             # to unsubscribe), answered with the subscription's own source.
             lookup = True
             request = self._durable_source(link)
+        browse = link.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
         selector: Selector | None = None
         if request.selector is not None:
-            if request.kind is NodeKind.QUEUE:
+            if request.kind is NodeKind.QUEUE and not browse:
                 raise TerminusError(
                     "message selectors on queue consumers are not supported yet",
                     NOT_IMPLEMENTED,
@@ -287,7 +288,11 @@ class LinkLayer:
         link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
         link.rcv_settle_mode = Link.RCV_FIRST
         consumer: ConsumerLink
-        if request.kind is NodeKind.QUEUE:
+        if browse and request.kind is NodeKind.QUEUE:
+            source.distribution_mode = Terminus.DIST_MODE_COPY
+            consumer = BrowserLink(self, link, request.name or "", presettled)
+            consumer.selector = selector
+        elif request.kind is NodeKind.QUEUE:
             consumer = QueueConsumerLink(self, link, request.name or "", presettled)
         else:
             consumer = TopicConsumerLink(self, link, request.name or "", presettled)
@@ -611,6 +616,54 @@ class QueueConsumerLink(ConsumerLink):
         self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
     ) -> None:
         self.layer.queues.settle(delivery, settlement, undeliverable_here=undeliverable)
+
+
+class BrowserLink(ConsumerLink):
+    """A queue browser (source distribution-mode copy): sends what the queue holds when the
+    link attaches, in the order consumers would get it, selected by its selector, and takes
+    nothing; settling a browsed message changes nothing."""
+
+    def __init__(self, layer: LinkLayer, link: Link, name: str, presettled: bool) -> None:
+        super().__init__(layer, link, name, presettled)
+        self.selector: Selector | None = None
+        self.snapshot: list[QueuedMessage] = []
+        self.position = 0
+
+    def start(self) -> bool:
+        queue = self.layer.queues.queue(self.name)
+        selector = self.selector
+        rows = queue.browse(self.layer.broker.clock.now())
+        self.snapshot = [
+            row.entry
+            for row in rows
+            if row.state is not EntryState.DELAYED
+            and (selector is None or selector.matches(EntrySubject(row.entry, jms_headers)))
+        ]
+        self.consumer = Consumer(None, credit=0, name=f"{self.layer.id}/{self.link.name}")
+        self.flow()
+        return True
+
+    def pump(self) -> None:
+        self.pump_now()
+
+    def pump_now(self) -> None:
+        link = self.link
+        while link.credit > 0 and self.position < len(self.snapshot):
+            entry = self.snapshot[self.position]
+            self.position += 1
+            self._send(f"b{self.position}", entry, entry.delivery_count)
+
+    def disposition(self, wire: ProtonDelivery) -> None:
+        wire.settle()  # a browsed message stays where it is, whatever the outcome
+
+    def close(self, *, remove: bool) -> None:
+        self.closed = True
+        self.snapshot = []
+
+    def _settle_core(
+        self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
+    ) -> None:
+        """Never called: a browser has no core deliveries."""
 
 
 class TopicConsumerLink(ConsumerLink):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 from proton import Delivery, Message, Timeout
-from proton.reactor import AtMostOnce, Selector
+from proton.reactor import AtMostOnce, Copy, Selector
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached
 
 from ..clients import unique
@@ -197,3 +197,28 @@ def test_drain_gets_a_waiting_message_before_the_credit_is_used_up(amqp: Connect
     receiver.link.drain(1)
     assert receiver.receive(timeout=5).body == "waiting"
     receiver.accept()
+
+
+def test_browser_sees_without_consuming_with_a_selector(amqp: Connect) -> None:
+    queue = unique("q")
+    connection = amqp()
+    sender = connection.create_sender(queue)
+    for n in range(4):
+        sender.send(Message(body=n, properties={"even": n % 2 == 0}))
+    browser = connection.create_receiver(
+        queue, credit=10, name="browser", options=[Copy(), Selector("even = TRUE")]
+    )
+    seen = []
+    for _ in range(2):
+        seen.append(browser.receive(timeout=5).body)
+        browser.accept()
+    with pytest.raises(Timeout):
+        browser.receive(timeout=0.3)
+    assert seen == [0, 2]
+    # Nothing was taken: a consumer still gets all four.
+    consumer = connection.create_receiver(queue, credit=10, name="consumer")
+    got = []
+    for _ in range(4):
+        got.append(consumer.receive(timeout=5).body)
+        consumer.accept()
+    assert got == [0, 1, 2, 3]
