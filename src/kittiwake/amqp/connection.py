@@ -13,13 +13,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
-from proton import Collector, Condition, Connection, Delivery, Event, Link, Session, Transport
+from proton import (
+    Collector,
+    Condition,
+    Connection,
+    Delivery,
+    Event,
+    Link,
+    Session,
+    SymbolList,
+    Transport,
+    symbol,
+)
 
 from kittiwake.amqp.frames import (
     AMQP_HEADER,
     HEADER_SIZE,
+    INVALID_FIELD,
     RESOURCE_LIMIT_EXCEEDED,
     SASL_HEADER,
     FrameGate,
@@ -33,6 +45,14 @@ from kittiwake.config import AMQPConfig
 log = logging.getLogger(__name__)
 
 CONTAINER_ID = "kittiwake"
+
+# What the broker offers in its open: anonymous-relay producers (the message names its
+# destination), delivery delay, and one connection per client id when asked.
+OFFERED_CAPABILITIES = ("ANONYMOUS-RELAY", "DELAYED_DELIVERY", "sole-connection-for-container")
+
+
+def symbols(names: tuple[str, ...]) -> SymbolList:
+    return SymbolList([symbol(n) for n in names])
 
 
 class Phase(Enum):
@@ -61,6 +81,10 @@ class LinkHandler(Protocol):
 
     def connection_ended(self) -> None:
         """The connection is gone: take back whatever its links held."""
+
+    def connection_opened(self, container: str, desired: frozenset[str]) -> str | None:
+        """The peer's open arrived: None to accept it, else why its container id (client id)
+        is refused."""
 
 
 class AMQPConnection:
@@ -321,14 +345,32 @@ class AMQPConnection:
                 self._links.pop(session, None)
                 session.close()
         elif kind is Event.CONNECTION_REMOTE_OPEN:
-            self.engine.container = CONTAINER_ID
-            self.engine.open()
+            self._opened()
         elif kind is Event.CONNECTION_REMOTE_CLOSE:
             condition = self.engine.remote_condition
             if condition is not None:
                 log.info("amqp %s: peer closed with %s", self.peer, condition.name)
             self._end_handler()
             self.engine.close()
+
+    def _opened(self) -> None:
+        engine = self.engine
+        engine.container = CONTAINER_ID
+        engine.offered_capabilities = symbols(OFFERED_CAPABILITIES)
+        refusal = None
+        if self.handler is not None:
+            desired = engine.remote_desired_capabilities
+            names = frozenset(str(c) for c in desired) if desired else frozenset()
+            refusal = self.handler.connection_opened(engine.remote_container or "", names)
+        engine.open()
+        if refusal is not None:
+            # The client id is in use (DESIGN.md section 5): open, then close at once.
+            log.info("amqp %s: %s", self.peer, refusal)
+            self.error = (INVALID_FIELD, refusal)
+            info: dict[Any, Any] = {symbol("invalid-field"): symbol("container-id")}
+            engine.condition = Condition(INVALID_FIELD, refusal, info)
+            engine.close()
+            self._end_handler()
 
     def _session_opened(self, session: Session) -> None:
         if len(self._links) >= self.config.max_sessions:

@@ -73,6 +73,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SOLE_CONNECTION = "sole-connection-for-container"
+
 # Connection ids, for noLocal and logs; unique within the process.
 _connection_ids = itertools.count(1)
 
@@ -86,6 +88,7 @@ class LinkLayer:
         broker: Broker,
         queues: QueueDestinations,
         temporaries: TemporaryDestinations,
+        sole_containers: set[str] | None = None,
     ) -> None:
         self.connection = connection
         self.broker = broker
@@ -97,6 +100,9 @@ class LinkLayer:
         # Temporary destinations made by a dynamic attach, deleted when that link closes.
         self.dynamic: dict[Link, Destination] = {}
         self.coordinator = Coordinator(self)
+        # Container ids held by sole connections, shared by every connection of the server.
+        self.sole_containers = sole_containers if sole_containers is not None else set()
+        self.sole_container: str | None = None
         self.ended = False
 
     def clocks(self) -> Clocks:
@@ -140,7 +146,24 @@ class LinkLayer:
         if consumer is not None:
             consumer.disposition(delivery)
 
+    def connection_opened(self, container: str, desired: frozenset[str]) -> str | None:
+        """One client-id registry (DESIGN.md section 5): a JMS connection (one asking to be
+        the sole connection for its container id, as Qpid JMS does for an explicit client
+        id) is refused while that id is in use by an MQTT client or another such
+        connection."""
+        if SOLE_CONNECTION not in desired or not container:
+            return None
+        session = self.broker.sessions.get(container)
+        if container in self.sole_containers or (session is not None and session.link):
+            return f"client id {container!r} is in use"
+        self.sole_containers.add(container)
+        self.sole_container = container
+        return None
+
     def connection_ended(self) -> None:
+        if self.sole_container is not None:
+            self.sole_containers.discard(self.sole_container)
+            self.sole_container = None
         self.ended = True
         self.coordinator.connection_ended()
         for consumer in list(self.consumers.values()):
@@ -789,7 +812,9 @@ def link_layer_factory(
 ) -> Callable[[AMQPConnection], LinkLayer]:
     """What the AMQP server calls for each new connection."""
 
+    sole_containers: set[str] = set()
+
     def make(connection: AMQPConnection) -> LinkLayer:
-        return LinkLayer(connection, broker, queues, temporaries)
+        return LinkLayer(connection, broker, queues, temporaries, sole_containers)
 
     return make
