@@ -543,6 +543,7 @@ class ConsumerLink:
             delivery_count=delivery_count,
             clocks=self.layer.clocks(),
             destination_type=self.destination_type,
+            retained=entry.retain,
         )
         wire = link.delivery(tag)
         link.send(encoded)

@@ -325,6 +325,7 @@ def to_amqp(
     delivery_count: int,
     clocks: Clocks,
     destination_type: DestinationType = DestinationType.TOPIC,
+    retained: bool | None = None,
 ) -> bytes:
     """The encoded AMQP message for one delivery: a header of this delivery's own, then the
     message's sections (kept as received from AMQP, or built once from the core fields)."""
@@ -333,10 +334,51 @@ def to_amqp(
     if sections is None:
         sections = build_sections(message, clocks, destination_type)
         if encoded is None:
-            message.encoded = {SECTIONS_KEY: sections}
+            encoded = message.encoded = {SECTIONS_KEY: sections}
         else:
             encoded[SECTIONS_KEY] = sections
+    if message.retain and retained is not None:
+        # JMS_IBM_Retain says how this copy arrives: 1 retained, 0 live (DESIGN.md section 2).
+        key = (SECTIONS_KEY, retained)
+        assert encoded is not None
+        variant = encoded.get(key)
+        if variant is None:
+            variant = encoded[key] = with_property(sections, RETAIN_PROPERTY, int32(retained))
+        sections = variant
     return header_section(message, durable, delivery_count, clocks) + sections
+
+
+def with_property(sections: bytes, name: str, value: object) -> bytes:
+    """``sections`` with one application property set (the section added if missing)."""
+    parts = split_sections(sections)
+    properties: dict[Any, Any] = {}
+    for code, section in parts:
+        if code == APPLICATION_PROPERTIES:
+            holder = Data()
+            holder.decode(section)
+            holder.rewind()
+            holder.next()
+            described = holder.get_object()
+            if isinstance(described, Described) and isinstance(described.value, dict):
+                properties = dict(described.value)
+    properties[name] = value
+    data = Data()
+    data.put_object(Described(ulong(APPLICATION_PROPERTIES), properties))
+    replacement = bytes(data.encode())
+    out = []
+    placed = False
+    for code, section in parts:
+        if code == APPLICATION_PROPERTIES:
+            out.append(replacement)
+            placed = True
+            continue
+        if not placed and code > APPLICATION_PROPERTIES:
+            out.append(replacement)
+            placed = True
+        out.append(section)
+    if not placed:
+        out.append(replacement)
+    return b"".join(out)
 
 
 def header_section(

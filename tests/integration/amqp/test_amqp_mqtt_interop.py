@@ -228,3 +228,28 @@ def test_no_local_skips_own_messages_only(amqp: Connect, paho: Callable[..., Pah
     with pytest.raises(Timeout):
         receiver.receive(timeout=0.3)
     assert got == ["theirs", b"mqtt"]
+
+
+def test_retained_across_protocols(
+    amqp: Connect, paho: Callable[..., PahoClient], amqp_broker: BrokerProcess
+) -> None:
+    topic = unique("retained") + "/t"
+    connection = amqp()
+    # A JMS message with JMS_IBM_Retain = 1 is retained...
+    connection.create_sender(f"topic://{topic}").send(
+        Message(body=b"kept", durable=True, inferred=True, properties={"JMS_IBM_Retain": 1})
+    )
+    # ...an MQTT subscriber that comes later gets it with RETAIN set...
+    late = paho(amqp_broker.address)
+    late.subscribe(topic, 1)
+    received = late.get(timeout=5)
+    assert (received.payload, received.retain) == (b"kept", True)
+    # ...and an AMQP subscriber gets it with JMS_IBM_Retain = 1; a live one says 0.
+    receiver = connection.create_receiver(f"topic://{topic}", credit=5, name="late")
+    retained = receiver.receive(timeout=5)
+    receiver.accept()
+    assert (bytes(retained.body), retained.properties["JMS_IBM_Retain"]) == (b"kept", 1)
+    paho(amqp_broker.address).publish(topic, b"live", qos=1, retain=True)
+    live = receiver.receive(timeout=5)
+    receiver.accept()
+    assert (bytes(live.body), live.properties["JMS_IBM_Retain"]) == (b"live", 0)

@@ -228,3 +228,22 @@ def test_ulong_beyond_long_is_left_out() -> None:
     sent.properties = {"big": ulong(2**64 - 1), "ok": 1}
     properties = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message.properties
     assert properties is not None and dict(properties) == {"ok": 1}
+
+
+def test_jms_ibm_retain_says_retained_or_live() -> None:
+    sent = jms("r", JMSMessageType.TEXT)
+    sent.properties = {"JMS_IBM_Retain": int32(1), "k": "v"}
+    message = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message
+    assert message.retain
+    for retained, expected in ((True, 1), (False, 0)):
+        out = ProtonMessage()
+        out.decode(
+            to_amqp(message, durable=False, delivery_count=0, clocks=CLOCKS, retained=retained)
+        )
+        assert out.properties == {"JMS_IBM_Retain": expected, "k": "v"}
+        assert out.body == "r"
+    # An MQTT retained message without properties gains the section.
+    mqtt = CoreMessage(topic="t", payload=b"x", retain=True, created=CLOCKS.now)
+    out = ProtonMessage()
+    out.decode(to_amqp(mqtt, durable=False, delivery_count=0, clocks=CLOCKS, retained=True))
+    assert out.properties == {"JMS_IBM_Retain": 1} and bytes(out.body) == b"x"
