@@ -636,6 +636,10 @@ class QueueConsumerLink(ConsumerLink):
             self.layer.queues.detach(consumer)
         self.unsettled.clear()
 
+    def deliver(self, delivery: Delivery) -> None:
+        self.layer.queues.mark_sent(delivery)
+        super().deliver(delivery)
+
     def _settle_core(
         self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
     ) -> None:

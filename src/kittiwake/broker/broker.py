@@ -41,7 +41,13 @@ from kittiwake.broker.shared_groups import (
     SharedGroup,
     group_queue_name,
 )
-from kittiwake.broker.store import MemoryStore, SessionRecord, Store, SubscriptionRecord
+from kittiwake.broker.store import (
+    MemoryStore,
+    RecoveredState,
+    SessionRecord,
+    Store,
+    SubscriptionRecord,
+)
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.topics import (
     TopicError,
@@ -157,6 +163,9 @@ class Broker:
         # Sessions whose queue holds messages not yet visible (delivery time): tick pumps them.
         self._delayed: set[Session] = set()
         self._next_anonymous = 0
+        # Called with the recovered state at the end of recover(): queues this class does not
+        # own (queue destinations) rebuild theirs from it.
+        self.recovery_hooks: list[Callable[[RecoveredState], None]] = []
 
     # -- recovery -------------------------------------------------------------------------
 
@@ -248,6 +257,8 @@ class Broker:
         for queue, entries in waiting.items():
             for entry in entries[: windows.get(queue, 0)]:
                 entry.delivery_count += 1
+        for hook in self.recovery_hooks:
+            hook(state)  # other owners of stored queues (queue destinations) take theirs
         log.info(
             "recovered %d sessions, %d messages, %d retained",
             len(state.sessions),

@@ -4,8 +4,8 @@ to the dead-letter or expiry queue (DESIGN.md section 5). Persistent entries are
 a sender's completion is their commit. Knows no protocol: front ends attach consumers and
 settle their deliveries here.
 
-Not yet here: recovery of stored queue entries after a restart (the broker's recovery skips
-queues that are not sessions' or shared groups'), configured (declared) queues, admin deletion.
+Not yet here: configured (declared) queues, admin deletion, the crash rule for entries whose
+lazily written in-flight mark was lost (they come back counted as not delivered).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.routing import Router
+from kittiwake.broker.store import RecoveredState
 from kittiwake.broker.transactions import Transaction
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class QueueDestinations:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[Queue, None] = {}
+        broker.recovery_hooks.append(self.recover)
         # Stored entries the commit in progress enqueued, to hold until the store commit.
         self._committing: list[tuple[Queue, Message]] = []
 
@@ -85,6 +87,37 @@ class QueueDestinations:
     def _forget(self, queue: Queue, entry: QueuedMessage) -> None:
         if entry.persistent:
             self.store.remove(queue.name, entry.message.message_id)
+
+    def recover(self, state: RecoveredState) -> None:
+        """Rebuild queue destinations from the store (the broker's recovery calls this).
+
+        Names starting with ``$`` are the broker's own queues (sessions, shared groups). An
+        entry marked in flight comes back counted as possibly delivered (its stored count
+        includes that attempt)."""
+        recovered = 0
+        for record in state.queued:
+            if record.queue.startswith("$"):
+                continue
+            message = state.messages.get(record.message_id)
+            if message is None:
+                continue
+            entry = QueuedMessage(
+                message, record.qos, True, record.retain, record.subscription_ids,
+                record.delivery_count,
+            )
+            self.queue(record.queue).push(entry)
+            recovered += 1
+        if recovered:
+            log.info("recovered %d queue destination entries", recovered)
+
+    def mark_sent(self, delivery: Delivery) -> None:
+        """A stored entry went out: its mark (written lazily) lets a restart count the attempt."""
+        entry = delivery.entry
+        queue = delivery.consumer.queue
+        if entry.persistent and queue is not None:
+            self.store.mark_delivery(
+                queue.name, entry.message.message_id, delivery.id, "sent", lazy=True
+            )
 
     # -- sending ----------------------------------------------------------------------------
 
