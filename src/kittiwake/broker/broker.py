@@ -1,29 +1,31 @@
-"""The protocol-free broker: sessions, subscriptions, routing, retained messages, wills.
+"""The broker: the one object front ends talk to. It owns every session and its lifecycle
+(connect, resume, take over, disconnect, expire) and answers each operation with a completion
+(see completion.py): this package alone decides what must be durable before a client is told.
 
-Publish path: route (topic tree) → filter (noLocal) → enqueue on each matching session →
-persist (when persistent) → acknowledge the publisher (the caller waits on the completion
-publish returns) → dispatch to consumers. Every operation a client is answered for returns a
-completion (see completion.py): this module alone decides what must be durable first. Runs on
-one event loop and never blocks; it holds no locks.
+The rest lives where its name says: the publish path in publishing.py, queues to connections
+in dispatch.py, subscribing in subscriptions.py, shared subscriptions in shared_groups.py,
+recovery in recovery.py, wills and session expiry in wills.py, producer flow control in
+flow_control.py. Knows no protocol and no store implementation; runs on one event loop and
+never blocks; it holds no locks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import NamedTuple
 
 from kittiwake import __version__
+from kittiwake.broker import publishing, recovery, subscriptions, wills
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
-from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Settlement
-from kittiwake.broker.dispatch import DurableReceiver, resend
+from kittiwake.broker.consumers import Consumer, Delivery, Settlement
+from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, pump, resend
+from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
+from kittiwake.broker.publishing import PendingCommits
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
 from kittiwake.broker.route_plans import RoutePlan, RoutePlans
@@ -35,12 +37,7 @@ from kittiwake.broker.sessions import (
     session_producer_name,
     session_queue_name,
 )
-from kittiwake.broker.shared_groups import (
-    Member,
-    MemberReceiver,
-    SharedGroup,
-    group_queue_name,
-)
+from kittiwake.broker.shared_groups import MemberReceiver, SharedGroup
 from kittiwake.broker.store import (
     MemoryStore,
     RecoveredState,
@@ -48,49 +45,22 @@ from kittiwake.broker.store import (
     Store,
     SubscriptionRecord,
 )
+from kittiwake.broker.subscriptions import Subscribed, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.topic_tree import TopicTree
-from kittiwake.broker.topics import (
-    TopicError,
-    parse_shared,
-    validate_topic_filter,
-)
+from kittiwake.broker.wills import SessionTimers
 from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.config import Config
 
+__all__ = [
+    "Broker",
+    "BrokerStats",
+    "Connected",
+    "SubscribeRefusal",
+    "Subscribed",
+    "SubscriptionOptions",
+]
+
 log = logging.getLogger(__name__)
-
-
-class SubscribeRefusal(Enum):
-    """Why a subscription was refused; front ends map these to their reason codes."""
-
-    INVALID_FILTER = "invalid topic filter"
-    NOT_AUTHORIZED = "not authorized"
-    QUOTA_EXCEEDED = "too many subscriptions"
-
-
-@dataclass(slots=True)
-class SubscriptionOptions:
-    """What a subscriber asks for, on the MQTT 5 scale (older protocols use the defaults)."""
-
-    max_qos: int = 0
-    no_local: bool = False
-    retain_as_published: bool = False
-    retain_handling: int = 0
-    subscription_id: int | None = None
-
-
-@dataclass(slots=True)
-class Subscribed:
-    """A subscription that was accepted; ``new`` is False when it replaced an existing one;
-    ``completion`` says when it is durable."""
-
-    subscription: Subscription
-    new: bool
-    completion: Completion = None
-
-    @property
-    def granted_qos(self) -> int:
-        return self.subscription.max_qos
 
 
 @dataclass(slots=True)
@@ -138,133 +108,22 @@ class Broker:
         self.stats = BrokerStats()
         self.started_at = self.clock.now()
         self.version = __version__
-        # Sessions without a connection, the only ones whose expiry and will timers can fire.
-        self._detached: set[Session] = set()
-        # (due, sequence, session) for detached sessions with a will or expiry timer, so a tick
-        # touches only what is due, not every offline session. Entries go stale when a session
-        # reattaches or ends; tick skips those.
-        self._timers: list[tuple[float, int, Session]] = []
-        self._timer_sequence = itertools.count()
-        # Sessions to pump at the end of this loop turn: one pump serves every acknowledgement
-        # and publication of a read, instead of one pump each. None = no loop, pump at once.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pump_pending: dict[Session | SharedGroup, None] = {}
-        # Publications (with the sessions they were queued on) waiting for their commit.
-        self._held_for_commit: dict[
-            asyncio.Future[None], list[tuple[Message, list[Session | SharedGroup]]]
-        ] = {}
-        # A commit and a drain both waited for: one shared future per pair, not one per message.
-        self._both_waiters: dict[
-            tuple[asyncio.Future[None], asyncio.Future[None]], asyncio.Future[None]
-        ] = {}
         # Who gets a publication on a topic, per topic (the publish path's one cache).
         self.routes = RoutePlans(self.tree)
-        self._flow_depth = self.config.limits.flow_control_depth
-        # Sessions whose queue holds messages not yet visible (delivery time): tick pumps them.
-        self._delayed: set[Session] = set()
+        self.timers = SessionTimers()
+        self.flow = FlowControl(self.config.limits.flow_control_depth)
+        self.pumps = PumpSchedule(self)
+        # Pump a session (or group) at the end of this loop turn.
+        self.pump_soon = self.pumps.soon
+        self.pending_commits = PendingCommits(self)
         self._next_anonymous = 0
         # Called with the recovered state at the end of recover(): queues this class does not
         # own (queue destinations) rebuild theirs from it.
         self.recovery_hooks: list[Callable[[RecoveredState], None]] = []
 
-    # -- recovery -------------------------------------------------------------------------
-
     def recover(self) -> None:
-        """Rebuild sessions, queues, in-flight deliveries and retained messages from the store.
-
-        Called once before any listener accepts connections. Every recovered session starts
-        detached: its clients were cut off by the stop, so their wills are due (after their
-        delay) unless they reconnect first.
-        """
-        state = self.store.recover()
-        now = self.clock.now()
-        for message in state.retained.values():
-            self.retained.restore(message)
-        for record in state.sessions.values():
-            session = self._new_session(record.client_id)
-            session.expiry_interval = record.expiry_interval
-            session.queue.durable = True
-            session.will = record.will
-            session.will_delay = record.will_delay
-            session.will_expiry = record.will_expiry
-            self.sessions[record.client_id] = session
-            for stored in record.subscriptions:
-                options = SubscriptionOptions(
-                    stored.max_qos,
-                    stored.no_local,
-                    stored.retain_as_published,
-                    stored.retain_handling,
-                    stored.subscription_id,
-                )
-                self._attach_subscription(session, stored.topic_filter, options)
-            session.exactly_once_keys = {
-                int(key)
-                for key in state.duplicates.get(session_producer_name(record.client_id), ())
-            }
-            if session.expiry_interval != NEVER_EXPIRES:
-                session.expires_at = now + session.expiry_interval
-            if session.will is not None:
-                session.will_at = now + session.will_delay
-            self._detach(session)
-        recovered = 0
-        by_queue = {session.queue.name: session for session in self.sessions.values()}
-        groups = {group.queue.name: group for group in self.shared_groups.values()}
-        # Entries queued (not marked in flight) per queue, in queue order, for the crash rule.
-        waiting: dict[Queue, list[QueuedMessage]] = {}
-        for queued in state.queued:
-            stored_message = state.messages.get(queued.message_id)
-            if stored_message is None:
-                continue
-            entry = QueuedMessage(
-                stored_message,
-                queued.qos,
-                True,
-                queued.retain,
-                queued.subscription_ids,
-                queued.delivery_count,
-            )
-            in_flight = queued.state in ("sent", "received") and queued.delivery_id
-            owner = by_queue.get(queued.queue)
-            if owner is None:
-                group = groups.get(queued.queue)
-                if group is None:
-                    continue
-                # A member's unacknowledged delivery: back to the group, the attempt counted
-                # (the stored count includes it). The restart disconnected every member.
-                group.queue.push(entry)
-                if not in_flight:
-                    waiting.setdefault(group.queue, []).append(entry)
-            elif in_flight:
-                # The stored count includes the attempt in flight; resuming counts it again.
-                entry.delivery_count = max(0, queued.delivery_count - 1)
-                state_now = DeliveryState(queued.state)
-                delivery = owner.queue.restore(owner.consumer, entry, state_now)
-                delivery.tag = queued.delivery_id
-            else:
-                owner.queue.push(entry)
-                waiting.setdefault(owner.queue, []).append(entry)
-            recovered += 1
-        # A lazily written in-flight mark is lost in a crash: whatever the window of the
-        # connection attached at the time let out may have been seen (DESIGN.md section 2).
-        windows = {
-            self.sessions[record.client_id].queue: record.window
-            for record in state.sessions.values()
-        }
-        for group in self.shared_groups.values():
-            windows[group.queue] = sum(
-                windows.get(m.session.queue, 0) for m in group.members.values()
-            )
-        for queue, entries in waiting.items():
-            for entry in entries[: windows.get(queue, 0)]:
-                entry.delivery_count += 1
-        for hook in self.recovery_hooks:
-            hook(state)  # other owners of stored queues (queue destinations) take theirs
-        log.info(
-            "recovered %d sessions, %d messages, %d retained",
-            len(state.sessions),
-            recovered,
-            len(state.retained),
-        )
+        """Rebuild everything the store kept (see recovery.py); once, before any listener."""
+        recovery.recover(self)
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -304,7 +163,7 @@ class Broker:
             session = existing
             session_present = True
             session.expires_at = None
-            self._detached.discard(session)
+            self.timers.attach(session)
         else:
             session = self._new_session(client_id)
             self.sessions[client_id] = session
@@ -346,7 +205,7 @@ class Broker:
             return
         self._attach_receiver(session, link)
         resend(self, session, link)
-        self.pump(session)
+        pump(self, session)
 
     def _attach_receiver(self, session: Session, link: SessionLink) -> None:
         """The consumer's receiver: the link itself, or, when the session's copies are
@@ -406,18 +265,18 @@ class Broker:
             member.consumer.receiver = None
             if member.group.queue.recall(member.consumer, received_too=True):
                 self.pump_soon(member.group)
-        self._release_drain_waiter(session)
+        self.flow.release(session)
         self.routes.changed()
         self.stats.clients_connected -= 1
         if keep_will and session.persistent:
-            self._detach(session)
+            self.timers.detach(session)
             self._save_session(session)
             return
         if not publish_will:
             session.will = None
         if session.will is not None:
             if session.will_delay == 0 or session.expiry_interval == 0:
-                self._publish_will(session)
+                wills.publish_will(self, session)
             else:
                 session.will_at = now + session.will_delay
         if session.expiry_interval == 0:
@@ -425,78 +284,49 @@ class Broker:
             return
         if session.expiry_interval != NEVER_EXPIRES:
             session.expires_at = now + session.expiry_interval
-        self._detach(session)
+        self.timers.detach(session)
         if session.persistent:
             self._save_session(session)
 
     def _end_session(self, session: Session, now: float) -> None:
         """The session is over: its will goes out if still pending, its state is dropped."""
         if session.will is not None and session.link is None:
-            self._publish_will(session)
+            wills.publish_will(self, session)
         for subscription in list(session.subscriptions.values()):
-            self._remove_subscription(subscription)
+            subscriptions.remove_subscription(self, subscription)
         session.subscriptions.clear()
         session.queue.drain()
         session.consumer.unsettled.clear()
         session.queue.in_flight = 0
         session.exactly_once_keys.clear()
-        self._detached.discard(session)
+        self.timers.attach(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         if session.persistent:  # a session that ends with its connection was never stored
             self._forget_stored_session(session)
         log.debug("session %s ended", session.client_id)
 
-    def _publish_will(self, session: Session) -> None:
-        will = session.will
-        session.will = None
-        session.will_at = None
-        if will is None:
-            return
-        if not self.authorizer.may_publish(will.topic):
-            log.info("client %s: will to %s not authorised", session.client_id, will.topic)
-            return
-        log.debug("client %s: publishing will to %s", session.client_id, will.topic)
-        will.created = self.clock.now()
-        if session.will_expiry is not None:
-            will.expiry = will.created + session.will_expiry
-        self.publish(will)
-
-    def _detach(self, session: Session) -> None:
-        """The session has no connection now; its will and expiry timers start to count."""
-        self._detached.add(session)
-        due = _next_timer(session)
-        if due is not None:
-            heapq.heappush(self._timers, (due, next(self._timer_sequence), session))
-
     def tick(self) -> None:
-        """Fire due timers: wills, session expiry, retained expiry. Called about once a second."""
+        """Fire due timers: wills, session expiry, retained expiry, delayed messages. Called
+        about once a second."""
         now = self.clock.now()
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            at, _, session = heapq.heappop(timers)
-            if session not in self._detached or _next_timer(session) != at:
-                continue  # reattached, ended, or re-armed under a later entry
+        for session in self.timers.due(now):
             if session.will_at is not None and now >= session.will_at:
-                self._publish_will(session)
+                wills.publish_will(self, session)
                 if session.persistent:
                     self._save_session(session)
             if session.expires_at is not None and now >= session.expires_at:
                 log.info("session %s expired", session.client_id)
                 self._end_session(session, now)
-            elif (later := _next_timer(session)) is not None:
-                heapq.heappush(timers, (later, next(self._timer_sequence), session))
+            else:
+                self.timers.rearm(session)
         for message in self.retained.remove_expired(now):
             if message.persistent:
                 self.store.set_retained(message.topic, None)
-        for session in list(self._delayed):
-            due = session.queue.next_visible_time()
-            if due is None or self.sessions.get(session.client_id) is not session:
-                self._delayed.discard(session)
-            elif due <= now and session.link is not None:
-                self.pump(session)
+        for session in self.pumps.due(now):
+            pump(self, session)
 
-    # -- subscriptions --------------------------------------------------------------------
+    # -- subscriptions (see subscriptions.py) ----------------------------------------------
 
     def subscribe(
         self, session: Session, full_filter: str, options: SubscriptionOptions
@@ -506,236 +336,25 @@ class Broker:
         Retained messages are not sent here: the front end acknowledges the subscription first
         and then calls :meth:`send_retained`, so they never overtake the acknowledgement.
         """
-        try:
-            _group, topic_filter = parse_shared(full_filter)
-            validate_topic_filter(topic_filter, self.config.limits.max_topic_levels)
-        except TopicError:
-            return SubscribeRefusal.INVALID_FILTER
-        if not self.authorizer.may_subscribe(topic_filter):
-            return SubscribeRefusal.NOT_AUTHORIZED
-        existing = session.subscriptions.get(full_filter)
-        if existing is None and len(session.subscriptions) >= (
-            self.config.limits.max_subscriptions_per_session
-        ):
-            return SubscribeRefusal.QUOTA_EXCEEDED
-        if existing is not None:
-            existing.max_qos = options.max_qos
-            existing.no_local = options.no_local
-            existing.retain_as_published = options.retain_as_published
-            existing.retain_handling = options.retain_handling
-            existing.subscription_id = options.subscription_id
-            subscription = existing
-            self.routes.changed()
-            member = session.members.get(full_filter)
-            if member is not None:
-                member.group.refresh()
-        else:
-            subscription = self._attach_subscription(session, full_filter, options)
-        if not session.persistent:
-            return Subscribed(subscription, existing is None)
-        self._save_session(session)
-        return Subscribed(subscription, existing is None, self._durable())
+        return subscriptions.subscribe(self, session, full_filter, options)
 
     def unsubscribe(self, session: Session, full_filter: str) -> Outcome:
-        subscription = session.subscriptions.pop(full_filter, None)
-        if subscription is None:
-            return NOT_FOUND
-        self._remove_subscription(subscription)
-        if not session.persistent:
-            return True, None
-        self._save_session(session)
-        return True, self._durable()
+        return subscriptions.unsubscribe(self, session, full_filter)
+
+    def send_retained(self, subscribed: Subscribed) -> None:
+        """Deliver the retained messages a new subscription should see (retain handling)."""
+        subscriptions.send_retained(self, subscribed)
 
     @property
     def subscription_count(self) -> int:
         return sum(len(s.subscriptions) for s in self.sessions.values())
 
-    def _attach_subscription(
-        self, session: Session, full_filter: str, options: SubscriptionOptions
-    ) -> Subscription:
-        """Create a subscription from a (validated) filter and route messages to it."""
-        group, topic_filter = parse_shared(full_filter)
-        subscription = Subscription(
-            session=session,
-            topic_filter=topic_filter,
-            queue=session.queue,
-            owner=session.client_id,
-            max_qos=options.max_qos,
-            share_group=group,
-            no_local=options.no_local,
-            retain_as_published=options.retain_as_published,
-            retain_handling=options.retain_handling,
-            subscription_id=options.subscription_id,
-        )
-        session.subscriptions[full_filter] = subscription
-        self._add_subscription(subscription)
-        return subscription
-
-    def _add_subscription(self, subscription: Subscription) -> None:
-        self.routes.changed()
-        if subscription.share_group is None:
-            self.tree.insert(subscription.topic_filter, subscription)
-            return
-        key = (subscription.share_group, subscription.topic_filter)
-        group = self.shared_groups.get(key)
-        if group is None:
-            name = group_queue_name(*key)
-            group = SharedGroup(
-                subscription.share_group,
-                subscription.topic_filter,
-                Queue(
-                    name,
-                    max_messages=self.config.limits.max_queued_messages,
-                    max_bytes=self.config.limits.max_queued_bytes,
-                    policy=self.config.limits.queue_full_policy,
-                ),
-            )
-            group.queue.on_removed = self._group_entry_removed
-            self.shared_groups[key] = group
-            self.tree.insert(subscription.topic_filter, group)
-        session = subscription.session
-        subscription.queue = group.queue
-        member = Member(group, subscription)
-        group.members[session] = member
-        session.members[subscription.full_filter] = member
-        group.queue.attach(member.consumer)
-        group.refresh()
-        if session.link is not None and session.consumer.receiver is not None:
-            member.consumer.receiver = MemberReceiver(self, member, session.link)
-            self.pump_soon(group)
-
-    def _remove_subscription(self, subscription: Subscription) -> None:
-        self.routes.changed()
-        if subscription.share_group is None:
-            self.tree.remove(subscription.topic_filter, subscription)
-            return
-        key = (subscription.share_group, subscription.topic_filter)
-        group = self.shared_groups.get(key)
-        session = subscription.session
-        member = session.members.pop(subscription.full_filter, None)
-        if group is None or member is None:
-            return
-        del group.members[session]
-        # What the member has not acknowledged goes back to the group.
-        group.queue.detach(member.consumer)
-        if group.members:
-            group.refresh()
-            self.pump_soon(group)
-            return
-        del self.shared_groups[key]
-        self.tree.remove(subscription.topic_filter, group)
-        for entry in group.queue.drain():  # nobody left to take them
-            self._group_entry_removed(group.queue, entry, Removal.PURGED)
-
-    def send_retained(self, subscribed: Subscribed) -> None:
-        """Deliver the retained messages a new subscription should see (retain handling)."""
-        subscription = subscribed.subscription
-        if subscription.share_group is not None:
-            return  # shared subscriptions never receive retained messages (MQTT-4.8.2)
-        handling = subscription.retain_handling
-        if handling == 2 or (handling == 1 and not subscribed.new):
-            return
-        now = self.clock.now()
-        session = subscription.session
-        sub_ids = () if subscription.subscription_id is None else (subscription.subscription_id,)
-        for message in self.retained.matching(subscription.topic_filter, now):
-            entry = QueuedMessage.of(
-                message, subscription.max_qos, retain=True, subscription_ids=sub_ids
-            )
-            self._enqueue(session, entry)
-        self.pump(session)
-
-    # -- publishing -----------------------------------------------------------------------
+    # -- publishing (see publishing.py) ----------------------------------------------------
 
     def publish(self, message: Message) -> Completion:
         """Accept a publication; the completion says when the publisher may be told it is
-        safe (its commit, and room at its congested receivers: see _flow_control)."""
-        if not message.created:
-            message.created = self.clock.now()
-        self.stats.messages_received += 1
-        if message.persistent and not message.message_id:
-            self.store.journal(message)
-        if message.retain:
-            self._retain(message)
-        touched = self._route(message)
-        commit = self.store.commit() if message.persistent else None
-        drained = self._flow_control(touched) if message.qos and touched else None
-        if commit is None:
-            for session in touched:
-                self.pump_soon(session)
-            return drained
-        if touched:
-            message.awaiting_commit = True
-            # One callback per commit, however many publications it holds.
-            held = self._held_for_commit.get(commit)
-            if held is None:
-                held = self._held_for_commit[commit] = []
-                commit.add_done_callback(self._after_commit)
-            held.append((message, touched))
-        if drained is None:
-            return commit
-        return self._commit_and_drain(commit, drained)
-
-    def _durable(self) -> Completion:
-        """Completes once every state change made so far is durable."""
-        return self.store.commit()
-
-    def _flow_control(self, touched: list[Session | SharedGroup]) -> asyncio.Future[None] | None:
-        """A future that resolves once every congested receiver has drained, or None.
-
-        Only connected receivers count: an offline session's queue does not drain, and a
-        publisher must never wait on a subscriber that is not there.
-        """
-        depth = self._flow_depth
-        if not depth or self._loop is None:
-            return None
-        for session in touched:
-            if isinstance(session, SharedGroup):
-                continue
-            if session.link is not None and session.queue.count >= depth:
-                # One future per congested session, shared by every publisher waiting on it.
-                waiter = session.drain_waiter
-                if waiter is None:
-                    waiter = session.drain_waiter = self._loop.create_future()
-                return waiter
-        return None
-
-    def _commit_and_drain(
-        self, commit: asyncio.Future[None], drained: asyncio.Future[None]
-    ) -> asyncio.Future[None]:
-        """Resolves once both are done: with the drain's cancellation or error if it has one,
-        else with the commit's outcome (a failed commit must reach the publisher)."""
-        key = (commit, drained)
-        both = self._both_waiters.get(key)
-        if both is not None:
-            return both
-        both = self._both_waiters[key] = commit.get_loop().create_future()
-
-        def settle(_: object) -> None:
-            if not (commit.done() and drained.done()):
-                return
-            self._both_waiters.pop(key, None)
-            if both.done():
-                return
-            for source in (drained, commit):
-                if source.cancelled():
-                    both.cancel()
-                    return
-                error = source.exception()
-                if error is not None:
-                    both.set_exception(error)
-                    return
-            both.set_result(None)
-
-        commit.add_done_callback(settle)
-        drained.add_done_callback(settle)
-        return both
-
-    def _release_drain_waiter(self, session: Session) -> None:
-        waiter = session.drain_waiter
-        session.drain_waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        safe (its commit, and room at its congested receivers)."""
+        return publishing.publish(self, message)
 
     def route_plan(self, topic: str) -> RoutePlan:
         """Who gets a publication on ``topic`` (cached until routing changes)."""
@@ -748,145 +367,16 @@ class Broker:
         stats.messages_received += 1
         stats.messages_sent += receivers
 
-    def _after_commit(self, future: asyncio.Future[None]) -> None:
-        """Dispatch what a commit made safe; if it failed, deliver none of it."""
-        held = self._held_for_commit.pop(future, [])
-        failed = future.cancelled() or future.exception() is not None
-        for message, touched in held:
-            message.awaiting_commit = False
-            for session in touched:
-                if failed:
-                    # Not stored, and its publisher is told so: it must not be delivered.
-                    session.queue.remove_message(message)
-                else:
-                    self.pump_soon(session)
-
-    def pump_soon(self, target: Session | SharedGroup) -> None:
-        """Pump this session (or group) once the current loop turn has done its reading."""
-        if self._loop is None:
-            self.pump(target)
-            return
-        pending = self._pump_pending
-        if not pending:
-            self._loop.call_soon(self._run_pumps)
-        pending[target] = None
-
-    def _run_pumps(self) -> None:
-        targets = list(self._pump_pending)
-        self._pump_pending.clear()
-        for target in targets:
-            self.pump(target)
-
-    def _retain(self, message: Message) -> None:
-        previous = self.retained.update(message)
-        if message.persistent and message.payload:
-            self.store.set_retained(message.topic, message)
-        elif previous is not None and previous.persistent:
-            self.store.set_retained(message.topic, None)
-
-    def _route(self, message: Message) -> list[Session | SharedGroup]:
-        """Enqueue the message on every session and group that should get it; returns those
-        that need pumping."""
-        plan = self.routes.plan(message.topic)
-        touched: list[Session | SharedGroup] = []
-        origin = message.origin
-        for copy in plan.copies:
-            options = copy.options
-            if copy.own is not options and origin == copy.session.client_id:
-                own = copy.own  # the session published it: its noLocal subscriptions skip it
-                if own is None:
-                    continue
-                options = own
-            if self._enqueue(copy.session, options.copy(message)):
-                touched.append(copy.session)
-        for group in plan.groups:
-            if self._enqueue_shared(group, message):
-                touched.append(group)
-        return touched
-
-    def _enqueue_shared(self, group: SharedGroup, message: Message) -> bool:
-        """Queue one copy for a shared group (each member's own cap applies when it is sent
-        one); QoS 0 goes to a connected member or nowhere. True when pumping is needed."""
-        entry = QueuedMessage.of(message, group.max_qos)
-        queue = group.queue
-        if entry.qos == 0:
-            if queue.offer(entry):
-                self.stats.messages_sent += 1
-            return False
-        if not queue.push(entry)[0]:
-            self.stats.messages_dropped += 1
-            return False
-        if entry.persistent and queue.durable:
-            if message.message_id == 0:
-                self.store.journal(message)
-            self.store.enqueue(queue.name, entry)
-        return True
-
-    def _enqueue(self, session: Session, entry: QueuedMessage) -> bool:
-        """Queue one copy; QoS 0 goes straight out or nowhere. True when pumping is needed."""
-        queue = session.queue
-        if entry.qos == 0:
-            if queue.offer(entry):
-                self.stats.messages_sent += 1
-            return False
-        if session.link is None and not session.persistent:
-            return False
-        stored = entry.persistent and session.persistent
-        consumer = session.consumer
-        if (
-            not stored
-            and not queue.count
-            and consumer.credit.available > 0
-            and consumer.receiver is not None
-            and entry.message.delivery_time is None
-            # A QoS 2 copy of a message still being committed waits for the commit: if it
-            # fails, the publisher is refused and resends, and this copy would be a duplicate.
-            and (entry.qos < 2 or not entry.message.persistent)
-        ):
-            # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
-            queue.deliver_now(consumer, entry)
-            self.stats.messages_sent += 1
-            return False
-        if not queue.push(entry)[0]:
-            self.stats.messages_dropped += 1
-            return False
-        if stored:
-            if entry.message.message_id == 0:
-                self.store.journal(entry.message)
-            self.store.enqueue(session.queue.name, entry)
-        return True
-
-    # -- delivery -------------------------------------------------------------------------
+    # -- delivery (see dispatch.py) --------------------------------------------------------
 
     def pump(self, target: Session | SharedGroup) -> None:
-        """Move queued messages into flight while the consumers' windows have room.
-
-        A session's pump also serves the groups it is a member of, since the credit an
-        acknowledgement frees may be theirs to use.
-        """
-        if isinstance(target, SharedGroup):
-            if target.queue.count:
-                self.stats.messages_sent += target.queue.dispatch(self.clock.now())
-            return
-        session = target
-        if session.consumer.receiver is None:
-            return
-        queue = session.queue
-        if queue.count:
-            self.stats.messages_sent += queue.dispatch(self.clock.now())
-            if session.drain_waiter is not None and queue.count <= self._flow_depth // 2:
-                self._release_drain_waiter(session)
-            if queue.next_visible_time() is not None:
-                self._delayed.add(session)
-        if session.members:
-            for member in session.members.values():
-                if member.group.queue.count:
-                    self.pump(member.group)
+        """Move queued messages into flight while the consumers' windows have room."""
+        pump(self, target)
 
     def acknowledge(self, session: Session, delivery: Delivery) -> Outcome:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""
         queue = delivery.consumer.queue
-        if queue is None or not queue.settle(delivery, Settlement.ACCEPTED):
+        if queue is None or not queue.settle(delivery, _ACCEPTED):
             return NOT_FOUND
         completion = None
         if delivery.entry.persistent and queue.durable:
@@ -952,30 +442,27 @@ class Broker:
         consumer = Consumer(None, window=limits.max_inflight, name=client_id)
         queue.attach(consumer)
         session = Session(client_id, queue, consumer)
-        queue.on_removed = lambda _queue, entry, reason: self._entry_removed(session, entry, reason)
+        queue.on_removed = self._entry_removed
         return session
 
-    def _group_entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
-        """An entry left a shared group's queue for good: the store forgets it too."""
+    def _entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
+        """An entry left a session's or a group's queue for good: the store forgets it too."""
         if reason is not Removal.ACCEPTED:
+            # Expired or pushed out of a full queue: never delivered. (MQTT's queues do not
+            # dead-letter: they have no maximum delivery count.)
             self.stats.messages_dropped += 1
         if entry.persistent and queue.durable:
             self.store.remove(queue.name, entry.message.message_id)
-
-    def _entry_removed(self, session: Session, entry: QueuedMessage, reason: Removal) -> None:
-        """An entry left a session's queue for good: the store forgets it too."""
-        if reason is not Removal.ACCEPTED:
-            # Expired or pushed out of a full queue: never delivered. (MQTT sessions do not
-            # dead-letter: their queues have no maximum delivery count.)
-            self.stats.messages_dropped += 1
-        if entry.persistent and session.queue.durable:
-            self.store.remove(session.queue.name, entry.message.message_id)
 
     def _forget_stored_session(self, session: Session) -> None:
         """Drop everything stored for a session: its record, its queue, its QoS 2 state."""
         self.store.delete_session(session.client_id)
         self.store.delete_queue(session.queue.name)
         self.store.delete_duplicates(session_producer_name(session.client_id))
+
+    def _durable(self) -> Completion:
+        """Completes once every state change made so far is durable."""
+        return self.store.commit()
 
     def _save_session(self, session: Session) -> None:
         self.store.save_session(
@@ -1009,7 +496,8 @@ class Broker:
         loop turn on this loop.
         """
         handle: asyncio.TimerHandle | None = None
-        self._loop = loop
+        self.pumps.loop = loop
+        self.flow.loop = loop
 
         def run() -> None:
             nonlocal handle
@@ -1028,7 +516,5 @@ class Broker:
         return cancel
 
 
-def _next_timer(session: Session) -> float | None:
-    """The earlier of a detached session's will and expiry times, or None."""
-    times = [t for t in (session.will_at, session.expires_at) if t is not None]
-    return min(times) if times else None
+# Read per acknowledgement; an Enum class attribute lookup costs several plain ones.
+_ACCEPTED = Settlement.ACCEPTED

@@ -38,6 +38,10 @@ class DeliveryState(Enum):
     RECEIVED = "received"
 
 
+# Read per delivery; an Enum class attribute lookup costs several plain ones, so bind it once.
+_SENT = DeliveryState.SENT
+
+
 class Receiver(Protocol):
     """The front end behind a consumer: it puts deliveries on its wire."""
 
@@ -62,7 +66,7 @@ class Delivery:
         # shared subscription member's own level and subscription ids).
         self.view = entry
         self.consumer = consumer
-        self.state = DeliveryState.SENT
+        self.state = _SENT
         # The front end's own id for this attempt (an MQTT packet identifier), 0 until it picks
         # one; it stays with the delivery so a resend can reuse it.
         self.tag = 0

@@ -1,6 +1,7 @@
-"""How a durable session's deliveries reach its connection: the in-flight mark the store needs
-to resend a delivery after a restart, and the commit an exactly-once delivery waits for before
-it goes out. Knows no protocol; never writes to a socket itself (the link does).
+"""From queues to connections: putting a copy on a session's or group's queue (or straight in
+flight when nothing waits), pumping queues into their consumers' windows, once per loop turn,
+the in-flight marks a durable session's deliveries need, and resending on resumption.
+Knows no protocol; never writes to a socket itself (the link does).
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.consumers import Delivery, DeliveryState
+from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session, SessionLink
+from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.store import Store
 
 if TYPE_CHECKING:
@@ -86,3 +89,126 @@ def resend(broker: Broker, session: Session, link: SessionLink) -> None:
                     session.queue.name, entry.message.message_id, delivery.tag, "sent", lazy=True
                 )
         link.deliver(delivery)
+
+
+def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
+    """Queue one copy for a session; QoS 0 goes straight out or nowhere. True when pumping
+    is needed."""
+    queue = session.queue
+    if entry.qos == 0:
+        if queue.offer(entry):
+            broker.stats.messages_sent += 1
+        return False
+    if session.link is None and not session.persistent:
+        return False
+    stored = entry.persistent and session.persistent
+    consumer = session.consumer
+    if (
+        not stored
+        and not queue.count
+        and consumer.credit.available > 0
+        and consumer.receiver is not None
+        and entry.message.delivery_time is None
+        # A QoS 2 copy of a message still being committed waits for the commit: if it
+        # fails, the publisher is refused and resends, and this copy would be a duplicate.
+        and (entry.qos < 2 or not entry.message.persistent)
+    ):
+        # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
+        queue.deliver_now(consumer, entry)
+        broker.stats.messages_sent += 1
+        return False
+    if not queue.push(entry)[0]:
+        broker.stats.messages_dropped += 1
+        return False
+    if stored:
+        if entry.message.message_id == 0:
+            broker.store.journal(entry.message)
+        broker.store.enqueue(session.queue.name, entry)
+    return True
+
+
+def enqueue_shared(broker: Broker, group: SharedGroup, message: Message) -> bool:
+    """Queue one copy for a shared group (each member's own cap applies when it is sent
+    one); QoS 0 goes to a connected member or nowhere. True when pumping is needed."""
+    entry = QueuedMessage.of(message, group.max_qos)
+    queue = group.queue
+    if entry.qos == 0:
+        if queue.offer(entry):
+            broker.stats.messages_sent += 1
+        return False
+    if not queue.push(entry)[0]:
+        broker.stats.messages_dropped += 1
+        return False
+    if entry.persistent and queue.durable:
+        if message.message_id == 0:
+            broker.store.journal(message)
+        broker.store.enqueue(queue.name, entry)
+    return True
+
+
+def pump(broker: Broker, target: Session | SharedGroup) -> None:
+    """Move queued messages into flight while the consumers' windows have room.
+
+    A session's pump also serves the groups it is a member of, since the credit an
+    acknowledgement frees may be theirs to use.
+    """
+    if isinstance(target, SharedGroup):
+        if target.queue.count:
+            broker.stats.messages_sent += target.queue.dispatch(broker.clock.now())
+        return
+    session = target
+    if session.consumer.receiver is None:
+        return
+    queue = session.queue
+    if queue.count:
+        broker.stats.messages_sent += queue.dispatch(broker.clock.now())
+        broker.flow.pumped(session)
+        if queue.next_visible_time() is not None:
+            broker.pumps.delayed.add(session)
+    if session.members:
+        for member in session.members.values():
+            if member.group.queue.count:
+                pump(broker, member.group)
+
+
+class PumpSchedule:
+    """Sessions and groups to pump at the end of this loop turn: one pump serves every
+    acknowledgement and publication of a read, instead of one pump each."""
+
+    __slots__ = ("_broker", "_pending", "delayed", "loop")
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        # None = no loop (unit tests): pump at once.
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._pending: dict[Session | SharedGroup, None] = {}
+        # Sessions whose queue holds entries not visible yet (delivery time): ticks pump them.
+        self.delayed: set[Session] = set()
+
+    def soon(self, target: Session | SharedGroup) -> None:
+        """Pump this session (or group) once the current loop turn has done its reading."""
+        if self.loop is None:
+            pump(self._broker, target)
+            return
+        pending = self._pending
+        if not pending:
+            self.loop.call_soon(self._run)
+        pending[target] = None
+
+    def _run(self) -> None:
+        targets = list(self._pending)
+        self._pending.clear()
+        for target in targets:
+            pump(self._broker, target)
+
+    def due(self, now: float) -> list[Session]:
+        """Sessions whose delayed entries are visible by now (and that can take them)."""
+        broker = self._broker
+        ready = []
+        for session in list(self.delayed):
+            due = session.queue.next_visible_time()
+            if due is None or broker.sessions.get(session.client_id) is not session:
+                self.delayed.discard(session)
+            elif due <= now and session.link is not None:
+                ready.append(session)
+        return ready

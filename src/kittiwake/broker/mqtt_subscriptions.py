@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kittiwake.broker.message import Message
-from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session, Subscription
 
 
@@ -23,14 +21,6 @@ class CopyOptions:
     max_qos: int
     subscription_ids: tuple[int, ...]
     retain_as_published: bool
-
-    def copy(self, message: Message) -> QueuedMessage:
-        return QueuedMessage.of(
-            message,
-            self.max_qos,
-            retain=message.retain and self.retain_as_published,
-            subscription_ids=self.subscription_ids,
-        )
 
 
 @dataclass(slots=True, frozen=True)

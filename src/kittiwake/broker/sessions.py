@@ -1,8 +1,9 @@
 """Session state: subscriptions, the one queue they feed and its consumer, wills and timers.
 
 A Session is data with small invariant-keeping methods; the rules that move messages between
-sessions live in :mod:`kittiwake.broker.broker`. Knows no protocol: deliveries are
-:class:`~kittiwake.broker.consumers.Delivery` objects, which the front end maps to its wire ids.
+sessions live in :mod:`kittiwake.broker.broker` and the modules it names. Knows no protocol:
+deliveries are :class:`~kittiwake.broker.consumers.Delivery` objects, which the front end maps
+to its wire ids.
 """
 
 from __future__ import annotations

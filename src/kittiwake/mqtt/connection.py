@@ -30,7 +30,7 @@ from kittiwake.broker.topics import (
 )
 from kittiwake.mqtt.codec import encode, encode_ack, encode_publish
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError
-from kittiwake.mqtt.packet_ids import OutgoingPacketIds
+from kittiwake.mqtt.packet_ids import MAX_PACKET_ID, OutgoingPacketIds
 from kittiwake.mqtt.packets import (
     Auth,
     ConnAck,
@@ -510,7 +510,7 @@ class MQTTConnection:
 
     def _on_puback(self, packet: PubAck) -> None:
         assert self.session is not None
-        delivery = self._packet_ids.pop(packet.packet_id)
+        delivery = self._packet_ids.pop(packet.packet_id, None)
         if delivery is not None:
             self.broker.acknowledge(self.session, delivery)
 
@@ -519,7 +519,7 @@ class MQTTConnection:
         assert session is not None
         if packet.reason_code >= 0x80:
             # v5: a failing PUBREC ends the exchange; no PUBREL follows.
-            delivery = self._packet_ids.pop(packet.packet_id)
+            delivery = self._packet_ids.pop(packet.packet_id, None)
             if delivery is not None:
                 self.broker.acknowledge(session, delivery)
             return
@@ -545,7 +545,7 @@ class MQTTConnection:
 
     def _on_pubcomp(self, packet: PubComp) -> None:
         assert self.session is not None
-        delivery = self._packet_ids.pop(packet.packet_id)
+        delivery = self._packet_ids.pop(packet.packet_id, None)
         if delivery is not None:
             self.broker.acknowledge(self.session, delivery)
 
@@ -668,8 +668,20 @@ class MQTTConnection:
     def deliver(self, delivery: Delivery) -> None:
         if self.closed:
             return
-        delivery_id = self._packet_ids.assign(delivery)
-        if delivery.state is DeliveryState.RECEIVED:
+        ids = self._packet_ids
+        delivery_id = delivery.tag
+        if delivery_id:
+            ids[delivery_id] = delivery
+        else:
+            # OutgoingPacketIds.assign, its usual case inlined: the next id is free.
+            last = ids.last
+            delivery_id = last + 1 if last < MAX_PACKET_ID else 1
+            if delivery_id in ids:
+                delivery_id = ids.assign(delivery)
+            else:
+                ids.last = delivery.tag = delivery_id
+                ids[delivery_id] = delivery
+        if delivery.state is _RECEIVED:
             # The client holds it already: only the release is missing (MQTT-4.4.0-1).
             self._send(PubRel(delivery_id), self.protocol_version)
             return
@@ -729,7 +741,7 @@ class MQTTConnection:
             )
             self._count_dropped()
             if delivery_id and self.session is not None:
-                delivery = self._packet_ids.pop(delivery_id)
+                delivery = self._packet_ids.pop(delivery_id, None)
                 if delivery is not None:
                     _schedule_acknowledge(self, self.session, delivery)
             return
@@ -943,6 +955,9 @@ class _HeldOutput:
         # Held bytes count: a flood of QoS 0 meanwhile is dropped as for a slow reader.
         return self.size + self.transport.write_backlog()
 
+
+# Read per delivery; an Enum class attribute lookup costs several plain ones.
+_RECEIVED = DeliveryState.RECEIVED
 
 # Key of a message's cached 5.0 property block in Message.encoded.
 _V5_SHARED_PROPERTIES = "v5-properties"

@@ -195,17 +195,21 @@ def test_offer_takes_turns_among_consumers() -> None:
 
 
 def test_accepted_removes_the_entry_for_good(clock: ManualClock) -> None:
-    queue, removals = make_queue()
+    """An accepted entry leaves the queue; the owner hears of it when it is stored (a durable
+    queue's persistent entry), since only then is something left to clean up."""
+    queue, removals = make_queue(durable=True)
     only, rx = consumer(5)
     queue.attach(only)
-    queue.push(entry(b"m"))
+    queue.push(QueuedMessage.of(Message("t", b"stored", qos=1, persistent=True), 1))
+    queue.push(entry(b"volatile"))
     queue.dispatch(clock.now())
-    (delivery,) = rx.take()
-    assert (delivery.delivery_count, delivery.redelivered) == (0, False)
-    assert queue.settle(delivery, Settlement.ACCEPTED)
-    assert removals.seen == [(b"m", Removal.ACCEPTED, 0)]
+    stored, volatile = rx.take()
+    assert (stored.delivery_count, stored.redelivered) == (0, False)
+    assert queue.settle(stored, Settlement.ACCEPTED)
+    assert queue.settle(volatile, Settlement.ACCEPTED)
+    assert removals.seen == [(b"stored", Removal.ACCEPTED, 0)]
     assert (queue.count, queue.in_flight, only.credit.available) == (0, 0, 5)
-    assert not queue.settle(delivery, Settlement.ACCEPTED), "a delivery settles once"
+    assert not queue.settle(stored, Settlement.ACCEPTED), "a delivery settles once"
 
 
 def test_released_goes_back_ahead_of_later_entries_with_its_count_unchanged(

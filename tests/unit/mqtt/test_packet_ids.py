@@ -51,4 +51,4 @@ def test_core_ids_beyond_16_bits_map_to_valid_packet_ids() -> None:
     big = delivery(10**9)
     packet_id = ids.assign(big)
     assert 1 <= packet_id <= MAX_PACKET_ID
-    assert ids.pop(packet_id) is big and ids.pop(packet_id) is None
+    assert ids.pop(packet_id) is big and ids.pop(packet_id, None) is None
