@@ -56,7 +56,9 @@ def test_refused_entries_are_accepted_unseen_and_give_their_credit_back() -> Non
     queue.dispatch(0.0)
     # Two credits: spent on the two matching entries only; the refused ones are gone.
     assert recorder.sent == [b"b", b"d"]
-    assert removed == [Removal.ACCEPTED, Removal.ACCEPTED]
+    # The refused ones left the queue settled; only the two sent are in flight.
+    assert queue.in_flight == 2 and len(consumer.unsettled) == 2
+    assert removed == []  # nothing expired, discarded or dead-lettered
     assert consumer.credit.available == 0
     assert len(queue) == 1  # "e" waits for credit
 
