@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kittiwake import __version__
-from kittiwake.broker import publishing, recovery, subscriptions, wills
+from kittiwake.broker import dispatch, publishing, recovery, subscriptions, wills
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.consumers import Consumer, Delivery, Settlement
-from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, pump, resend
+from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, resend
 from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
 from kittiwake.broker.publishing import PendingCommits
@@ -108,8 +108,12 @@ class Broker:
         self.stats = BrokerStats()
         self.started_at = self.clock.now()
         self.version = __version__
+        # The store's journal keeps some QoS 0 publications: they must take the full path.
+        self.journal_qos0 = self.store.keeps_qos0
         # Who gets a publication on a topic, per topic (the publish path's one cache).
-        self.routes = RoutePlans(self.tree)
+        self.routes = RoutePlans(
+            self.tree, self.store.journals_qos0 if self.journal_qos0 else None
+        )
         self.timers = SessionTimers()
         self.flow = FlowControl(self.config.limits.flow_control_depth)
         self.pumps = PumpSchedule(self)
@@ -121,9 +125,8 @@ class Broker:
         # own (queue destinations) rebuild theirs from it.
         self.recovery_hooks: list[Callable[[RecoveredState], None]] = []
 
-    def recover(self) -> None:
-        """Rebuild everything the store kept (see recovery.py); once, before any listener."""
-        recovery.recover(self)
+    # Rebuild everything the store kept; once, before any listener accepts connections.
+    recover = recovery.recover
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -205,7 +208,7 @@ class Broker:
             return
         self._attach_receiver(session, link)
         resend(self, session, link)
-        pump(self, session)
+        dispatch.pump(self, session)
 
     def _attach_receiver(self, session: Session, link: SessionLink) -> None:
         """The consumer's receiver: the link itself, or, when the session's copies are
@@ -324,26 +327,14 @@ class Broker:
             if message.persistent:
                 self.store.set_retained(message.topic, None)
         for session in self.pumps.due(now):
-            pump(self, session)
+            dispatch.pump(self, session)
 
     # -- subscriptions (see subscriptions.py) ----------------------------------------------
 
-    def subscribe(
-        self, session: Session, full_filter: str, options: SubscriptionOptions
-    ) -> SubscribeRefusal | Subscribed:
-        """Add or replace a subscription, or say why not.
-
-        Retained messages are not sent here: the front end acknowledges the subscription first
-        and then calls :meth:`send_retained`, so they never overtake the acknowledgement.
-        """
-        return subscriptions.subscribe(self, session, full_filter, options)
-
-    def unsubscribe(self, session: Session, full_filter: str) -> Outcome:
-        return subscriptions.unsubscribe(self, session, full_filter)
-
-    def send_retained(self, subscribed: Subscribed) -> None:
-        """Deliver the retained messages a new subscription should see (retain handling)."""
-        subscriptions.send_retained(self, subscribed)
+    # The module functions themselves, bound as methods: no extra call on these paths.
+    subscribe = subscriptions.subscribe
+    unsubscribe = subscriptions.unsubscribe
+    send_retained = subscriptions.send_retained
 
     @property
     def subscription_count(self) -> int:
@@ -351,10 +342,8 @@ class Broker:
 
     # -- publishing (see publishing.py) ----------------------------------------------------
 
-    def publish(self, message: Message) -> Completion:
-        """Accept a publication; the completion says when the publisher may be told it is
-        safe (its commit, and room at its congested receivers)."""
-        return publishing.publish(self, message)
+    # Accept a publication; the completion says when the publisher may be told it is safe.
+    publish = publishing.publish
 
     def route_plan(self, topic: str) -> RoutePlan:
         """Who gets a publication on ``topic`` (cached until routing changes)."""
@@ -369,9 +358,8 @@ class Broker:
 
     # -- delivery (see dispatch.py) --------------------------------------------------------
 
-    def pump(self, target: Session | SharedGroup) -> None:
-        """Move queued messages into flight while the consumers' windows have room."""
-        pump(self, target)
+    # Move queued messages into flight while the consumers' windows have room.
+    pump = dispatch.pump
 
     def acknowledge(self, session: Session, delivery: Delivery) -> Outcome:
         """The final acknowledgement of a delivery (PUBACK, PUBCOMP, or a failing PUBREC)."""

@@ -99,9 +99,10 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
         if queue.offer(entry):
             broker.stats.messages_sent += 1
         return False
-    if session.link is None and not session.persistent:
+    # The queue of a persistent session is durable (an attribute: no property call here).
+    if session.link is None and not queue.durable:
         return False
-    stored = entry.persistent and session.persistent
+    stored = entry.persistent and queue.durable
     consumer = session.consumer
     if (
         not stored

@@ -26,8 +26,11 @@ def publish(broker: Broker, message: Message) -> Completion:
     if not message.created:
         message.created = broker.clock.now()
     broker.stats.messages_received += 1
-    if message.persistent and not message.message_id:
-        broker.store.journal(message)
+    if message.persistent:
+        if not message.message_id:
+            broker.store.journal(message)
+    elif broker.journal_qos0 and broker.store.journals_qos0(message.topic):
+        broker.store.journal(message)  # opted in for the data pipeline; nothing waits
     if message.retain:
         retain(broker, message)
     touched = route(broker, message)

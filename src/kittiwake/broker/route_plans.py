@@ -8,6 +8,8 @@ connections one encoded QoS 0 frame goes to), dropped with the plan. Never enque
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kittiwake.broker.mqtt_subscriptions import SessionCopy, session_copies
 from kittiwake.broker.sessions import Session, Subscription
 from kittiwake.broker.shared_groups import SharedGroup
@@ -43,10 +45,17 @@ class RoutePlan:
 class RoutePlans:
     """Plans by topic, valid for one routing generation."""
 
-    __slots__ = ("_cache", "_cached_generation", "generation", "tree")
+    __slots__ = ("_cache", "_cached_generation", "_journals_qos0", "generation", "tree")
 
-    def __init__(self, tree: TopicTree[Subscription | SharedGroup]) -> None:
+    def __init__(
+        self,
+        tree: TopicTree[Subscription | SharedGroup],
+        journals_qos0: Callable[[str], bool] | None = None,
+    ) -> None:
         self.tree = tree
+        # Whether the journal keeps QoS 0 publications on a topic (None: on none); such a
+        # publication must take the full publish path, which writes it.
+        self._journals_qos0 = journals_qos0
         # Bumped by every change that can alter who receives a publication (subscribe,
         # unsubscribe, connect, disconnect).
         self.generation = 0
@@ -85,7 +94,8 @@ class RoutePlans:
                 subscriptions.append(match)
         copies = tuple(session_copies(subscriptions))
         direct: tuple[Session, ...] | None = None
-        if not groups and all(copy.plain for copy in copies):
+        journalled = self._journals_qos0 is not None and self._journals_qos0(topic)
+        if not groups and not journalled and all(copy.plain for copy in copies):
             # Offline sessions never queue QoS 0.
             direct = tuple(c.session for c in copies if c.session.link is not None)
         return RoutePlan(copies, tuple(groups), direct)
