@@ -2,6 +2,7 @@
 JMS speaks it). ``kittiwake.jms.aio`` is the asyncio core; the names here are the blocking
 API a Java developer recognises, a thin layer over it."""
 
+from kittiwake.jms import aio
 from kittiwake.jms.aio import AcknowledgeMode
 from kittiwake.jms.blocking import (
     Connection,
@@ -99,4 +100,5 @@ __all__ = [
     "Topic",
     "TransactionInProgressException",
     "TransactionRolledBackException",
+    "aio",
 ]

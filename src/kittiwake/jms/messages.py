@@ -14,7 +14,7 @@ from enum import IntEnum
 from typing import Any, ClassVar
 
 from proton import Message as ProtonMessage
-from proton import byte, float32, int32, short, symbol
+from proton import byte, float32, int32, short, symbol, timestamp
 
 from kittiwake.jms.destinations import Destination, destination_of
 from kittiwake.jms.exceptions import (
@@ -792,7 +792,8 @@ def encode(
         out.reply_to = message.jms_reply_to.name
         annotations[JMS_REPLY_TO] = byte(message.jms_reply_to.type_code)
     if delivery_delay_ms > 0:
-        annotations[DELIVERY_DELAY] = delivery_delay_ms
+        # Absolute, as Qpid JMS sends it: the delay counts from the send, not the arrival.
+        annotations[DELIVERY_TIME] = timestamp(message.jms_delivery_time)
     out.annotations = annotations
     if message._properties:
         out.properties = {k: to_amqp_value(v, t) for k, (v, t) in message._properties.items()}
