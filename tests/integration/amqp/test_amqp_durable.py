@@ -150,7 +150,8 @@ def test_persistent_queue_messages_survive_a_restart(
     sender.send(Message(body=b"in flight", durable=True, inferred=True))
     sender.send(Message(body=b"waiting", durable=True, inferred=True))
     sender.send(Message(body=b"not stored", durable=False, inferred=True))
-    receiver = connection.create_receiver(queue, credit=1)
+    # No prefetch: receive() grants one credit, so exactly one message goes out.
+    receiver = connection.create_receiver(queue, credit=0)
     assert bytes(receiver.receive(timeout=5).body) == b"in flight"  # never settled
     process.stop()
     connection.close()
