@@ -120,7 +120,7 @@ def typed_value(value: Any) -> Typed:
         return (value, "double")
     if isinstance(value, str):
         return (value, "string")
-    if isinstance(value, (bytes, bytearray)):
+    if isinstance(value, (bytes, bytearray, memoryview)):
         return (bytes(value), "bytes")
     raise MessageFormatException(f"{type(value).__name__} is not a JMS property type")
 
