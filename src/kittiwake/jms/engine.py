@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proton import (
+    SASL,
     UNDESCRIBED,
     Array,
     Collector,
@@ -114,6 +115,7 @@ class EngineConnection:
         self.on_failure: Callable[[JMSException], None] | None = None
         self._pending_open: list[LinkEndpoint] = []
         self._flushing = False
+        self.sasl: SASL | None = None
 
     @classmethod
     async def open(
@@ -136,11 +138,13 @@ class EngineConnection:
             self.connection.desired_capabilities = Array(
                 wanted, Data.SYMBOL, symbol(SOLE_CONNECTION)
             )
-        sasl = self.transport.sasl()
+        sasl = self.sasl = self.transport.sasl()
         if username is not None:
             self.connection.user = username
             self.connection.password = password or ""
             sasl.allowed_mechs("PLAIN")
+            # proton refuses PLAIN on a connection without TLS unless told (no TLS here yet).
+            sasl.allow_insecure_mechs = True
         else:
             sasl.allowed_mechs("ANONYMOUS")
         self.transport.bind(self.connection)
@@ -294,6 +298,15 @@ class EngineConnection:
                 if future is not None and not future.done():
                     future.set_result((delivery.remote_state, delivery))
                 delivery.settle()
+        elif kind == Event.TRANSPORT:
+            outcome = self.sasl.outcome if self.sasl is not None else None
+            if outcome not in (None, SASL.OK) and not self.opened.done():
+                # proton's client reports a refused (or impossible) SASL exchange only here.
+                self.error = JMSSecurityException(
+                    f"SASL authentication with {self.host}:{self.port} failed (outcome "
+                    f"{outcome}): wrong credentials, or the broker needs a username and password"
+                )
+                self.opened.set_exception(self.error)
         elif kind in (Event.TRANSPORT_ERROR, Event.TRANSPORT_CLOSED):
             condition = self.transport.condition
             if condition is not None and condition.name == "amqp:unauthorized-access":
