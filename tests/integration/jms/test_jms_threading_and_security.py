@@ -160,3 +160,16 @@ def test_denied_topic_refused_with_a_security_exception(jms_url: str, tmp_path: 
             connection.close()
     finally:
         broker.stop()
+
+
+def test_close_from_another_thread_ends_a_blocked_receive(connect: Connect) -> None:
+    connection = connect()
+    consumer = connection.create_session().create_consumer(Queue(unique("blocked")))
+    results: list[object] = []
+    receiver = threading.Thread(target=lambda: results.append(consumer.receive()))
+    receiver.start()
+    receiver.join(0.2)
+    assert receiver.is_alive()
+    connection.close()
+    receiver.join(10)
+    assert not receiver.is_alive() and results == [None]  # JMS: receive() returns null
