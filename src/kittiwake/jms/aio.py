@@ -334,6 +334,19 @@ class Session:
 
     create_durable_subscriber = create_durable_consumer
 
+    async def create_shared_consumer(
+        self, topic: Topic, name: str, message_selector: str | None = None
+    ) -> MessageConsumer:
+        """JMS 2.0 shared non-durable subscription (consumers with the same name share it)."""
+        return await self._consumer(topic, message_selector, False, shared_name=name)
+
+    async def create_shared_durable_consumer(
+        self, topic: Topic, name: str, message_selector: str | None = None
+    ) -> MessageConsumer:
+        return await self._consumer(
+            topic, message_selector, False, durable_name=name, shared_name=name
+        )
+
     async def create_browser(
         self, queue: Queue, message_selector: str | None = None
     ) -> QueueBrowser:
@@ -347,15 +360,28 @@ class Session:
         no_local: bool,
         *,
         durable_name: str | None = None,
+        shared_name: str | None = None,
         browse: bool = False,
     ) -> MessageConsumer:
         self._check()
         if not isinstance(destination, Destination):
             raise InvalidDestinationException("a consumer needs a Queue or a Topic")
-        receiver = self.engine.receiver(self.proton_session, durable_name)
+        capabilities = [destination.capability]
+        link_name = durable_name
+        if shared_name is not None:
+            # Qpid JMS's naming: the subscription name, "|global" without a client id,
+            # "|volatileN" for a non-durable shared subscription.
+            capabilities.append("shared")
+            link_name = shared_name
+            if self.connection.client_id is None:
+                capabilities.append("global")
+                link_name += "|global"
+            if durable_name is None:
+                link_name += f"|volatile{next(self._tags)}"
+        receiver = self.engine.receiver(self.proton_session, link_name)
         source = receiver.source
         source.address = destination.name
-        put_symbols(source.capabilities, [destination.capability])
+        put_symbols(source.capabilities, capabilities)
         filters: dict[symbol, Any] = {}
         if selector is not None and selector.strip():
             filters[symbol("jms-selector")] = Described(SELECTOR_FILTER, selector)

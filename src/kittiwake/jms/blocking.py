@@ -259,6 +259,18 @@ class Session:
 
     create_durable_subscriber = create_durable_consumer
 
+    def create_shared_consumer(
+        self, topic: Topic, name: str, message_selector: str | None = None
+    ) -> MessageConsumer:
+        core = self.io.run(self.core.create_shared_consumer(topic, name, message_selector))
+        return MessageConsumer(self, core)
+
+    def create_shared_durable_consumer(
+        self, topic: Topic, name: str, message_selector: str | None = None
+    ) -> MessageConsumer:
+        core = self.io.run(self.core.create_shared_durable_consumer(topic, name, message_selector))
+        return MessageConsumer(self, core)
+
     def create_browser(self, queue: Queue, message_selector: str | None = None) -> QueueBrowser:
         return QueueBrowser(self, self.io.run(self.core.create_browser(queue, message_selector)))
 

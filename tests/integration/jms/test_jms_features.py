@@ -372,6 +372,7 @@ def test_poison_message_goes_to_the_dead_letter_queue(connect: Connect) -> None:
 
 @pytest.mark.xfail(
     strict=True,
+    raises=JMSException,
     reason="broker gap: amqp/links.py refuses selectors on queue consumers "
     "(amqp:not-implemented, 'not supported yet'); browsers and topic consumers take them",
 )
@@ -386,3 +387,22 @@ def test_queue_consumer_selector(connect: Connect) -> None:
         producer.send(message)
     blue = session.create_consumer(queue, "colour = 'blue'")
     assert texts([blue.receive(5)]) == ["b"]  # type: ignore[list-item]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=JMSException,
+    reason="broker gap: amqp/links.py refuses shared subscriptions (capability 'shared', "
+    "amqp:not-implemented, 'not supported yet')",
+)
+def test_shared_subscription_splits_messages(connect: Connect) -> None:
+    topic = Topic(unique("shared"))
+    first = connect().create_session().create_shared_consumer(topic, "workers")
+    second = connect().create_session().create_shared_consumer(topic, "workers")
+    publisher = connect().create_session()
+    producer = publisher.create_producer(topic)
+    for body in ("1", "2"):
+        producer.send(publisher.create_text_message(body))
+    got = [m for m in (first.receive(2), second.receive(2)) if m is not None]
+    got += [m for m in (first.receive(0.2), second.receive(0.2)) if m is not None]
+    assert sorted(texts(got)) == ["1", "2"]  # type: ignore[type-var]
