@@ -929,7 +929,12 @@ class MessageConsumer:
                 return None
             self.endpoint.check()
             if self.buffer and connection.started:
-                return self.buffer.popleft()
+                received = self.buffer.popleft()
+                if self._expired(received):
+                    continue
+                return received
+            if self.session.lazy:
+                self.session._flush_lazy()  # idle: DUPS_OK's batch goes out now
             if no_wait and connection.started:
                 if not await self._drain():
                     return None
@@ -948,6 +953,21 @@ class MessageConsumer:
                 return None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.endpoint.changed.wait(), remaining)
+
+    def _expired(self, received: Received) -> bool:
+        """A prefetched message that expired while buffered is not delivered (JMS); it goes
+        back as undeliverable here, as Qpid JMS does, and the broker expires it."""
+        expiration = received.message.jms_expiration
+        if not expiration or codec.now_ms() < expiration or self.browse:
+            return False
+        delivery = received.delivery
+        if not delivery.settled:
+            delivery.local.undeliverable = True
+            self.session._settle(received, Delivery.MODIFIED, failed=True)
+        else:
+            self._settled()
+        self.session.engine.flush()
+        return True
 
     async def _drain(self) -> bool:
         """Ask the broker for what it has now (drain); True when something arrived."""

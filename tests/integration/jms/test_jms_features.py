@@ -406,3 +406,16 @@ def test_shared_subscription_splits_messages(connect: Connect) -> None:
     got = [m for m in (first.receive(2), second.receive(2)) if m is not None]
     got += [m for m in (first.receive(0.2), second.receive(0.2)) if m is not None]
     assert sorted(texts(got)) == ["1", "2"]  # type: ignore[type-var]
+
+
+def test_message_that_expires_while_prefetched_is_not_delivered(connect: Connect) -> None:
+    connection = connect()
+    queue = Queue(unique("expire-prefetched"))
+    session = connection.create_session()
+    consumer = session.create_consumer(queue)
+    message = session.create_text_message("stale")
+    session.create_producer(queue).send(message, time_to_live=400)
+    assert wait_until(lambda: len(consumer.core.buffer) == 1, 5), "never prefetched"
+    assert wait_until(lambda: time.time() * 1000 > message.get_jms_expiration() + 50, 5)
+    assert consumer.receive(0.3) is None
+    assert drain_queue(connection, queue) == []
