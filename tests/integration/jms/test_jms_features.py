@@ -419,3 +419,42 @@ def test_message_that_expires_while_prefetched_is_not_delivered(connect: Connect
     assert wait_until(lambda: time.time() * 1000 > message.get_jms_expiration() + 50, 5)
     assert consumer.receive(0.3) is None
     assert drain_queue(connection, queue) == []
+
+
+def test_large_bytes_message_spans_frames(connect: Connect) -> None:
+    connection = connect()
+    queue = Queue(unique("large"))
+    session = connection.create_session()
+    payload = bytes(range(256)) * 2048  # 512 KiB: many AMQP frames
+    message = session.create_bytes_message()
+    message.write_bytes(payload)
+    session.create_producer(queue).send(message)
+    received = session.create_consumer(queue).receive(10)
+    assert isinstance(received, BytesMessage) and received.read_bytes() == payload
+
+
+def test_asyncio_listener(jms_url: str) -> None:
+    topic = Topic(unique("async-listener"))
+
+    async def scenario() -> list[tuple[str | None, int]]:
+        factory = aio.ConnectionFactory(jms_url)
+        async with await factory.create_connection() as connection:
+            session = await connection.create_session()
+            consumer = await session.create_consumer(topic)
+            seen: list[tuple[str | None, int]] = []
+            done = asyncio.Event()
+
+            async def listener(message: Message) -> None:
+                seen.append((message.get_body(), message.delivery_count))
+                if len(seen) == 1:
+                    raise RuntimeError("first attempt fails")
+                done.set()
+
+            consumer.set_message_listener(listener)
+            await connection.start()
+            producer = await session.create_producer(topic)
+            await producer.send(session.create_text_message("event"))
+            await asyncio.wait_for(done.wait(), 10)
+            return seen
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == [("event", 1), ("event", 2)]
