@@ -36,10 +36,10 @@ CONSUMER = """
 import sys, time
 from kittiwake.jms import ConnectionFactory, Queue, AcknowledgeMode
 url, queue, mode, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-ack_first = sys.argv[5] == "1"
-connection = ConnectionFactory(url, prefetch=1).create_connection()
+ack_first, prefetch = sys.argv[5] == "1", int(sys.argv[6])
+connection = ConnectionFactory(url, prefetch=prefetch).create_connection()
 connection.start()
-session = connection.create_session(False, AcknowledgeMode(mode))
+session = connection.create_session(mode == 0, AcknowledgeMode(mode))
 consumer = session.create_consumer(Queue(queue))
 for i in range(count):
     message = consumer.receive(10)
@@ -103,10 +103,20 @@ def take_all(url: str, destination: Queue) -> list[tuple[str | None, bool, int]]
 
 
 def run_consumer(
-    url: str, destination: Queue, mode: AcknowledgeMode, count: int, ack_first: bool
+    url: str,
+    destination: Queue,
+    mode: AcknowledgeMode,
+    count: int,
+    ack_first: bool,
+    prefetch: int = 1,
 ) -> ConsumerProcess:
     return ConsumerProcess(
-        url, destination.name, str(int(mode)), str(count), "1" if ack_first else "0"
+        url,
+        destination.name,
+        str(int(mode)),
+        str(count),
+        "1" if ack_first else "0",
+        str(prefetch),
     )
 
 
@@ -143,6 +153,52 @@ def test_consumer_killed_after_auto_acknowledge(tmp_path: Path) -> None:
             proc.kill()
         remaining = take_all(broker.amqp_url, queue)
         assert [body for body, _, _ in remaining] == ["2"]  # 1 was acknowledged by receive()
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize(
+    ("mode", "prefetch", "expected"),
+    [
+        # Acknowledged as receive() returned: only the third is left, never delivered.
+        (AcknowledgeMode.AUTO_ACKNOWLEDGE, 0, [("3", False)]),
+        (AcknowledgeMode.PRE_ACKNOWLEDGE, 0, [("3", False)]),
+        # Presettled: the broker forgot them once sent.
+        (AcknowledgeMode.NO_ACKNOWLEDGE, 0, [("3", False)]),
+        # Never acknowledged / never committed: both come back as redeliveries.
+        (AcknowledgeMode.CLIENT_ACKNOWLEDGE, 0, [("1", True), ("2", True), ("3", False)]),
+        (AcknowledgeMode.INDIVIDUAL_ACKNOWLEDGE, 0, [("1", True), ("2", True), ("3", False)]),
+        (AcknowledgeMode.SESSION_TRANSACTED, 0, [("1", True), ("2", True), ("3", False)]),
+        # Lazy acknowledgements not yet sent: the duplicates DUPS_OK allows (the third was
+        # prefetched, or not: either way it is there).
+        (AcknowledgeMode.DUPS_OK_ACKNOWLEDGE, 10, [("1", True), ("2", True), ("3", None)]),
+    ],
+)
+def test_consumer_killed_in_every_mode(
+    tmp_path: Path,
+    mode: AcknowledgeMode,
+    prefetch: int,
+    expected: list[tuple[str, bool | None]],
+) -> None:
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique(f"crash-{mode.name.lower()}"))
+        send(broker.amqp_url, destination, "1", "2", "3")
+        proc = run_consumer(broker.amqp_url, destination, mode, 2, False, prefetch)
+        try:
+            assert [proc.read_line(), proc.read_line(), proc.read_line()] == [
+                "got 1",
+                "got 2",
+                "holding",
+            ]
+        finally:
+            proc.kill()
+        left = take_all(broker.amqp_url, destination)
+        assert [body for body, _, _ in left] == [body for body, _ in expected]
+        for (body, redelivered, count), (_, wanted) in zip(left, expected, strict=True):
+            if wanted is not None:
+                assert redelivered is wanted, body
+                assert count == (2 if wanted else 1), body
     finally:
         broker.stop()
 
