@@ -249,6 +249,7 @@ class Session:
         self.txn_id: Any = None
         self.closed = False
         self._tags = itertools.count(1)
+        self.loop = asyncio.get_running_loop()
 
     async def _open(self) -> None:
         if not self.transacted:
@@ -518,7 +519,7 @@ class Session:
         self.engine.flush()
 
     def _acknowledger(self, received: Received) -> Callable[[Message], None]:
-        def acknowledge(message: Message) -> None:
+        def acknowledge_here() -> None:
             if self.closed:
                 raise IllegalStateException("the session is closed")
             if self.mode == AcknowledgeMode.INDIVIDUAL_ACKNOWLEDGE:
@@ -528,6 +529,22 @@ class Session:
             else:
                 self.acknowledge()
             self.engine.flush()
+
+        def acknowledge(message: Message) -> None:
+            # The engine belongs to the loop: from another thread (the blocking API, a
+            # listener thread) the acknowledgement runs there and this call waits for it.
+            try:
+                running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is self.loop:
+                acknowledge_here()
+                return
+
+            async def on_loop() -> None:
+                acknowledge_here()
+
+            asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result()
 
         return acknowledge
 
