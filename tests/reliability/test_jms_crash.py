@@ -273,3 +273,24 @@ def test_text_message_survives_a_restart_as_text(tmp_path: Path) -> None:
         assert isinstance(message, TextMessage) and message.get_text() == "hello"
     finally:
         broker.stop()
+
+
+def test_broker_killed_inside_a_transaction(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique("crash-transaction"))
+        connection = ConnectionFactory(broker.amqp_url).create_connection()
+        session = connection.create_session(True)
+        producer = session.create_producer(destination)
+        producer.send(session.create_text_message("committed"))
+        session.commit()
+        producer.send(session.create_text_message("in flight"))
+        broker.kill()
+        # The transaction died with the broker: commit() cannot succeed.
+        with pytest.raises(JMSException):
+            session.commit()
+        connection.close()
+        broker.restart()
+        assert [body for body, _, _ in take_all(broker.amqp_url, destination)] == ["committed"]
+    finally:
+        broker.stop()
