@@ -201,8 +201,13 @@ class Connection:
                 consumer._wake()
 
     async def stop(self) -> None:
+        """Holds deliveries back; returns once no listener is running (JMS)."""
         self._check()
         self.started = False
+        for session in self.sessions:
+            for consumer in session.consumers:
+                if consumer._listener_task is not asyncio.current_task():
+                    await consumer._idle.wait()
 
     async def close(self) -> None:
         if self.closed:
@@ -897,6 +902,8 @@ class MessageConsumer:
         self.closed = False
         self.listener: AsyncListener | None = None
         self._listener_task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()  # clear while the listener runs
+        self._idle.set()
         endpoint.on_delivery = self._arrived
 
     def _arrived(self, delivery: Delivery) -> None:
@@ -1067,11 +1074,14 @@ class MessageConsumer:
                 return
             session._hand_over(received, listener=True)
             ok = True
+            self._idle.clear()
             try:
                 await listener(received.message)
             except Exception:
                 log.exception("message listener failed on %s", received.message.jms_message_id)
                 ok = False
+            finally:
+                self._idle.set()
             if not session.engine.dead:
                 session._after_listener(received, ok)
 

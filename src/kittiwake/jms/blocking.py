@@ -155,6 +155,9 @@ class Connection:
         self.io.run(self.core.start())
 
     def stop(self) -> None:
+        """Returns once no listener is running; refused from a listener (JMS 2.0)."""
+        for session in self.sessions:
+            session._refuse_from_listener("Connection.stop()")
         self.io.run(self.core.stop())
 
     def close(self) -> None:

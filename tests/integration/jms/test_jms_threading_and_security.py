@@ -173,3 +173,29 @@ def test_close_from_another_thread_ends_a_blocked_receive(connect: Connect) -> N
     connection.close()
     receiver.join(10)
     assert not receiver.is_alive() and results == [None]  # JMS: receive() returns null
+
+
+def test_stop_waits_for_a_running_listener(connect: Connect) -> None:
+    connection = connect()
+    queue = Queue(unique("stop-waits"))
+    session = connection.create_session()
+    entered = threading.Event()
+    release = threading.Event()
+    finished: list[str] = []
+
+    def listener(message: Message) -> None:
+        entered.set()
+        assert release.wait(10)
+        finished.append("done")
+
+    session.create_consumer(queue).set_message_listener(listener)
+    sender = connection.create_session()
+    sender.create_producer(queue).send(sender.create_text_message("x"))
+    assert entered.wait(10)
+    stopper = threading.Thread(target=connection.stop)
+    stopper.start()
+    stopper.join(0.3)
+    assert stopper.is_alive(), "stop() returned while the listener was still running"
+    release.set()
+    stopper.join(10)
+    assert not stopper.is_alive() and finished == ["done"]
