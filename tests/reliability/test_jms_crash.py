@@ -20,6 +20,7 @@ from kittiwake.jms import (
     CLIENT_ACKNOWLEDGE,
     AcknowledgeMode,
     ConnectionFactory,
+    ConnectionState,
     JMSException,
     Message,
     Queue,
@@ -292,5 +293,55 @@ def test_broker_killed_inside_a_transaction(tmp_path: Path) -> None:
         connection.close()
         broker.restart()
         assert [body for body, _, _ in take_all(broker.amqp_url, destination)] == ["committed"]
+    finally:
+        broker.stop()
+
+
+def test_reconnect_resumes_producers_and_consumers_after_a_broker_crash(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique("reconnect"))
+        factory = ConnectionFactory(broker.amqp_url, reconnect=True, reconnect_delay=0.05)
+        connection = factory.create_connection()
+        states: list[ConnectionState] = []
+        reconnected = threading.Event()
+
+        def on_state(state: ConnectionState) -> None:
+            states.append(state)
+            if state == ConnectionState.CONNECTED:
+                reconnected.set()
+
+        connection.set_state_listener(on_state)
+        connection.start()
+        session = connection.create_session()
+        producer = session.create_producer(destination)
+        consumer = session.create_consumer(destination)
+        producer.send(session.create_text_message("before"))
+        first = consumer.receive(10)
+        assert first is not None and first.get_body() == "before"
+        broker.kill()
+        # A receive blocked across the crash gets what is sent after the reconnection.
+        bodies: list[str] = []
+
+        def receive_until_after() -> None:
+            while (message := consumer.receive(30)) is not None:
+                body = message.get_body()
+                # (A restart returns stored text as bytes: a broker gap, see the xfail above.)
+                bodies.append(body if isinstance(body, str) else bytes(body).decode())
+                if bodies[-1] == "after":
+                    return
+
+        waiter = threading.Thread(target=receive_until_after)
+        waiter.start()
+        broker.restart()
+        assert reconnected.wait(30), f"no reconnection: {states}"
+        assert states[0] == ConnectionState.RECONNECTING
+        assert connection.get_state() == ConnectionState.CONNECTED
+        producer.send(session.create_text_message("after"))  # the same producer object
+        waiter.join(30)
+        assert not waiter.is_alive()
+        # "before" may come again: its acknowledgement can die with the broker (at least once).
+        assert bodies[-1:] == ["after"] and set(bodies[:-1]) <= {"before"}
+        connection.close()
     finally:
         broker.stop()

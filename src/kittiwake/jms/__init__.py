@@ -3,7 +3,7 @@ JMS speaks it). ``kittiwake.jms.aio`` is the asyncio core; the names here are th
 API a Java developer recognises, a thin layer over it."""
 
 from kittiwake.jms import aio
-from kittiwake.jms.aio import AcknowledgeMode
+from kittiwake.jms.aio import AcknowledgeMode, ConnectionState
 from kittiwake.jms.blocking import (
     Connection,
     ConnectionFactory,
@@ -67,6 +67,7 @@ __all__ = [
     "BytesMessage",
     "Connection",
     "ConnectionFactory",
+    "ConnectionState",
     "DeliveryMode",
     "Destination",
     "IllegalStateException",

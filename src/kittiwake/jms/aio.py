@@ -72,6 +72,15 @@ class AcknowledgeMode(IntEnum):
     PRE_ACKNOWLEDGE = 102
 
 
+class ConnectionState(IntEnum):
+    """What a state listener is told (reconnection makes it observable)."""
+
+    CONNECTED = 1
+    RECONNECTING = 2
+    FAILED = 3
+    CLOSED = 4
+
+
 AsyncListener = Callable[[Message], Awaitable[None]]
 CompletionListener = Callable[[Message, JMSException | None], None]
 
@@ -91,6 +100,9 @@ class ConnectionFactory:
         *,
         allow_pickle: bool = False,
         timeout: float = 15.0,
+        reconnect: bool = False,
+        reconnect_attempts: int = 20,
+        reconnect_delay: float = 0.1,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("amqp", ""):
@@ -115,22 +127,34 @@ class ConnectionFactory:
         self.prefetch = prefetch
         self.allow_pickle = allow_pickle
         self.timeout = timeout
+        # Reconnect: reopen the connection, its sessions and links after a failure, waiting
+        # ``reconnect_delay`` (doubling, at most 2 s) between at most ``reconnect_attempts``.
+        self.reconnect = reconnect
+        self.reconnect_attempts = reconnect_attempts
+        self.reconnect_delay = reconnect_delay
 
     async def create_connection(
         self, username: str | None = None, password: str | None = None
     ) -> Connection:
         explicit = self.client_id is not None
         container = self.client_id if explicit else f"ID:{uuid.uuid4()}"
-        engine = await EngineConnection.open(
-            self.host,
-            self.port,
-            container_id=container or "",
-            sole=explicit,
-            username=username if username is not None else self.username,
-            password=password if password is not None else self.password,
-            timeout=self.timeout,
-        )
-        return Connection(self, engine, self.client_id)
+        user = username if username is not None else self.username
+        secret = password if password is not None else self.password
+
+        async def open_engine() -> EngineConnection:
+            return await EngineConnection.open(
+                self.host,
+                self.port,
+                container_id=container or "",
+                sole=explicit,
+                username=user,
+                password=secret,
+                timeout=self.timeout,
+            )
+
+        connection = Connection(self, await open_engine(), self.client_id)
+        connection.open_engine = open_engine
+        return connection
 
     async def create_context(
         self, session_mode: AcknowledgeMode = AcknowledgeMode.AUTO_ACKNOWLEDGE
@@ -160,11 +184,79 @@ class Connection:
         self.started = False
         self.closed = False
         self.exception_listener: Callable[[JMSException], None] | None = None
+        self.state = ConnectionState.CONNECTED
+        self.state_listener: Callable[[ConnectionState], None] | None = None
+        self.open_engine: Callable[[], Awaitable[EngineConnection]] | None = None
+        self._reconnected = asyncio.Event()
+        self._reconnected.set()
+        self._reconnect_task: asyncio.Task[None] | None = None
         engine.on_failure = self._failed
 
+    def set_state_listener(self, listener: Callable[[ConnectionState], None] | None) -> None:
+        self.state_listener = listener
+
+    def _set_state(self, state: ConnectionState) -> None:
+        self.state = state
+        if self.state_listener is not None:
+            try:
+                self.state_listener(state)
+            except Exception:
+                log.exception("connection state listener failed")
+
     def _failed(self, error: JMSException) -> None:
-        if not self.closed and self.exception_listener is not None:
+        if self.closed:
+            return
+        if self.factory.reconnect and self.open_engine is not None:
+            self._reconnected.clear()
+            self._set_state(ConnectionState.RECONNECTING)
+            for session in self.sessions:
+                session._connection_lost()
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect(error))
+            return
+        self._set_state(ConnectionState.FAILED)
+        if self.exception_listener is not None:
             self.exception_listener(error)
+
+    async def _reconnect(self, error: JMSException) -> None:
+        """Reopen the connection, then every session, producer and consumer on it."""
+        assert self.open_engine is not None
+        delay = self.factory.reconnect_delay
+        for _attempt in range(self.factory.reconnect_attempts):
+            await asyncio.sleep(delay)  # back-off between attempts, not synchronisation
+            delay = min(delay * 2, 2.0)
+            if self.closed:
+                return
+            try:
+                engine = await self.open_engine()
+            except JMSException as exc:
+                error = exc
+                continue
+            self.engine = engine
+            engine.on_failure = self._failed
+            try:
+                for session in list(self.sessions):
+                    await session._reopen(engine)
+            except JMSException as exc:
+                error = exc
+                await engine.abort()
+                if self.engine is not engine or self.state != ConnectionState.RECONNECTING:
+                    return  # the abort started another round
+                continue
+            self._set_state(ConnectionState.CONNECTED)
+            self._reconnected.set()
+            for session in self.sessions:
+                for consumer in session.consumers:
+                    consumer._wake()
+            return
+        self._set_state(ConnectionState.FAILED)
+        self._reconnected.set()
+        if self.exception_listener is not None:
+            self.exception_listener(error)
+
+    async def _ready(self) -> None:
+        """Wait while reconnecting (operations resume on the new connection)."""
+        if not self._reconnected.is_set():
+            await self._reconnected.wait()
 
     def get_client_id(self) -> str | None:
         return self.client_id
@@ -175,6 +267,8 @@ class Connection:
     def _check(self) -> None:
         if self.closed:
             raise IllegalStateException("the connection is closed")
+        if self.state == ConnectionState.RECONNECTING:
+            return  # operations wait for the new connection (``_ready``)
         self.engine.check()
 
     async def create_session(
@@ -212,11 +306,18 @@ class Connection:
     async def close(self) -> None:
         if self.closed:
             return
+        task = self._reconnect_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         for session in list(self.sessions):
             with contextlib.suppress(JMSException):
                 await session.close()
         self.closed = True
         await self.engine.close()
+        self.state = ConnectionState.CLOSED
+        self._reconnected.set()
 
     async def __aenter__(self) -> Connection:
         return self
@@ -255,6 +356,7 @@ class Session:
         self.closed = False
         self._tags = itertools.count(1)
         self.loop = asyncio.get_running_loop()
+        self._transaction_lost = False
 
     async def _open(self) -> None:
         if not self.transacted:
@@ -270,6 +372,27 @@ class Session:
         if self.closed:
             raise IllegalStateException("the session is closed")
         self.connection._check()
+
+    def _connection_lost(self) -> None:
+        """Deliveries of the lost connection cannot be acknowledged any more: the broker
+        delivers them again (redelivered); a transaction in progress is lost."""
+        self.unacked.clear()
+        self.lazy.clear()
+        if self.transacted:
+            self._transaction_lost = True
+        for consumer in self.consumers:
+            consumer.buffer.clear()
+            consumer.outstanding = 0
+
+    async def _reopen(self, engine: EngineConnection) -> None:
+        self.engine = engine
+        self.proton_session = engine.session()
+        if self.transacted:
+            await self._open()
+        for producer in list(self.producers):
+            await producer._reattach()
+        for consumer in list(self.consumers):
+            await consumer._reattach()
 
     def get_acknowledge_mode(self) -> AcknowledgeMode:
         return self.mode
@@ -307,15 +430,20 @@ class Session:
 
     async def create_producer(self, destination: Destination | None = None) -> MessageProducer:
         self._check()
-        sender = self.engine.sender(self.proton_session)
-        if destination is not None:
-            sender.target.address = destination.name
-            put_symbols(sender.target.capabilities, [destination.capability])
-        sender.source.address = sender.name
-        if self.connection.factory.disable_ack:
-            sender.snd_settle_mode = Link.SND_SETTLED
-        endpoint = await self.engine.attach(sender)
+
+        def build() -> Link:
+            sender = self.engine.sender(self.proton_session)
+            if destination is not None:
+                sender.target.address = destination.name
+                put_symbols(sender.target.capabilities, [destination.capability])
+            sender.source.address = sender.name
+            if self.connection.factory.disable_ack:
+                sender.snd_settle_mode = Link.SND_SETTLED
+            return sender
+
+        endpoint = await self.engine.attach(build())
         producer = MessageProducer(self, endpoint, destination)
+        producer.build = build
         self.producers.append(producer)
         return producer
 
@@ -384,29 +512,33 @@ class Session:
                 link_name += "|global"
             if durable_name is None:
                 link_name += f"|volatile{next(self._tags)}"
-        receiver = self.engine.receiver(self.proton_session, link_name)
-        source = receiver.source
-        source.address = destination.name
-        put_symbols(source.capabilities, capabilities)
-        filters: dict[symbol, Any] = {}
-        if selector is not None and selector.strip():
-            filters[symbol("jms-selector")] = Described(SELECTOR_FILTER, selector)
-        if no_local:
-            filters[symbol("no-local")] = Described(NO_LOCAL_FILTER, [])
-        if filters:
-            source.filter.put_object(filters)
-        if durable_name is not None:
-            source.durability = Terminus.DELIVERIES
-            source.expiry_policy = Terminus.EXPIRE_NEVER
-        else:
-            source.expiry_policy = Terminus.EXPIRE_WITH_LINK
-        if browse:
-            source.distribution_mode = Terminus.DIST_MODE_COPY
-        receiver.target.address = receiver.name
-        if self.presettled and not browse:
-            receiver.snd_settle_mode = Link.SND_SETTLED
+
+        def build() -> Link:
+            receiver = self.engine.receiver(self.proton_session, link_name)
+            source = receiver.source
+            source.address = destination.name
+            put_symbols(source.capabilities, capabilities)
+            filters: dict[symbol, Any] = {}
+            if selector is not None and selector.strip():
+                filters[symbol("jms-selector")] = Described(SELECTOR_FILTER, selector)
+            if no_local:
+                filters[symbol("no-local")] = Described(NO_LOCAL_FILTER, [])
+            if filters:
+                source.filter.put_object(filters)
+            if durable_name is not None:
+                source.durability = Terminus.DELIVERIES
+                source.expiry_policy = Terminus.EXPIRE_NEVER
+            else:
+                source.expiry_policy = Terminus.EXPIRE_WITH_LINK
+            if browse:
+                source.distribution_mode = Terminus.DIST_MODE_COPY
+            receiver.target.address = receiver.name
+            if self.presettled and not browse:
+                receiver.snd_settle_mode = Link.SND_SETTLED
+            return receiver
+
         try:
-            endpoint = await self.engine.attach(receiver)
+            endpoint = await self.engine.attach(build())
         except JMSException as exc:
             if selector is not None and "selector" in str(exc):
                 raise InvalidSelectorException(str(exc), exc.error_code) from None
@@ -414,6 +546,7 @@ class Session:
         consumer = MessageConsumer(
             self, endpoint, destination, browse=browse, durable=durable_name is not None
         )
+        consumer.build = build
         self.consumers.append(consumer)
         consumer._top_up()
         return consumer
@@ -613,6 +746,11 @@ class Session:
         self._check()
         if not self.transacted:
             raise IllegalStateException("commit() on a session that is not transacted")
+        if self._transaction_lost:
+            self._transaction_lost = False
+            raise TransactionRolledBackException(
+                "the connection failed during the transaction; it was rolled back"
+            )
         state, delivery = await self._discharge(False)
         await self._declare()
         if state != Delivery.ACCEPTED:
@@ -626,6 +764,9 @@ class Session:
         self._check()
         if not self.transacted:
             raise IllegalStateException("rollback() on a session that is not transacted")
+        if self._transaction_lost:
+            self._transaction_lost = False  # already rolled back with the old connection
+            return
         self._release_buffered()
         state, delivery = await self._discharge(True)
         await self._declare()
@@ -730,6 +871,13 @@ class MessageProducer:
         self.closed = False
         self._tags = itertools.count(1)
         self._pending: set[asyncio.Future[Any]] = set()
+        self.build: Callable[[], Link] | None = None
+
+    async def _reattach(self) -> None:
+        if self.closed or self.build is None:
+            return
+        self.endpoint = await self.session.engine.attach(self.build())
+        self.link = self.endpoint.link  # type: ignore[assignment]
 
     def get_destination(self) -> Destination | None:
         return self.destination
@@ -767,6 +915,7 @@ class MessageProducer:
         if self.closed:
             raise IllegalStateException("the producer is closed")
         session = self.session
+        await session.connection._ready()
         session._check()
         if self.destination is not None:
             if destination is not None and destination != self.destination:
@@ -822,7 +971,23 @@ class MessageProducer:
             self._track(future)
             return
         if mode == DeliveryMode.PERSISTENT or session.transacted:
-            error = _send_error(await future)
+            try:
+                outcome = await future
+            except JMSException:
+                connection = session.connection
+                if connection.state != ConnectionState.RECONNECTING or session.transacted:
+                    raise
+                # In doubt: send again on the new connection (at least once, as Qpid JMS).
+                await connection._ready()
+                await self.send(
+                    message,
+                    destination,
+                    delivery_mode=delivery_mode,
+                    priority=priority,
+                    time_to_live=time_to_live,
+                )
+                return
+            error = _send_error(outcome)
             if error is not None:
                 raise error
         else:
@@ -904,7 +1069,18 @@ class MessageConsumer:
         self._listener_task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()  # clear while the listener runs
         self._idle.set()
+        self.build: Callable[[], Link] | None = None
         endpoint.on_delivery = self._arrived
+
+    async def _reattach(self) -> None:
+        if self.closed or self.build is None:
+            return
+        self.buffer.clear()
+        self.outstanding = 0
+        self.endpoint = await self.session.engine.attach(self.build())
+        self.link = self.endpoint.link  # type: ignore[assignment]
+        self.endpoint.on_delivery = self._arrived
+        self._top_up()
 
     def _arrived(self, delivery: Delivery) -> None:
         link = self.link
@@ -951,7 +1127,15 @@ class MessageConsumer:
         while True:
             if self.closed:
                 return None
-            self.endpoint.check()
+            if not connection._reconnected.is_set():
+                await connection._ready()
+                continue
+            try:
+                self.endpoint.check()
+            except JMSException:
+                if connection.state == ConnectionState.RECONNECTING:
+                    continue
+                raise
             if self.buffer and connection.started:
                 received = self.buffer.popleft()
                 if self._expired(received):

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from kittiwake.jms import aio
-from kittiwake.jms.aio import AcknowledgeMode, CompletionListener
+from kittiwake.jms.aio import AcknowledgeMode, CompletionListener, ConnectionState
 from kittiwake.jms.destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
 from kittiwake.jms.exceptions import (
     IllegalStateException,
@@ -84,6 +84,9 @@ class ConnectionFactory:
         *,
         allow_pickle: bool = False,
         timeout: float = 15.0,
+        reconnect: bool = False,
+        reconnect_attempts: int = 20,
+        reconnect_delay: float = 0.1,
     ) -> None:
         self.core = aio.ConnectionFactory(
             url,
@@ -94,6 +97,9 @@ class ConnectionFactory:
             prefetch,
             allow_pickle=allow_pickle,
             timeout=timeout,
+            reconnect=reconnect,
+            reconnect_attempts=reconnect_attempts,
+            reconnect_delay=reconnect_delay,
         )
 
     def create_connection(
@@ -132,6 +138,14 @@ class Connection:
 
     def get_client_id(self) -> str | None:
         return self.core.client_id
+
+    def get_state(self) -> ConnectionState:
+        return self.core.state
+
+    def set_state_listener(self, listener: Callable[[ConnectionState], None] | None) -> None:
+        """Told of every state change (CONNECTED, RECONNECTING, FAILED), on the I/O thread:
+        it must not block."""
+        self.core.set_state_listener(listener)
 
     def set_exception_listener(self, listener: Callable[[JMSException], None] | None) -> None:
         """Called on a thread of its own when the connection fails."""
