@@ -189,6 +189,17 @@ def test_time_to_live_expires_unconsumed_messages(connect: Connect) -> None:
     assert wait_until(only_long_left, 10, interval=0.1)
     received = drain_queue(connection, queue)
     assert texts(received) == ["long"] and received[0].get_jms_expiration() == 0
+    # The expired one went to ExpiryQueue (DESIGN.md section 5), its original queue named.
+    expired_consumer = connection.create_session().create_consumer(Queue("ExpiryQueue"))
+
+    def ours() -> Message | None:
+        message = expired_consumer.receive(0.5)
+        if message is not None and message.get_string_property("KW_OriginalQueue") == queue.name:
+            return message
+        return None
+
+    expired = wait_until(ours, 10, interval=0)
+    assert expired is not None
 
 
 def test_client_id_registry_refuses_a_second_connection(connect: Connect) -> None:
