@@ -547,6 +547,7 @@ class Session:
             self, endpoint, destination, browse=browse, durable=durable_name is not None
         )
         consumer.build = build
+        consumer.selector = selector
         self.consumers.append(consumer)
         consumer._top_up()
         return consumer
@@ -1070,6 +1071,7 @@ class MessageConsumer:
         self._idle = asyncio.Event()  # clear while the listener runs
         self._idle.set()
         self.build: Callable[[], Link] | None = None
+        self.selector: str | None = None
         endpoint.on_delivery = self._arrived
 
     async def _reattach(self) -> None:
@@ -1116,7 +1118,7 @@ class MessageConsumer:
         self.endpoint.changed.set()
 
     def get_message_selector(self) -> str | None:
-        return None
+        return self.selector
 
     async def _next(self, timeout: float | None, *, no_wait: bool = False) -> Received | None:
         """The next buffered delivery, pulling when prefetch is 0; None on timeout or close."""

@@ -415,6 +415,9 @@ class MessageConsumer:
         self.core = core
         self.listener: MessageListener | None = None
 
+    def get_message_selector(self) -> str | None:
+        return self.core.get_message_selector()
+
     def receive(self, timeout: float | None = None) -> Message | None:
         return self.session.io.run(self.core.receive(timeout))
 

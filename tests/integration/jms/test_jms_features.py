@@ -43,6 +43,7 @@ def test_topic_selector(connect: Connect) -> None:
     topic = Topic(unique("sensors") + "/temperature")
     session = connection.create_session()
     hot = session.create_consumer(topic, "celsius > 30 AND site = 'north'")
+    assert hot.get_message_selector() == "celsius > 30 AND site = 'north'"
     producer = session.create_producer(topic)
     for celsius, site in ((20, "north"), (35, "north"), (40, "south"), (31, "north")):
         message = session.create_text_message(f"{celsius}@{site}")
