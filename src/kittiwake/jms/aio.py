@@ -1143,8 +1143,6 @@ class MessageConsumer:
                 if self._expired(received):
                     continue
                 return received
-            if self.session.lazy:
-                self.session._flush_lazy()  # idle: DUPS_OK's batch goes out now
             if no_wait and connection.started:
                 if not await self._drain():
                     return None
