@@ -102,6 +102,9 @@ def wire_batch(batch: pa.RecordBatch, options: SinkOptions) -> pa.RecordBatch:
     """A Spark Arrow batch in the put's schema, with the options' defaults filled in."""
     rows = batch.num_rows
     names = batch.schema.names
+    topic = batch.column("topic")
+    if not pa.types.is_string(topic.type):  # large_string with Spark's large var types
+        topic = topic.cast(pa.string())
     payload = batch.column("payload")
     if not pa.types.is_binary(payload.type):
         payload = payload.cast(pa.binary())
@@ -118,7 +121,7 @@ def wire_batch(batch: pa.RecordBatch, options: SinkOptions) -> pa.RecordBatch:
     else:
         properties = pa.nulls(rows, PROPERTIES_TYPE)
     return pa.RecordBatch.from_arrays(
-        [batch.column("topic"), payload, qos, retain, properties], schema=WRITE_SCHEMA
+        [topic, payload, qos, retain, properties], schema=WRITE_SCHEMA
     )
 
 

@@ -95,3 +95,13 @@ def test_a_spark_batch_becomes_a_put_batch_with_the_defaults() -> None:
         {"topic": "a", "payload": b"x", "qos": 2, "retain": True, "properties": None},
         {"topic": "b", "payload": None, "qos": 0, "retain": True, "properties": None},
     ]
+
+
+def test_large_arrow_types_are_narrowed() -> None:
+    spark_batch = pa.RecordBatch.from_arrays(
+        [pa.array(["a"], pa.large_string()), pa.array([b"x"], pa.large_binary())],
+        names=["topic", "payload"],
+    )
+    wire = wire_batch(spark_batch, SinkOptions())
+    assert wire.schema.equals(WRITE_SCHEMA)
+    assert wire.to_pylist()[0]["topic"] == "a" and wire.to_pylist()[0]["payload"] == b"x"
