@@ -47,6 +47,9 @@ _WHOLE_ROWS = f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM journal WHERE message_i
 # selection keeps every persistent topic and no QoS 0 one ("#" never matches a '$' topic):
 # then no row is looked at in Python, which is most of a range read's cost.
 _EVERYTHING_PERSISTENT = " AND qos > 0 AND substr(topic, 1, 1) <> '$'"
+# Requests with at most this many filters, none with '+', are matched in SQL too (exact
+# topics and "prefix/#"); others row by row in Python.
+_SQL_FILTERS = 64
 
 
 class JournalError(RuntimeError):
@@ -200,9 +203,11 @@ class JournalRange:
         """The kept rows of the range matching the filters, in offset order."""
         if self._first >= self.end:
             return
-        if "#" in self._topics.filters and self._selection.keeps_every_persistent_only:
-            yield from self._unfiltered_chunks()
-            return
+        if self._selection.keeps_every_persistent_only:
+            condition = sql_topic_condition(self._topics.filters)
+            if condition is not None:
+                yield from self._unfiltered_chunks(*condition)
+                return
         cursor = self._connection.execute(_ROWS.format(""), (self._first, self.end))
         # Per topic (and published QoS level): is the row journal content the filters want?
         kept: dict[tuple[str, bool], bool] = {}
@@ -229,9 +234,9 @@ class JournalRange:
         if pending:
             yield _chunk(self._connection, pending)
 
-    def _unfiltered_chunks(self) -> Iterator[JournalChunk]:
+    def _unfiltered_chunks(self, condition: str, params: list[Any]) -> Iterator[JournalChunk]:
         cursor = self._connection.execute(
-            _ROWS.format(_EVERYTHING_PERSISTENT), (self._first, self.end)
+            _ROWS.format(_EVERYTHING_PERSISTENT + condition), (self._first, self.end, *params)
         )
         pending: list[Any] = []
         size = 0
@@ -264,6 +269,31 @@ class JournalRange:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def sql_topic_condition(filters: Sequence[str]) -> tuple[str, list[Any]] | None:
+    """An SQL condition (and its parameters) passing exactly the topics ``filters`` match,
+    or None when one has a '+' (or there are many): then rows are matched in Python.
+
+    Only for rows the default selection keeps (no '$' topic, which no wildcard matches):
+    "#" passes everything, "a/b/#" passes "a/b" and what starts with "a/b/", others are exact.
+    """
+    if "#" in filters:
+        return "", []
+    if len(filters) > _SQL_FILTERS or any("+" in f for f in filters):
+        return None
+    parts: list[str] = []
+    params: list[Any] = []
+    for topic_filter in filters:
+        if topic_filter.endswith("/#"):
+            prefix = topic_filter[:-1]
+            # substr counts characters, as len() does.
+            parts.append("topic = ? OR substr(topic, 1, ?) = ?")
+            params += [topic_filter[:-2], len(prefix), prefix]
+        else:
+            parts.append("topic = ?")
+            params.append(topic_filter)
+    return f" AND ({' OR '.join(parts)})", params
 
 
 def _bounds(connection: sqlite3.Connection) -> JournalBounds:

@@ -15,6 +15,7 @@ import pytest
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.topics import topic_matches
 from kittiwake.clock import ManualClock
 from kittiwake.config import Config
 from kittiwake.store import sqlite as sqlite_module
@@ -208,6 +209,57 @@ def test_the_journal_keeps_the_selection_and_reads_filter_by_topic(tmp_path: Pat
         ]
         assert read_all(reader, ("metrics/+",)) == [(metric.message_id, "metrics/cpu", b"0.7")]
         assert read_all(reader, ("nothing/here",)) == []
+        store.close()
+
+    asyncio.run(body())
+
+
+TOPICS = [
+    "sensors",
+    "sensors/",
+    "sensors/a",
+    "sensors/a/temp",
+    "sensorsX/a",
+    "other/sensors/a",
+    "$SYS/sensors",
+    "é/ü/x",
+    "é/üx",
+    "a%b/_c",
+    "a*b/[c]",
+]
+FILTERS = [
+    ("#",),
+    ("sensors/#",),
+    ("sensors/a/#",),
+    ("sensors/a",),
+    ("sensors/+",),
+    ("+/sensors/#",),
+    ("é/ü/#",),
+    ("a%b/#", "a*b/[c]"),
+    ("sensors/a/temp", "other/#", "nothing"),
+    ("$SYS/#",),
+]
+
+
+@pytest.mark.parametrize("filters", FILTERS)
+def test_a_read_serves_exactly_the_rows_its_filters_match(
+    tmp_path: Path, filters: tuple[str, ...]
+) -> None:
+    """Whether matched in SQL (exact topics, "prefix/#") or row by row (filters with '+'),
+    a read serves the journal rows the MQTT rules match: the parent level of "a/#", never a
+    sibling that only shares the prefix's characters, never a '$' topic for a wildcard."""
+
+    async def body() -> None:
+        store = open_store(tmp_path, journal_retention_seconds=3600)
+        published = [publish(store, topic, topic.encode()) for topic in TOPICS]
+        publish(store, "sensors/a", b"qos 0: not journalled", qos=0)
+        await settle(store)
+        expected = [
+            (m.message_id, m.topic, m.payload)
+            for m in published
+            if not m.topic.startswith("$") and any(topic_matches(f, m.topic) for f in filters)
+        ]
+        assert read_all(reader_for(store), filters) == expected
         store.close()
 
     asyncio.run(body())
