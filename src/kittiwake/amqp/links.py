@@ -63,7 +63,7 @@ from kittiwake.broker.destinations import Destination
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import EntryState, QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
-from kittiwake.broker.subscription_filters import EntrySubject, FilteringReceiver
+from kittiwake.broker.subscription_filters import EntrySelector, EntrySubject, FilteringReceiver
 from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.broker.topics import TopicError, validate_topic_name
 from kittiwake.selector import InvalidSelector, Selector, compile_selector
@@ -272,11 +272,6 @@ class LinkLayer:
         browse = link.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
         selector: Selector | None = None
         if request.selector is not None:
-            if request.kind is NodeKind.QUEUE and not browse:
-                raise TerminusError(
-                    "message selectors on queue consumers are not supported yet",
-                    NOT_IMPLEMENTED,
-                )
             try:
                 selector = compile_selector(request.selector)
             except InvalidSelector as exc:
@@ -317,6 +312,7 @@ class LinkLayer:
             consumer.selector = selector
         elif request.kind is NodeKind.QUEUE:
             consumer = QueueConsumerLink(self, link, request.name or "", presettled)
+            consumer.selector = selector
         else:
             consumer = TopicConsumerLink(self, link, request.name or "", presettled)
             consumer.selector = selector
@@ -610,10 +606,23 @@ _TERMINAL = (
 
 
 class QueueConsumerLink(ConsumerLink):
-    """A consumer on a queue destination, competing with its other consumers."""
+    """A consumer on a queue destination, competing with its other consumers; with a
+    selector, it takes only what its selector selects and leaves the rest for them."""
+
+    def __init__(self, layer: LinkLayer, link: Link, name: str, presettled: bool) -> None:
+        super().__init__(layer, link, name, presettled)
+        self.selector: Selector | None = None
 
     def start(self) -> bool:
-        self.consumer = Consumer(self, credit=0, name=f"{self.layer.id}/{self.link.name}")
+        selector = self.selector
+        selects = (
+            None
+            if selector is None or selector.selects_everything
+            else EntrySelector(selector, jms_headers)
+        )
+        self.consumer = Consumer(
+            self, credit=0, name=f"{self.layer.id}/{self.link.name}", selects=selects
+        )
         self.layer.queues.attach(self.name, self.consumer)
         self.flow()
         return True
