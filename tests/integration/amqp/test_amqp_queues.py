@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from proton import Delivery, Message, Timeout
+from proton import Delivery, Message, Timeout, byte, symbol
 from proton.reactor import AtMostOnce, Copy, Selector
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached
 
@@ -299,3 +299,38 @@ def test_browser_sees_without_consuming_with_a_selector(amqp: Connect) -> None:
         got.append(consumer.receive(timeout=5).body)
         consumer.accept()
     assert got == [0, 1, 2, 3]
+
+
+def test_a_dead_letter_keeps_its_jms_type_and_body(amqp: Connect) -> None:
+    """A TextMessage and a MapMessage rejected to the DLQ come out as a TextMessage and a
+    MapMessage with their ids, gaining the dead letter's properties."""
+    queue = unique("q")
+    jms_type = symbol("x-opt-jms-msg-type")
+    connection = amqp()
+    sender = connection.create_sender(queue)
+    sent = [
+        Message(body="text", annotations={jms_type: byte(5)}, id="ID:t", properties={"k": 1}),
+        Message(body={"a": 1}, annotations={jms_type: byte(2)}, correlation_id="c"),
+    ]
+    for message in sent:
+        sender.send(message)
+    receiver = connection.create_receiver(queue, credit=2)
+    for _ in sent:
+        receiver.receive(timeout=5)
+        receiver.reject()
+    dead = connection.create_receiver("DLQ", credit=10)
+    letters = []
+    for _ in range(50):
+        letter = dead.receive(timeout=5)
+        dead.accept()
+        if letter.properties.get("KW_OriginalQueue") == queue:  # the DLQ is shared
+            letters.append(letter)
+            if len(letters) == len(sent):
+                break
+    for want, got in zip(sent, letters, strict=True):
+        assert got.body == want.body and type(got.body) is type(want.body)
+        assert got.annotations[jms_type] == want.annotations[jms_type]
+        assert (got.id, got.correlation_id) == (want.id, want.correlation_id)
+        assert got.properties["KW_Reason"] == "rejected"
+        assert got.properties["KW_OriginalDestination"] == f"queue://{queue}"
+    assert letters[0].properties["k"] == 1
