@@ -209,3 +209,34 @@ def test_queue_messages_keep_their_amqp_form_across_a_restart(
             ]
     finally:
         again.close()
+
+
+def test_a_shared_durable_subscription_survives_a_restart(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    """What it collected, and what was in flight to one of its consumers (counted), come
+    back to a consumer after a restart."""
+    from .test_amqp_shared import shared
+
+    process = broker(amqp=True)
+    topic = unique("shared-durable") + "/t"
+    connection = BlockingConnection(process.amqp_url, timeout=10)
+    receiver = shared(connection, topic, "keep|global", global_=True, durable=True, credit=0)
+    sender = connection.create_sender(f"topic://{topic}")
+    sender.send(Message(body="in flight", durable=True))
+    sender.send(Message(body="waiting", durable=True))
+    assert receiver.receive(timeout=5).body == "in flight"  # never settled
+    process.stop()
+    connection.close()
+    process.start()
+    again = BlockingConnection(process.amqp_url, timeout=10)
+    try:
+        receiver = shared(again, topic, "keep|global", global_=True, durable=True)
+        got = []
+        for _ in range(2):
+            message = receiver.receive(timeout=5)
+            receiver.accept()
+            got.append((message.body, message.delivery_count))
+        assert got == [("in flight", 1), ("waiting", 0)]
+    finally:
+        again.close()
