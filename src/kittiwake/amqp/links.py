@@ -899,6 +899,15 @@ class SharedConsumerLink(ConsumerLink):
         self.flow()
         return True
 
+    def flow(self) -> None:
+        consumer = self.consumer
+        if self.closed or consumer is None:
+            return
+        if not self.subscription.window_stored(consumer, self.link.credit, self.flow):
+            consumer.credit.available = 0  # until the larger window is stored
+            return
+        super().flow()
+
     def pump(self) -> None:
         self.subscription.pump()
 

@@ -9,6 +9,7 @@ connected while any link consumes, and gives back what a restart left in flight 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Receiver, Settlement
@@ -69,6 +70,8 @@ class SharedSubscription:
         self.session: Session | None = None
         self.consumers: dict[SessionLink, Consumer] = {}
         self.new = False
+        # The in-flight window as stored (a durable subscription's crash rule).
+        self.stored_window = 0
 
     # -- the hub: the session's own link (SessionLink) ----------------------------------------
 
@@ -159,10 +162,36 @@ class SharedSubscription:
         if self.consumers:
             self.broker.pump_soon(session)
             return
+        if self.stored_window:
+            self.stored_window = 0
+            self.broker.store.save_queue_window(session.queue.name, 0)
         if unsubscribe and self.durable:
             self.broker.set_session_expiry(session, 0)
         self.broker.disconnect(session, publish_will=False)
         self.session = None
+
+    def window_stored(self, consumer: Consumer, credit: int, then: Callable[[], None]) -> bool:
+        """Whether ``consumer`` may have ``credit`` now: a durable subscription stores its
+        in-flight window (its consumers' unsettled deliveries and credit) before it grows,
+        so recovery after a crash counts what may have been in flight (DESIGN.md section 2).
+        False while that commit is pending; ``then`` runs once it is done."""
+        session = self.session
+        if not self.durable or session is None:
+            return True
+        window = len(consumer.unsettled) + max(0, credit)
+        for other in self.consumers.values():
+            if other is not consumer:
+                window += len(other.unsettled) + max(0, other.credit.available)
+        if window <= self.stored_window:
+            return True
+        self.stored_window = window
+        store = self.broker.store
+        store.save_queue_window(session.queue.name, window)
+        commit = store.commit()
+        if commit is None:
+            return True
+        commit.add_done_callback(lambda _: then())
+        return False
 
     def pump(self) -> None:
         if self.session is not None:
