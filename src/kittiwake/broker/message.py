@@ -240,6 +240,13 @@ class Message:
         """Bytes this message costs a queue's byte budget (payload and topic dominate)."""
         return len(self.payload) + len(self.topic)
 
+    @property
+    def clears_retained(self) -> bool:
+        """A zero-length MQTT publication clears its topic's retained message; an empty JMS
+        message does not, and is not retained either (DESIGN.md §2). A message that came over
+        AMQP carries its AMQP fields, so their presence tells the two apart."""
+        return not self.payload and self.amqp is None
+
     def expired(self, now: float) -> bool:
         return self.expiry is not None and now >= self.expiry
 
