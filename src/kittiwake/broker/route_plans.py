@@ -8,7 +8,7 @@ connections one encoded QoS 0 frame goes to), dropped with the plan. Never enque
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kittiwake.broker.mqtt_subscriptions import SessionCopy, session_copies
 from kittiwake.broker.sessions import Session, Subscription
@@ -85,17 +85,20 @@ class RoutePlans:
         return list(self._cache) if self._cached_generation == self.generation else []
 
     def _build(self, topic: str) -> RoutePlan:
-        subscriptions: list[Subscription] = []
-        groups: list[SharedGroup] = []
-        for match in self.tree.match(topic):
-            if isinstance(match, SharedGroup):
-                groups.append(match)
-            else:
-                subscriptions.append(match)
-        copies = tuple(session_copies(subscriptions))
+        matches = self.tree.match(topic)
+        groups = tuple(m for m in matches if isinstance(m, SharedGroup))
+        subscriptions: Sequence[Subscription | SharedGroup] = (
+            [m for m in matches if not isinstance(m, SharedGroup)] if groups else matches
+        )
+        copies = tuple(session_copies(subscriptions))  # type: ignore[arg-type]
         direct: tuple[Session, ...] | None = None
-        journalled = self._journals_qos0 is not None and self._journals_qos0(topic)
-        if not groups and not journalled and all(copy.plain for copy in copies):
+        if not groups and not (self._journals_qos0 is not None and self._journals_qos0(topic)):
             # Offline sessions never queue QoS 0.
-            direct = tuple(c.session for c in copies if c.session.link is not None)
-        return RoutePlan(copies, tuple(groups), direct)
+            direct = ()
+            for copy in copies:
+                if not copy.plain:
+                    direct = None
+                    break
+                if copy.session.link is not None:
+                    direct += (copy.session,)
+        return RoutePlan(copies, groups, direct)
