@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+from kittiwake.app import GC_YOUNG_THRESHOLD
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore
 from kittiwake.mqtt.codec import PacketDecoder, encode
@@ -188,6 +189,7 @@ def main() -> None:
     parser.add_argument("--filters", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
     if args.workload == "qos1":
         cost = best(args.runs, lambda: asyncio.run(qos1(args.messages, args.batch)))
         print(f"qos1 1->1: {cost * 1e6:.2f} us CPU per message")

@@ -16,8 +16,12 @@ from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS
 
-# Plans kept at most; the cache is cleared when full (topics repeat, so it refills quickly).
-MAX_PLANS = 4096
+# Plans kept: two per filter in the tree (a fleet's devices each publish on their own topic,
+# and a cache smaller than the set of topics in use is cleared before any plan is reused),
+# at least MIN_PLANS and at most MAX_PLANS. The cache is cleared when full: topics repeat,
+# so it refills quickly, and clearing costs nothing per publication.
+MIN_PLANS = 4096
+MAX_PLANS = 65536
 
 
 class RoutePlan:
@@ -76,7 +80,7 @@ class RoutePlans:
             pass
         plan = self._build(topic)
         if len(topic) <= MAX_CACHED_TOPIC_CHARS:
-            if len(cache) >= MAX_PLANS:
+            if len(cache) >= MIN_PLANS and len(cache) >= min(MAX_PLANS, 2 * len(self.tree)):
                 cache.clear()
             cache[topic] = plan
         return plan
