@@ -394,14 +394,10 @@ class MQTTConnection:
             return
         if qos == 0 and not packet.retain and self._forward(topic, packet):
             return
-        message = Message(
-            topic=topic,
-            payload=packet.payload,
-            qos=qos,
-            retain=packet.retain,
-            persistent=qos > 0,
-            origin=self.client_id,
-        )
+        # Positional, and origin set after: keyword arguments to a dataclass of this many
+        # fields cost more than the rest of making the message.
+        message = Message(topic, packet.payload, qos, packet.retain, qos > 0)
+        message.origin = self.client_id
         if version == 5:
             self._copy_properties(props, message)
         if qos == 2:
