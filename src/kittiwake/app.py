@@ -11,9 +11,13 @@ import logging
 import signal
 from collections.abc import Callable
 
+from kittiwake.amqp.links import link_layer_factory
+from kittiwake.amqp.server import AMQPServer
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
+from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.config import Config, JournalConfig, ListenerConfig, StoreConfig
 from kittiwake.flight.listener import FlightListener, FlightUnavailable
@@ -38,6 +42,11 @@ class BrokerApp:
             config, clock=clock, store=open_store(config.store, clock, config.journal)
         )
         self.mqtt = MQTTServer(self.broker)
+        self.queues = QueueDestinations(self.broker)
+        self.temporaries = TemporaryDestinations(self.queues)
+        self.amqp = AMQPServer(
+            self.broker, link_layer_factory(self.broker, self.queues, self.temporaries)
+        )
         self.sys = SysPublisher(self.broker, config.sys.interval)
         self.flight = [
             self._flight_listener(listener)
@@ -46,15 +55,19 @@ class BrokerApp:
         ]
         self.addresses: list[tuple[str, int]] = []
         self._cancel_ticks: Callable[[], None] | None = None
+        self._cancel_queue_ticks: Callable[[], None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.broker.recover()
         self._cancel_ticks = self.broker.schedule_ticks(loop)
+        self._cancel_queue_ticks = self.queues.schedule_ticks(loop)
         flight = iter(self.flight)
         for listener in self.config.listeners:
             if listener.protocol == "flight":
                 self.addresses.append(await next(flight).start())
+            elif listener.protocol == "amqp":
+                self.addresses.append(await self.amqp.listen(listener.host, listener.port))
             else:
                 self.addresses.append(await self.mqtt.listen(listener.host, listener.port))
         self.sys.start()
@@ -68,7 +81,10 @@ class BrokerApp:
         self.sys.stop()
         if self._cancel_ticks is not None:
             self._cancel_ticks()
+        if self._cancel_queue_ticks is not None:
+            self._cancel_queue_ticks()
         await self.mqtt.close()
+        await self.amqp.close()
         for flight in self.flight:
             await flight.stop()
         self.broker.store.close()

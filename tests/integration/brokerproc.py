@@ -97,7 +97,14 @@ class BrokerProcess:
     Iterating gives ``(host, port)`` so tests can write ``host, port = broker(...)``.
     """
 
-    def __init__(self, workdir: Path, *, flight: bool = False, **sections: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        flight: bool = False,
+        amqp: bool = False,
+        **sections: dict[str, Any],
+    ) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.host = HOST
@@ -106,6 +113,9 @@ class BrokerProcess:
         # MQTT listener, so a broker that accepts MQTT connections serves Flight already).
         self.flight = flight
         self.flight_port = 0
+        # With ``amqp``, an AMQP listener too, on ``amqp_port`` (bound before MQTT's, too).
+        self.amqp = amqp
+        self.amqp_port = 0
         self.sections = sections
         self.proc: subprocess.Popen[bytes] | None = None
         self.config_path = workdir / "kittiwake.toml"
@@ -117,6 +127,10 @@ class BrokerProcess:
     @property
     def address(self) -> tuple[str, int]:
         return self.host, self.port
+
+    @property
+    def amqp_url(self) -> str:
+        return f"amqp://{self.host}:{self.amqp_port}"
 
     def start(self, attempts: int = 3) -> BrokerProcess:
         """Start on a free port; retried on a fresh port if another process took it first."""
@@ -143,6 +157,12 @@ class BrokerProcess:
             else:
                 config[name] = dict(values)
         config["listeners"] = [{"protocol": "mqtt", "host": self.host, "port": self.port}]
+        if self.amqp:
+            if not same_ports:
+                self.amqp_port = free_port()
+            config["listeners"].insert(
+                0, {"protocol": "amqp", "host": self.host, "port": self.amqp_port}
+            )
         if self.flight:
             if not same_ports:
                 self.flight_port = free_port()
