@@ -18,10 +18,12 @@ from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS
 
 # Plans kept: two per filter in the tree (a fleet's devices each publish on their own topic,
 # and a cache smaller than the set of topics in use is cleared before any plan is reused),
-# at least MIN_PLANS and at most MAX_PLANS. The cache is cleared when full: topics repeat,
-# so it refills quickly, and clearing costs nothing per publication.
+# at least MIN_PLANS and at most MAX_PLANS (a plan costs about 500 bytes; past that many
+# topics in use the uncached path serves, and memory per filter stays as it was). The cache
+# is cleared when full: topics repeat, so it refills quickly, and clearing costs nothing per
+# publication.
 MIN_PLANS = 4096
-MAX_PLANS = 65536
+MAX_PLANS = 16384
 
 
 class RoutePlan:
