@@ -18,6 +18,7 @@ from kittiwake.broker.queues import Queue, QueuedMessage
 from kittiwake.broker.routing import Binding
 
 if TYPE_CHECKING:
+    from kittiwake.broker.mqtt_subscriptions import SessionCopy
     from kittiwake.broker.shared_groups import Member
 
 # A session expiry interval meaning "never expires" (the MQTT 5 value 0xFFFFFFFF).
@@ -67,6 +68,10 @@ class Subscription(Binding):
     retain_as_published: bool = False
     retain_handling: int = 0
     subscription_id: int | None = None
+    # Its session's copy of a publication that matches no other subscription of the session,
+    # worked out once (mqtt_subscriptions.session_copies); None until then, and again
+    # whenever its options change.
+    copy: SessionCopy | None = field(default=None, repr=False)
 
     @property
     def full_filter(self) -> str:

@@ -79,6 +79,7 @@ def subscribe(
         existing.retain_as_published = options.retain_as_published
         existing.retain_handling = options.retain_handling
         existing.subscription_id = options.subscription_id
+        existing.copy = None
         subscription = existing
         broker.routes.changed()
         member = session.members.get(full_filter)

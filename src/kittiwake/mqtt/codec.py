@@ -165,6 +165,9 @@ class PacketDecoder:
                     ):
                         publish.raw = _bytes_of(src, pos, end)
                     packets.append(publish)
+                elif first == 0x40 and length == 2 and (src[body] or src[body + 1]):
+                    # The other hot packet: a plain PUBACK (what _ack_decoder makes of it).
+                    packets.append(PubAck((src[body] << 8) | src[body + 1], 0, _NO_PROPERTIES))
                 else:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
                 pos = end
@@ -603,6 +606,22 @@ def encode_publish(
     if remaining < 128:
         return bytes((first, remaining)) + head + payload
     return b"".join((bytes((first,)), encode_varint(remaining), head, payload))
+
+
+def encode_publish_head(topic: bytes, payload_size: int, qos: int, retain: bool) -> bytes:
+    """The start of a 3.x PUBLISH, up to where its packet id (QoS 1/2) or payload (QoS 0)
+    goes: what every subscriber of one message shares, so fan-out encodes it once and only
+    splices in each packet id and the payload."""
+    topic_len = len(topic)
+    if topic_len > 0xFFFF:
+        raise ValueError("topic longer than 65,535 bytes")
+    first = 0x31 | (qos << 1) if retain else 0x30 | (qos << 1)
+    remaining = 2 + topic_len + payload_size + (2 if qos else 0)
+    if remaining < 128:
+        return bytes((first, remaining, topic_len >> 8, topic_len & 0xFF)) + topic
+    return b"".join(
+        (bytes((first,)), encode_varint(remaining), topic_len.to_bytes(2, "big"), topic)
+    )
 
 
 def _encode_connect(p: Connect, version: int) -> bytes:

@@ -28,7 +28,7 @@ from kittiwake.broker.topics import (
     parse_shared,
     validate_topic_name,
 )
-from kittiwake.mqtt.codec import encode, encode_ack, encode_publish
+from kittiwake.mqtt.codec import encode, encode_ack, encode_publish, encode_publish_head
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError
 from kittiwake.mqtt.packet_ids import MAX_PACKET_ID, OutgoingPacketIds
 from kittiwake.mqtt.packets import (
@@ -394,14 +394,10 @@ class MQTTConnection:
             return
         if qos == 0 and not packet.retain and self._forward(topic, packet):
             return
-        message = Message(
-            topic=topic,
-            payload=packet.payload,
-            qos=qos,
-            retain=packet.retain,
-            persistent=qos > 0,
-            origin=self.client_id,
-        )
+        # Positional, and origin set after: keyword arguments to a dataclass of this many
+        # fields cost more than the rest of making the message.
+        message = Message(topic, packet.payload, qos, packet.retain, qos > 0)
+        message.origin = self.client_id
         if version == 5:
             self._copy_properties(props, message)
         if qos == 2:
@@ -710,28 +706,21 @@ class MQTTConnection:
         else:
             # 3.x frames differ between subscribers only in the packet id: encode the rest once
             # per message (QoS 0: the whole frame) and splice the id in.
-            key = (qos, entry.retain)
+            key = qos + 3 if entry.retain else qos
             cache = message.encoded
             if cache is None:
                 message.encoded = cache = {}
-            cached = cache.get(key)
-            if cached is None:
-                cached = encode_publish(
-                    message.topic.encode(),
-                    message.payload,
-                    qos,
-                    entry.retain,
-                    False,
-                    1 if qos else None,
-                    None,
+            head = cache.get(key)
+            if head is None:
+                head = cache[key] = encode_publish_head(
+                    message.topic.encode(), len(message.payload), qos, entry.retain
                 )
-                if qos:  # keep the part before the packet id
-                    cached = cached[: len(cached) - len(message.payload) - 2]
-                cache[key] = cached
-            if qos == 0:
-                data = cached
+                if not qos:
+                    head = cache[key] = head + message.payload
+            if qos:
+                data = b"".join((head, delivery_id.to_bytes(2, "big"), message.payload))
             else:
-                data = b"".join((cached, delivery_id.to_bytes(2, "big"), message.payload))
+                data = head
         if len(data) > self.peer_max_packet_size:
             # MQTT-3.1.2-25: never send more than the client accepts; the message is dropped.
             log.info(
