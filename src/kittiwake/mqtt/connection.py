@@ -27,8 +27,9 @@ from kittiwake.broker.topics import (
     parse_shared,
     validate_topic_name,
 )
-from kittiwake.mqtt.codec import encode, encode_ack, encode_publish
-from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError
+from kittiwake.mqtt.answers import encode_answer, response_information
+from kittiwake.mqtt.codec import encode_ack, encode_publish
+from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError, quoted
 from kittiwake.mqtt.packets import (
     Auth,
     ConnAck,
@@ -182,6 +183,9 @@ class MQTTConnection:
         self._connect_seen = True
         self.protocol_version = version = packet.protocol_version
         props = packet.properties
+        if version == 5 and props.maximum_packet_size is not None:
+            # Before any answer, refusals included (MQTT-3.1.2-24).
+            self.peer_max_packet_size = props.maximum_packet_size
         broker = self.broker
         config = broker.config
         client_id = packet.client_id
@@ -220,7 +224,7 @@ class MQTTConnection:
             if not broker.authorizer.may_publish(packet.will.topic):
                 return self._refuse(
                     ReasonCode.NOT_AUTHORIZED if version == 5 else ConnectReturnCode.NOT_AUTHORIZED,
-                    f"will topic {packet.will.topic!r} not allowed",
+                    f"will topic {quoted(packet.will.topic)} not allowed",
                 )
         requested_expiry: int | None = None
         if version == 5:
@@ -229,8 +233,6 @@ class MQTTConnection:
             if expiry > cap:
                 requested_expiry = expiry = cap
             window = props.receive_maximum if props.receive_maximum is not None else 65535
-            if props.maximum_packet_size is not None:
-                self.peer_max_packet_size = props.maximum_packet_size
             self.peer_topic_alias_maximum = props.topic_alias_maximum or 0
             if props.request_problem_information == 0:
                 self._problem_information = False
@@ -274,7 +276,7 @@ class MQTTConnection:
             ack_props.server_keep_alive = server_keepalive
             ack_props.session_expiry_interval = requested_expiry
             if props.request_response_information == 1:
-                ack_props.response_information = f"response/{client_id}"
+                ack_props.response_information = response_information(client_id)
         connack = self._encode(ConnAck(present, 0, ack_props), version)
         if completion is None:
             self.transport.write(connack)
@@ -793,16 +795,15 @@ class MQTTConnection:
         self.transport.write(self._encode(packet, version))
 
     def _encode(self, packet: Packet, version: int) -> bytes:
-        if (
-            version == 5
-            and not self._problem_information
-            and not isinstance(packet, (ConnAck, Disconnect, Publish))
-        ):
-            props = getattr(packet, "properties", None)
-            if props is not None and (props.reason_string or props.user_properties):
-                props.reason_string = None
-                props.user_properties = []
-        return encode(packet, version)
+        data = encode_answer(packet, version, self.peer_max_packet_size, self._problem_information)
+        if len(data) > self.peer_max_packet_size and isinstance(packet, (SubAck, UnsubAck)):
+            # Only these grow with the request (one reason code per filter); every other
+            # answer is a few bytes once its optional text is gone (MQTT-3.1.2-24).
+            raise MQTTProtocolError(
+                ReasonCode.PACKET_TOO_LARGE,
+                f"the {type(packet).__name__} exceeds the client's Maximum Packet Size",
+            )
+        return data
 
     def _disconnect_with(self, reason: int, why: str = "") -> None:
         props = Properties(reason_string=why or None)

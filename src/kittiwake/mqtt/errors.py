@@ -7,6 +7,16 @@ from __future__ import annotations
 
 from kittiwake.mqtt.reason_codes import ReasonCode
 
+# Error messages quote what a peer sent; a 64 KiB topic must not drown (or outgrow) the sentence.
+_QUOTED_CHARS = 80
+
+
+def quoted(text: str) -> str:
+    """``text`` quoted for an error message: its repr, cut after a few dozen characters."""
+    if len(text) > _QUOTED_CHARS:
+        return repr(text[:_QUOTED_CHARS]) + "..."
+    return repr(text)
+
 
 class MQTTProtocolError(Exception):
     """The peer broke the protocol; the connection must end.

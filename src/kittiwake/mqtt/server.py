@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 
 # A client that has not sent CONNECT this long after connecting is dropped.
 CONNECT_TIMEOUT = 10.0
+# After the broker ends a connection it closes only its write side and reads (and drops) what
+# the client still sends, for at most this long: a client busy writing (PUBRELs, say) then
+# reads our last words (DISCONNECT with its reason, a refusing CONNACK) instead of having them
+# destroyed by the reset a full close causes when its data arrives.
+LINGER_TIMEOUT = 5.0
 
 
 class MQTTServerProtocol(asyncio.Protocol):
@@ -27,6 +32,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         "_buffer",
         "_first_read",
         "_flush_scheduled",
+        "_linger",
         "_loop",
         "_paused",
         "_server",
@@ -43,6 +49,8 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._first_read = True
         # Set while the socket's send buffer is above its high-water mark (pause_writing).
         self._paused = False
+        # The timer that ends a lingering close (see LINGER_TIMEOUT); None until then.
+        self._linger: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.decoder = PacketDecoder(server.broker.config.limits.max_packet_size)
         self.connection: MQTTConnection | None = None
@@ -89,7 +97,13 @@ class MQTTServerProtocol(asyncio.Protocol):
             log.exception("client %s: internal error; closing", connection.client_id)
             connection.protocol_error(MQTTProtocolError(0x83, "internal error"))
 
+    def eof_received(self) -> bool:
+        # The client is done (after our half-close, or of its own accord): close at once.
+        return False
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
         self._server.connections.discard(self)
         if self.connection is not None:
             self.connection.connection_lost()
@@ -98,6 +112,8 @@ class MQTTServerProtocol(asyncio.Protocol):
     # Transport for MQTTConnection
 
     def write(self, data: bytes) -> None:
+        if self._linger is not None:
+            return  # our side is shut: nothing more goes out
         self._buffer.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -117,10 +133,22 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._paused = False
 
     def close(self) -> None:
+        """End the connection: what was written goes first, then a half-close and a bounded
+        wait for the client's own close (a full close where half-closing is impossible)."""
         if self._buffer:
             self._flush()
-        if self.transport is not None:
-            self.transport.close()
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._linger is not None:
+            return
+        if not transport.can_write_eof():  # TLS: close_notify is the last word instead
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:
+            transport.close()
+            return
+        self._linger = self._loop.call_later(LINGER_TIMEOUT, transport.close)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -128,7 +156,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         if not buffer:
             return
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self._linger is not None:
             buffer.clear()
             return
         data = buffer[0] if len(buffer) == 1 else b"".join(buffer)
