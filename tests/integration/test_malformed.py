@@ -313,3 +313,28 @@ def test_client_still_sending_pubrels_reads_the_disconnect(broker, raw):
     kinds = [type(p) for p in packets]
     assert kinds[-1] is Disconnect and packets[-1].reason_code == 0x93, packets
     assert kinds.count(PubRec) == 2, packets
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_packets_before_a_malformed_one_in_the_same_read_are_handled(
+    address, raw, paho, version
+):
+    """A client that pipelines CONNECT, a QoS 1 PUBLISH and then a broken packet in one write
+    is answered packet by packet: CONNACK, PUBACK, and only then the close (v5: DISCONNECT
+    0x81). Found by the fuzzing harness: the whole read was dropped and a v5 client got a
+    refusing CONNACK for a CONNECT that was fine."""
+    topic = unique("pipelined")
+    watcher = paho(address)
+    watcher.subscribe(topic, 1)
+    client = raw(address, version)
+    client.send_raw(
+        encode(Connect(unique("pipeliner"), protocol_version=version), version)
+        + encode(Publish(topic, b"before the break", 1, packet_id=7), version)
+        + b"\x00\x00"  # reserved packet type 0
+    )
+    packets = client.recv_until_closed()
+    kinds = [type(p).__name__ for p in packets]
+    expected = ["ConnAck", "PubAck"] + (["Disconnect"] if version == 5 else [])
+    assert kinds == expected, packets
+    assert packets[0].reason_code == 0 and packets[1].packet_id == 7
+    assert watcher.get().payload == b"before the break"

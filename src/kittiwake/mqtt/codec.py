@@ -121,7 +121,8 @@ class PacketDecoder:
 
         Raises an :class:`MQTTProtocolError` for the first invalid packet, and
         :class:`PacketTooLargeError` as soon as an oversized fixed header is readable, without
-        waiting for (or buffering) the body.
+        waiting for (or buffering) the body. The error's ``packets_before`` holds the packets
+        of ``data`` decoded before it, which are still to be acted on.
         """
         buf = self._buf
         src: bytes | bytearray
@@ -169,8 +170,12 @@ class PacketDecoder:
                 else:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
                 pos = end
-        except BaseException:
+        except MQTTProtocolError as error:
             self._buf = bytearray()  # the connection is dead; drop the tail with the error
+            error.packets_before = list(packets)
+            raise
+        except BaseException:
+            self._buf = bytearray()
             raise
         finally:
             mv.release()  # the bytearray cannot be resized while a view of it is alive

@@ -26,9 +26,13 @@ class MQTTProtocolError(Exception):
     """
 
     reason_code: ReasonCode
+    # Set by PacketDecoder.feed: the packets of the same input that came before the bad one,
+    # which the connection must still act on, in order, before it answers the error.
+    packets_before: list[object]
 
     def __init__(self, reason_code: int, message: str = "") -> None:
         self.reason_code = ReasonCode(reason_code)
+        self.packets_before = []
         super().__init__(message or self.reason_code.name)
 
     @property
