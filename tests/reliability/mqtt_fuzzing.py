@@ -57,7 +57,7 @@ _huge = st.builds(
     st.sampled_from(["", "/+", "#", "/a"]),
 ).filter(lambda text: len(text.encode()) <= 65_535)
 _short_topics = st.lists(_topic_chars, max_size=12).map("".join)
-_topics = st.integers(0, 15).flatmap(lambda n: _huge if n == 0 else _short_topics)
+_topics = st.integers(0, 7).flatmap(lambda n: _huge if n == 0 else _short_topics)
 _texts = st.text(st.sampled_from(["x", "y", "é", "\x7f", "\ufeff", " "]), max_size=8)
 _ids = st.integers(1, 65535) | st.sampled_from([1, 2, 3])
 _u32 = st.integers(0, 2**32 - 1) | st.sampled_from([0, 1, 60])
@@ -135,7 +135,7 @@ def connects(draw: st.DrawFn, version: int) -> Connect:
         )
     username = draw(st.none() | _texts)
     client_id = "fz-" + draw(_texts) if draw(st.integers(0, 3)) else ""
-    if draw(st.integers(0, 15)) == 0:
+    if draw(st.integers(0, 7)) == 0:
         client_id = "c" * draw(st.sampled_from([100, 65_527, 65_535]))
     return Connect(
         client_id,
@@ -145,8 +145,16 @@ def connects(draw: st.DrawFn, version: int) -> Connect:
         will=will,
         username=username,
         password=draw(st.none() | st.binary(max_size=8)) if username is not None else None,
-        properties=draw(_properties("connect")) if version == 5 else Properties(),
+        properties=draw(_connect_properties()) if version == 5 else Properties(),
     )
+
+
+@st.composite
+def _connect_properties(draw: st.DrawFn) -> Properties:
+    props = draw(_properties("connect"))
+    if draw(st.booleans()):  # the broker derives its Response Information from the client id
+        props.request_response_information = 1
+    return props
 
 
 @st.composite
@@ -164,7 +172,7 @@ def hostile_packets(draw: st.DrawFn, version: int) -> Packet:
         qos = draw(st.integers(0, 2))
         props = draw(_properties("publish")) if v5 else Properties()
         topic = _publish_topic(draw(_topics))
-        if draw(st.integers(0, 9)):  # now and then a wildcard, which ends the connection
+        if draw(st.integers(0, 3)):  # now and then a wildcard, which ends the connection
             topic = topic.replace("+", "p").replace("#", "h")
         if not topic and not (v5 and props.topic_alias):
             topic = "t"
@@ -296,7 +304,7 @@ class Template:
 
 @st.composite
 def templates(draw: st.DrawFn) -> Template:
-    version = draw(st.sampled_from([3, 4, 5, 5]))
+    version = draw(st.sampled_from([3, 4, 5, 5, 5, 5]))
     hostile = draw(st.lists(hostile_packets(version), min_size=8, max_size=30))
     others = draw(st.lists(connection_enders(version), min_size=1, max_size=4))
     frames = [encode(p, version) for p in hostile]

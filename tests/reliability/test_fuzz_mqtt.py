@@ -27,7 +27,7 @@ from tests.integration.rawclient import RawClient
 # Inputs the broker must handle; connections come from one Hypothesis template each
 # SCRIPTS_PER_TEMPLATE times, with a different mutation each time.
 TARGET_INPUTS = 100_000
-SCRIPTS_PER_TEMPLATE = 25
+SCRIPTS_PER_TEMPLATE = 40
 # A bound on the whole run, far above what it needs (about 30 s on an idle 2-core machine).
 RUN_DEADLINE = 600.0
 # Log lines that mean the broker met a bug rather than bad input.
@@ -52,20 +52,21 @@ class FuzzRun:
             outcome = run_script(self.broker.address, script)
             self.inputs += outcome.handled
             self.connections += 1
-        assert self.broker.alive(), f"the broker died:\n{self.broker.log_text()[-5000:]}"
-        self.check_log()
+        where = f"after template {template!r:.2000}"
+        assert self.broker.alive(), f"the broker died {where}:\n{self.broker.log_text()[-5000:]}"
+        self.check_log(where)
         # Traffic that must get through all along: one acknowledged message per template.
         payload = b"keep-%d" % len(self.acknowledged)
         self.publisher.publish(f"{PROTECTED_PREFIX}/{len(self.acknowledged) % 7}", payload, 1)
         self.acknowledged.append(payload)
 
-    def check_log(self) -> None:
+    def check_log(self, where: str) -> None:
         with open(self.broker.log_path, "rb") as log:
             log.seek(self._log_offset)
             new = log.read().decode("utf-8", "replace")
         self._log_offset += len(new.encode("utf-8", "replace"))
         for marker in BUG_MARKERS:
-            assert marker not in new, f"the broker met a bug ({marker!r}):\n{new[-5000:]}"
+            assert marker not in new, f"the broker met a bug ({marker!r}) {where}:\n{new[-5000:]}"
 
 
 def test_hundred_thousand_hostile_inputs_harm_no_one(
