@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from kittiwake.broker.broker import Broker
 from kittiwake.mqtt.codec import PacketDecoder
@@ -34,13 +35,14 @@ def handle_input(
     ``contain_bugs=False`` lets an unexpected exception through (unit tests want to see it).
     """
     try:
+        packets: list[Any]
         try:
             packets = decoder.feed(data)
             error = None
         except MQTTProtocolError as exc:
             packets, error = exc.packets_before, exc
         for packet in packets:
-            connection.handle(packet)  # type: ignore[arg-type]
+            connection.handle(packet)
             if connection.closed:
                 return
         if error is not None:
