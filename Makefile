@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 CONFIG ?= kittiwake.toml
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test venv test-deps system-deps lint typecheck bench clean
+.PHONY: run test venv test-deps system-deps java lint typecheck bench bench-spark clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import venv' 2>/dev/null && $(PYTHON) -m venv $(VENV) 2>/dev/null || \
@@ -19,10 +19,22 @@ venv: $(BIN)/python
 test-deps: $(BIN)/python system-deps
 	$(BIN)/python -m pip install -q -e '.[test]'
 
-# Debian packages the tests talk to: mosquitto_pub/mosquitto_sub are real third-party clients.
-system-deps:
+# Debian packages the tests talk to: mosquitto_pub/mosquitto_sub are real third-party clients;
+# Java runs the real Spark the data source's tests use.
+system-deps: java
 	@command -v mosquitto_sub >/dev/null 2>&1 || { \
 	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q mosquitto-clients; }
+
+# Spark 4 needs Java 17 or newer: checked with `java -version`, Debian's JRE 17 installed when
+# it is missing or older (the distribution's default JRE where 17 is not packaged).
+java:
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9][0-9]*\).*/\1/p' | head -n 1); \
+	if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then \
+	  echo "Java 17 or newer not found (java -version: $${v:-none}); installing it"; \
+	  $(SUDO) apt-get update -q && \
+	  { $(SUDO) apt-get install -y -q openjdk-17-jre-headless || \
+	    $(SUDO) apt-get install -y -q default-jre-headless; }; \
+	fi
 
 run: venv
 	$(BIN)/kittiwake serve $(if $(wildcard $(CONFIG)),--config $(CONFIG),)
@@ -39,6 +51,10 @@ lint: test-deps
 bench: venv
 	bash bench/setup_peers.sh
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# The Spark data source's read throughput over Flight (batch and stream, local[2]).
+bench-spark: test-deps
+	$(BIN)/python bench/bench_spark_read.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache

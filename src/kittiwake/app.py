@@ -15,8 +15,10 @@ from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
 from kittiwake.clock import Clock, MonotonicClock
-from kittiwake.config import Config, StoreConfig
+from kittiwake.config import Config, JournalConfig, ListenerConfig, StoreConfig
+from kittiwake.flight.listener import FlightListener, FlightUnavailable
 from kittiwake.mqtt.server import MQTTServer
+from kittiwake.store.journal_selection import JournalSelection
 from kittiwake.store.sqlite import SQLiteStore
 
 log = logging.getLogger(__name__)
@@ -29,9 +31,16 @@ class BrokerApp:
         self.config = config
         # One clock for the core and the store: expiry, sweeps and stored times agree.
         clock = clock or MonotonicClock()
-        self.broker = Broker(config, clock=clock, store=open_store(config.store, clock))
+        self.broker = Broker(
+            config, clock=clock, store=open_store(config.store, clock, config.journal)
+        )
         self.mqtt = MQTTServer(self.broker)
         self.sys = SysPublisher(self.broker, config.sys.interval)
+        self.flight = [
+            self._flight_listener(listener)
+            for listener in config.listeners
+            if listener.protocol == "flight"
+        ]
         self.addresses: list[tuple[str, int]] = []
         self._cancel_ticks: Callable[[], None] | None = None
 
@@ -39,8 +48,12 @@ class BrokerApp:
         loop = asyncio.get_running_loop()
         self.broker.recover()
         self._cancel_ticks = self.broker.schedule_ticks(loop)
+        flight = iter(self.flight)
         for listener in self.config.listeners:
-            self.addresses.append(await self.mqtt.listen(listener.host, listener.port))
+            if listener.protocol == "flight":
+                self.addresses.append(await next(flight).start())
+            else:
+                self.addresses.append(await self.mqtt.listen(listener.host, listener.port))
         self.sys.start()
         # Everything built so far lives as long as the broker: keep it out of every future
         # garbage collection, so a full collection never walks it mid-traffic.
@@ -53,23 +66,59 @@ class BrokerApp:
         if self._cancel_ticks is not None:
             self._cancel_ticks()
         await self.mqtt.close()
+        for flight in self.flight:
+            await flight.stop()
         self.broker.store.close()
 
+    def _flight_listener(self, listener: ListenerConfig) -> FlightListener:
+        store = self.broker.store
+        if not isinstance(store, SQLiteStore):
+            raise FlightUnavailable(
+                "a flight listener serves the journal on disk: set store.backend = \"sqlite\""
+            )
+        if not self.config.journal.enabled:
+            log.warning(
+                "a flight listener is configured but the journal keeps nothing past its "
+                "subscribers: set journal.retention_seconds or journal.retention_bytes"
+            )
+        return FlightListener(
+            listener.host,
+            listener.port,
+            store.directory,
+            store.journal_selection,
+            self.broker.authorizer,
+        )
 
-def open_store(config: StoreConfig, clock: Clock | None) -> Store:
+
+def open_store(
+    config: StoreConfig, clock: Clock | None, journal: JournalConfig | None = None
+) -> Store:
     """The configured store; a broken database raises StoreError before anything listens."""
+    journal = journal or JournalConfig()
     if config.backend == "memory":
         log.warning("store backend is 'memory': persistent messages will not survive a restart")
+        if journal.enabled:
+            log.warning("store backend is 'memory': the journal keeps nothing")
         return MemoryStore()
     return SQLiteStore(
         config.data_dir,
         clock=clock,
         max_batch=config.max_batch,
         max_delay=config.max_delay,
-        journal_retention_seconds=config.journal_retention_seconds,
-        journal_retention_bytes=config.journal_retention_bytes,
+        journal_retention_seconds=journal.retention_seconds,
+        journal_retention_bytes=journal.retention_bytes,
+        journal_selection=journal_selection(journal),
         wal_autocheckpoint=config.wal_autocheckpoint,
         synchronous=config.synchronous.upper(),
+    )
+
+
+def journal_selection(journal: JournalConfig) -> JournalSelection:
+    """What the journal keeps, for its writer and its readers alike."""
+    return JournalSelection(
+        enabled=journal.enabled,
+        persistent_topics=journal.persistent_topics,
+        qos0_topics=journal.qos0_topics,
     )
 
 

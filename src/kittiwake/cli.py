@@ -12,6 +12,7 @@ from typing import Any
 from kittiwake import __version__
 from kittiwake.app import serve
 from kittiwake.config import ConfigError, load_config
+from kittiwake.flight.listener import FlightUnavailable
 from kittiwake.store.sqlite import StoreError
 
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         _run(serve(config), use_uvloop=config.uvloop)
-    except (OSError, StoreError) as exc:
+    except (OSError, StoreError, FlightUnavailable) as exc:
         logging.getLogger("kittiwake").error("cannot start: %s", exc)
         return 1
     return 0

@@ -7,12 +7,17 @@ falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from kittiwake.broker.topics import TopicError, validate_topic_filter
+
+log = logging.getLogger(__name__)
 
 QueueFullPolicy = Literal["reject_new", "discard_oldest"]
 
@@ -21,13 +26,26 @@ class ConfigError(ValueError):
     """The configuration file cannot be used; the message names the file and the key."""
 
 
+ListenerProtocol = Literal["mqtt", "flight"]
+# The port a listener binds when its table names none: MQTT's registered port, and Arrow
+# Flight's customary one (the Spark data source's executors connect there).
+DEFAULT_PORTS: dict[str, int] = {"mqtt": 1883, "flight": 8815}
+_PROTOCOL_DEFAULT_PORT = -1
+
+
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
-    """One socket the broker accepts connections on."""
+    """One socket the broker accepts connections on: MQTT clients, or Arrow Flight (the
+    journal's range reads for Spark executors)."""
 
-    protocol: Literal["mqtt"] = "mqtt"
+    protocol: ListenerProtocol = "mqtt"
     host: str = "127.0.0.1"
-    port: int = 1883
+    # The protocol's default (DEFAULT_PORTS) unless given; 0 = any free port.
+    port: int = _PROTOCOL_DEFAULT_PORT
+
+    def __post_init__(self) -> None:
+        if self.port == _PROTOCOL_DEFAULT_PORT:
+            object.__setattr__(self, "port", DEFAULT_PORTS[self.protocol])
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,16 +122,33 @@ class StoreConfig:
     # Extra wait before each commit to gather a bigger group (seconds); 0 = commit at once.
     # Without it a group is whatever gathered while the writer was busy with the last one.
     max_delay: float = 0.0
-    # Keep journalled messages this long after every subscriber acknowledged them (for the
-    # Spark data source); 0 = only while referenced.
-    journal_retention_seconds: float = 0.0
-    # Also (or instead) keep the newest acknowledged messages up to this many payload bytes;
-    # 0 = no size bound. Either retention makes every persistent publication journalled.
-    journal_retention_bytes: int = 0
     # WAL pages after which SQLite checkpoints the WAL into the database (bounds the WAL file).
     wal_autocheckpoint: int = 1000
     # SQLite synchronous mode: "full" fsyncs every commit, which the acknowledgement promise needs.
     synchronous: Literal["full", "normal"] = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class JournalConfig:
+    """What the journal keeps for the data pipeline (the Spark data source reads it), and how
+    long. Nothing is kept past its subscribers unless a retention is set."""
+
+    # Keep journalled messages this long after every subscriber acknowledged them; 0 = only
+    # while a queue references them.
+    retention_seconds: float = 0.0
+    # Also (or instead) keep the newest messages up to this many payload bytes; 0 = no size
+    # bound. Either retention turns the journal on.
+    retention_bytes: int = 0
+    # MQTT filters whose persistent publications (QoS 1/2) the journal keeps; "#" = every topic
+    # (except those starting with '$', which no wildcard matches).
+    persistent_topics: tuple[str, ...] = ("#",)
+    # Filters whose QoS 0 publications the journal keeps too: an opt-in, because each costs a
+    # disk write that QoS 0 otherwise never pays (no acknowledgement waits for it).
+    qos0_topics: tuple[str, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return self.retention_seconds > 0 or self.retention_bytes > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +161,7 @@ class Config:
     sys: SysConfig = field(default_factory=SysConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    journal: JournalConfig = field(default_factory=JournalConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Use uvloop when it is installed.
     uvloop: bool = True
@@ -143,7 +179,7 @@ def load_config(path: str | Path | None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     try:
-        config = _build(Config, raw, "")
+        config = _build(Config, _renamed(raw, str(path)), "")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     assert isinstance(config, Config)
@@ -152,9 +188,46 @@ def load_config(path: str | Path | None) -> Config:
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Build a config from plain data (tests and embedding use this)."""
-    config = _build(Config, raw, "")
+    config = _build(Config, _renamed(raw, "config"), "")
     assert isinstance(config, Config)
     return config
+
+
+# Keys that moved: (old table, old key) -> (new table, new key). The old spelling keeps
+# working, with a warning naming its replacement, so an upgrade never breaks a config file.
+RENAMED_KEYS: dict[tuple[str, str], tuple[str, str]] = {
+    ("store", "journal_retention_seconds"): ("journal", "retention_seconds"),
+    ("store", "journal_retention_bytes"): ("journal", "retention_bytes"),
+}
+
+
+def _renamed(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """``raw`` with renamed keys moved to their new place (a copy; ``raw`` is not changed)."""
+    raw = dict(raw)
+    for (old_table, old_key), (new_table, new_key) in RENAMED_KEYS.items():
+        table = raw.get(old_table)
+        if not isinstance(table, dict) or old_key not in table:
+            continue
+        table = raw[old_table] = dict(table)
+        value = table.pop(old_key)
+        target = raw.get(new_table, {})
+        if not isinstance(target, dict):
+            continue  # _build names the malformed table
+        if new_key in target:
+            raise ConfigError(
+                f"{old_table}.{old_key} and {new_table}.{new_key} are both set; "
+                f"{old_table}.{old_key} is the old name of {new_table}.{new_key}: keep only that"
+            )
+        raw[new_table] = {**target, new_key: value}
+        log.warning(
+            "%s: %s.%s is deprecated; it is now %s.%s (the old name still works for now)",
+            source,
+            old_table,
+            old_key,
+            new_table,
+            new_key,
+        )
+    return raw
 
 
 def _build(cls: type[Any], raw: Any, where: str) -> Any:
@@ -166,6 +239,11 @@ def _build(cls: type[Any], raw: Any, where: str) -> Any:
     if unknown:
         raise ConfigError(f"unknown key {_join(where, unknown[0])!r}; known keys: {sorted(names)}")
     values = {name: _convert(hints[name], value, _join(where, name)) for name, value in raw.items()}
+    for name, value in values.items():
+        # Checked before construction too: a listener turns its "protocol default" port
+        # sentinel (-1) into a real port, which would hide a negative port written out.
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise ConfigError(f"{_join(where, name)}: must not be negative, got {value}")
     result = cls(**values)
     _check_ranges(result, where)
     return result
@@ -214,6 +292,13 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
     if isinstance(obj, SessionConfig) and obj.max_keepalive > 65535:
         raise ConfigError(f"{_join(where, 'max_keepalive')}: must be 0..65535")
+    if isinstance(obj, JournalConfig):
+        for name in ("persistent_topics", "qos0_topics"):
+            for i, topic_filter in enumerate(getattr(obj, name)):
+                try:
+                    validate_topic_filter(topic_filter)
+                except TopicError as exc:
+                    raise ConfigError(f"{_join(where, name)}[{i}]: {exc}") from None
 
 
 def _join(where: str, name: str) -> str:

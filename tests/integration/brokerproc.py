@@ -97,11 +97,15 @@ class BrokerProcess:
     Iterating gives ``(host, port)`` so tests can write ``host, port = broker(...)``.
     """
 
-    def __init__(self, workdir: Path, **sections: dict[str, Any]) -> None:
+    def __init__(self, workdir: Path, *, flight: bool = False, **sections: dict[str, Any]) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.host = HOST
         self.port = 0
+        # With ``flight``, an Arrow Flight listener too, on ``flight_port`` (bound before the
+        # MQTT listener, so a broker that accepts MQTT connections serves Flight already).
+        self.flight = flight
+        self.flight_port = 0
         self.sections = sections
         self.proc: subprocess.Popen[bytes] | None = None
         self.config_path = workdir / "kittiwake.toml"
@@ -124,8 +128,14 @@ class BrokerProcess:
                     raise RuntimeError(f"no free port after {attempts} attempts") from None
         raise AssertionError("unreachable")
 
-    def _start_once(self) -> BrokerProcess:
-        self.port = free_port()
+    def restart(self) -> BrokerProcess:
+        """Start again after :meth:`stop` or :meth:`kill`, on the same ports and data (clients
+        that were told the address find the broker again)."""
+        return self._start_once(same_ports=True)
+
+    def _start_once(self, same_ports: bool = False) -> BrokerProcess:
+        if not same_ports:
+            self.port = free_port()
         config: dict[str, Any] = {"log_level": "debug"}
         for name, values in self.sections.items():
             if name in ("log_level", "uvloop"):
@@ -133,6 +143,12 @@ class BrokerProcess:
             else:
                 config[name] = dict(values)
         config["listeners"] = [{"protocol": "mqtt", "host": self.host, "port": self.port}]
+        if self.flight:
+            if not same_ports:
+                self.flight_port = free_port()
+            config["listeners"].insert(
+                0, {"protocol": "flight", "host": self.host, "port": self.flight_port}
+            )
         self.config_path.write_text(to_toml(config), encoding="utf-8")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -173,6 +189,18 @@ class BrokerProcess:
                     f"{START_TIMEOUT}s:\n{self.log_text()}"
                 )
             time.sleep(0.05)
+
+    @property
+    def flight_url(self) -> str:
+        return f"grpc://{self.host}:{self.flight_port}"
+
+    def kill(self) -> None:
+        """kill -9: no graceful stop, no final commit."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        if not self._log.closed:
+            self._log.close()
 
     def _listener_is_ours(self, bound: str) -> bool:
         """The process holds the listening socket (read from /proc); where /proc cannot say,

@@ -35,8 +35,8 @@ class _BrokerFactory:
         self.base = base
         self.started: list[BrokerProcess] = []
 
-    def __call__(self, **sections: Any) -> BrokerProcess:
-        process = BrokerProcess(self.base / f"broker{len(self.started)}", **sections)
+    def __call__(self, *, flight: bool = False, **sections: Any) -> BrokerProcess:
+        process = BrokerProcess(self.base / f"broker{len(self.started)}", flight=flight, **sections)
         self.started.append(process)
         return process.start()
 

@@ -220,3 +220,59 @@ def test_invalid_toml(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error() -> None:
     """Callers that only know 'bad value' still catch configuration errors."""
     assert issubclass(ConfigError, ValueError)
+
+
+def test_a_flight_listener_defaults_to_port_8815_on_loopback() -> None:
+    config = config_from_dict({"listeners": [{"protocol": "mqtt"}, {"protocol": "flight"}]})
+    assert config.listeners == (
+        ListenerConfig("mqtt", "127.0.0.1", 1883),
+        ListenerConfig("flight", "127.0.0.1", 8815),
+    )
+    assert config_from_dict({"listeners": [{"protocol": "flight", "port": 0}]}).listeners[
+        0
+    ].port == 0
+
+
+def test_journal_selection_defaults_and_values() -> None:
+    """Persistent publications on every topic, QoS 0 on none, nothing kept without a
+    retention."""
+    journal = Config().journal
+    assert journal.persistent_topics == ("#",) and journal.qos0_topics == ()
+    assert not journal.enabled
+    journal = config_from_dict(
+        {"journal": {"retention_seconds": 60, "qos0_topics": ["sensors/+/reading"]}}
+    ).journal
+    assert journal.enabled and journal.qos0_topics == ("sensors/+/reading",)
+
+
+def test_a_bad_journal_filter_is_refused_with_its_key() -> None:
+    with pytest.raises(ConfigError, match=r"^journal\.qos0_topics\[1\]: .*'#'"):
+        config_from_dict({"journal": {"qos0_topics": ["ok/#", "bad/#/x"]}})
+
+
+def test_renamed_retention_keys_still_work_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """store.journal_retention_* (before the [journal] table) keep working; the warning names
+    the replacement."""
+    path = write(
+        tmp_path,
+        """
+[store]
+journal_retention_seconds = 30
+journal_retention_bytes = 1000
+""",
+    )
+    with caplog.at_level("WARNING", logger="kittiwake.config"):
+        config = load_config(path)
+    assert config.journal.retention_seconds == 30.0
+    assert config.journal.retention_bytes == 1000
+    assert "journal.retention_seconds" in caplog.text
+    assert "journal.retention_bytes" in caplog.text
+
+
+def test_a_renamed_key_beside_its_replacement_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"journal\.retention_seconds"):
+        config_from_dict(
+            {"store": {"journal_retention_seconds": 1}, "journal": {"retention_seconds": 2}}
+        )

@@ -153,6 +153,8 @@ class Broker:
         # Sessions whose queue holds messages not yet visible (delivery time): tick pumps them.
         self._delayed: set[Session] = set()
         self._next_anonymous = 0
+        # The store's journal keeps some QoS 0 publications: they must take the full path.
+        self._journal_qos0 = self.store.keeps_qos0
 
     # -- recovery -------------------------------------------------------------------------
 
@@ -544,8 +546,11 @@ class Broker:
         if not message.created:
             message.created = self.clock.now()
         self.stats.messages_received += 1
-        if message.persistent and not message.message_id:
-            self.store.journal(message)
+        if message.persistent:
+            if not message.message_id:
+                self.store.journal(message)
+        elif self._journal_qos0 and self.store.journals_qos0(message.topic):
+            self.store.journal(message)  # opted in for the data pipeline; nothing waits
         if message.retain:
             self._retain(message)
         touched = self._route(message)
@@ -644,6 +649,8 @@ class Broker:
             pass
         sessions: dict[Session, None] = {}
         result: tuple[Session, ...] | None = None
+        if self._journal_qos0 and self.store.journals_qos0(topic):
+            return None  # the journal keeps it: the full publish path writes it
         for entry in self.tree.match(topic):
             if (
                 isinstance(entry, SharedGroup)

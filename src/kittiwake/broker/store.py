@@ -81,15 +81,24 @@ class Store(Protocol):
     a duplicate-detection key and the state it guards are stored together.
     """
 
+    # True when the journal keeps some QoS 0 publications (the operator opted topics in for
+    # the data pipeline): only then does the core hand QoS 0 publications to journal().
+    keeps_qos0: bool
+
     def journal(self, message: Message) -> None:
-        """Record a persistent publication; assigns ``message.message_id``.
+        """Record a publication; assigns ``message.message_id`` when it keeps it.
 
         Ids only grow and are never reused: they are the journal's sequence numbers, and reach
         it in the order they were handed out. Called for every persistent publication,
         referenced or not: a store with a journal retention keeps it (and makes the
         publisher's acknowledgement wait for it), one without keeps it only while a queue
-        references it.
+        references it. Called for a QoS 0 publication only where :meth:`journals_qos0` says
+        so; nothing waits for that write.
         """
+
+    def journals_qos0(self, topic: str) -> bool:
+        """Whether the journal keeps QoS 0 publications on ``topic`` (then they must not
+        bypass :meth:`journal`)."""
 
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         """Add a journalled message to a queue."""
@@ -145,6 +154,8 @@ class MemoryStore:
     against. ``commit`` is always immediate.
     """
 
+    keeps_qos0 = False
+
     def __init__(self) -> None:
         self._next_id = 0
         self.messages: dict[int, Message] = {}
@@ -159,6 +170,9 @@ class MemoryStore:
         if message.message_id == 0:
             self._next_id += 1
             message.message_id = self._next_id
+
+    def journals_qos0(self, topic: str) -> bool:
+        return False
 
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         message_id = entry.message.message_id

@@ -41,11 +41,19 @@ from kittiwake.store.codec import (
     subscription_ids_text,
     subscription_row,
 )
+from kittiwake.store.journal_selection import JournalSelection
 from kittiwake.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DATABASE_FILE", "MIGRATIONS", "SCHEMA_VERSION", "SQLiteStore", "StoreError"]
+__all__ = [
+    "DATABASE_FILE",
+    "DROPPED_THROUGH_KEY",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "SQLiteStore",
+    "StoreError",
+]
 
 DATABASE_FILE = "kittiwake.db"
 
@@ -73,6 +81,18 @@ _MARK = (
 )
 _REMOVE = "DELETE FROM queue_entries WHERE queue=? AND message_id=?"
 _SET_LAST_ID = "UPDATE meta SET value=? WHERE key='last_message_id'"
+# Every journal row at or below this id may be gone (retention): readers start above it. Kept
+# in meta and only ever raised, in the sweep's own transaction.
+DROPPED_THROUGH_KEY = "journal_dropped_through"
+_RAISE_DROPPED_THROUGH = (
+    "UPDATE meta SET value = MAX(CAST(value AS INTEGER), COALESCE(({}), 0)) "
+    f"WHERE key = '{DROPPED_THROUGH_KEY}'"
+)
+_DELETE_DROPPED = (
+    "DELETE FROM journal WHERE message_id <= (SELECT CAST(value AS INTEGER) FROM meta "
+    f"WHERE key = '{DROPPED_THROUGH_KEY}') AND NOT EXISTS (SELECT 1 FROM queue_entries "
+    "WHERE message_id = journal.message_id AND topic IS NULL)"
+)
 _INSERT_SUBSCRIPTION = "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?)"
 _UPSERT_WILL = f"INSERT OR REPLACE INTO wills VALUES (?, {_MESSAGE_PLACES})"
 _UPSERT_RETAINED = f"INSERT OR REPLACE INTO retained VALUES ({_MESSAGE_PLACES})"
@@ -102,6 +122,7 @@ class SQLiteStore:
         max_delay: float = 0.0,
         journal_retention_seconds: float = 0.0,
         journal_retention_bytes: int = 0,
+        journal_selection: JournalSelection | None = None,
         synchronous: str = "FULL",
         wal_autocheckpoint: int = 1000,
     ) -> None:
@@ -114,9 +135,16 @@ class SQLiteStore:
         self._max_delay = max_delay
         self._retention = journal_retention_seconds
         self._retention_bytes = journal_retention_bytes
-        # With a retention, every persistent publication is journalled (for the Spark source),
-        # not only those several durable queues reference.
+        # With a retention, the publications the selection names are journalled (for the Spark
+        # source), not only those several durable queues reference.
         self._keeps_journal = journal_retention_seconds > 0 or journal_retention_bytes > 0
+        # Without a retention the journal keeps nothing, whatever a selection says.
+        if journal_selection is None or not self._keeps_journal:
+            journal_selection = JournalSelection(enabled=self._keeps_journal)
+        self.journal_selection = journal_selection
+        self._selection_keeps = journal_selection.keeps
+        # The broker hands this store its QoS 0 publications only when this is true.
+        self.keeps_qos0 = journal_selection.keeps_qos0
         self._wal_autocheckpoint = wal_autocheckpoint
         self._synchronous = synchronous
         self._ops: list[Operation] = []
@@ -196,6 +224,9 @@ class SQLiteStore:
                     f"{self.path} has schema version {version}, newer than this kittiwake "
                     f"understands ({SCHEMA_VERSION}); upgrade kittiwake."
                 )
+            connection.execute(
+                f"INSERT OR IGNORE INTO meta (key, value) VALUES ('{DROPPED_THROUGH_KEY}', '0')"
+            )
             try:
                 migrate(
                     connection,
@@ -245,14 +276,25 @@ class SQLiteStore:
 
     def journal(self, message: Message) -> None:
         if message.message_id == 0:
+            # Journal content (the selection's choice) is written referenced or not, and a
+            # persistent publication's acknowledgement waits for it. Other persistent
+            # publications are written by enqueue(), once several queues reference them;
+            # other QoS 0 ones never.
+            keeps = self._keeps_journal and self._selection_keeps(
+                message.topic, message.persistent
+            )
+            if not keeps and not message.persistent:
+                return
             self._last_id += 1
             message.message_id = self._last_id
             self._ids_dirty = True
-            if self._keeps_journal:
-                # Every persistent publication is written, referenced or not.
+            if keeps:
                 self._journal_messages.append(message)
                 self._schedule()
-        # Otherwise the row is written by enqueue(), once several queues reference it.
+
+    def journals_qos0(self, topic: str) -> bool:
+        """Whether a QoS 0 publication on ``topic`` must go through :meth:`journal`."""
+        return self._selection_keeps(topic, False)
 
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         message = entry.message
@@ -264,7 +306,9 @@ class SQLiteStore:
             # journal row, if it ever had one, may be swept by now and never comes back. The
             # entry carries its own copy.
             columns = message_columns(message, self._clock_to_wall_ms)
-        elif self._keeps_journal or message_id in self._journalled:
+        elif message_id in self._journalled or (
+            self._keeps_journal and self._selection_keeps(message.topic, message.persistent)
+        ):
             columns = _NO_MESSAGE  # its journal row is written with this turn
         else:
             inline = self._inline.pop(message_id, None)
@@ -593,27 +637,30 @@ class SQLiteStore:
         Referenced messages are never deleted.
         """
         self._removed = 0
-        unreferenced = (
-            "NOT EXISTS (SELECT 1 FROM queue_entries "
-            "WHERE message_id = journal.message_id AND topic IS NULL)"
-        )
+        # First the journal's new start (every row at or below it is past a retention), then
+        # the rows below it that no queue references. A referenced row stays for its queue but
+        # is no longer journal content: readers never see below the start.
         # Appended, not _add()ed: the sweep rides on a batch and must not schedule another.
         if self._retention or not self._retention_bytes:
             self._ops.append(
                 (
-                    f"DELETE FROM journal WHERE stored_at <= ? AND {unreferenced}",
+                    _RAISE_DROPPED_THROUGH.format(
+                        "SELECT MAX(message_id) FROM journal WHERE stored_at <= ?"
+                    ),
                     [(self._clock.wall_ms() - round(self._retention * 1000),)],
                 )
             )
         if self._retention_bytes:
             self._ops.append(
                 (
-                    "DELETE FROM journal WHERE message_id IN (SELECT message_id FROM (SELECT "
-                    "message_id, SUM(length(payload)) OVER (ORDER BY message_id DESC) AS newer "
-                    f"FROM journal) WHERE newer > ?) AND {unreferenced}",
+                    _RAISE_DROPPED_THROUGH.format(
+                        "SELECT MAX(message_id) FROM (SELECT message_id, SUM(length(payload)) "
+                        "OVER (ORDER BY message_id DESC) AS newer FROM journal) WHERE newer > ?"
+                    ),
                     [(self._retention_bytes,)],
                 )
             )
+        self._ops.append((_DELETE_DROPPED, [()]))
 
     # -- the writer thread ----------------------------------------------------------------
 

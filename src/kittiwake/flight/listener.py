@@ -1,0 +1,78 @@
+"""Starts and stops the journal's Flight service for the broker app; must never import pyarrow
+before a flight listener is configured (so the broker runs without the ``flight`` extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kittiwake.broker.authorization import Authorizer
+from kittiwake.flight.auth import AnonymousAuthenticator, Authenticator
+from kittiwake.store.journal_reader import JournalReader
+from kittiwake.store.journal_selection import JournalSelection
+
+if TYPE_CHECKING:
+    from kittiwake.flight.server import JournalFlightServer
+
+log = logging.getLogger(__name__)
+
+
+class FlightUnavailable(RuntimeError):
+    """A flight listener cannot start; the message says what to install or configure."""
+
+
+def require_pyarrow() -> None:
+    if importlib.util.find_spec("pyarrow") is None:
+        raise FlightUnavailable(
+            "a flight listener is configured but pyarrow is not installed: "
+            "pip install 'kittiwake[flight]' (or remove the [[listeners]] protocol = \"flight\")"
+        )
+
+
+class FlightListener:
+    """One Flight server; binding and shutting down run off the event loop."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        data_dir: str | Path,
+        selection: JournalSelection,
+        authorizer: Authorizer,
+        authenticator: Authenticator | None = None,
+    ) -> None:
+        require_pyarrow()
+        self.host = host
+        self.port = port
+        self._reader = JournalReader(data_dir, selection)
+        self._authorizer = authorizer
+        self._authenticator = authenticator or AnonymousAuthenticator(
+            authorizer.allow_anonymous
+        )
+        self._server: JournalFlightServer | None = None
+
+    async def start(self) -> tuple[str, int]:
+        from kittiwake.flight.server import JournalFlightServer
+
+        def bind() -> JournalFlightServer:
+            return JournalFlightServer(
+                self.host, self.port, self._reader, self._authenticator, self._authorizer
+            )
+
+        try:
+            self._server = await asyncio.to_thread(bind)
+        except Exception as exc:  # pyarrow reports a taken port as a generic error
+            raise OSError(f"flight listener on {self.host}:{self.port}: {exc}") from exc
+        self.port = int(self._server.port)
+        log.info("Flight listening on grpc://%s:%s", self.host, self.port)
+        return self.host, self.port
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            # Waits for calls in progress; a stuck client cannot hold the broker's stop forever.
+            await asyncio.wait_for(asyncio.to_thread(server.shutdown), 30)

@@ -1,0 +1,135 @@
+"""The data source's side of the Flight conversation: bounds and exact range reads, retried
+while the broker restarts. Runs on the driver (bounds) and on executors (reads); knows no Spark.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from kittiwake.flight.protocol import (
+    ACTION_LATEST,
+    ACTION_OFFSET_FOR_TIMESTAMP,
+    PARTITION,
+    RangeRequest,
+    lost_range,
+    parse_latest_answer,
+    parse_offsets_answer,
+)
+from kittiwake.spark.options import SourceOptions
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# Errors that mean "the broker is not there right now" (restarting): worth another try.
+_TRANSIENT = (flight.FlightUnavailableError, flight.FlightTimedOutError)
+_RETRY_PAUSE = 0.25
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query must read were dropped by the journal's retention."""
+
+
+def data_loss_message(lost: tuple[int, int]) -> str:
+    return (
+        f"offsets [{lost[0]}, {lost[1]}) of partition {PARTITION} were dropped by the journal's "
+        "retention before they were read. Raise journal.retention_seconds / retention_bytes on "
+        "the broker, or set failOnDataLoss=false to skip what is gone."
+    )
+
+
+class JournalClient:
+    """One Flight connection per call sequence; cheap to make, never shared across threads."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        headers: list[tuple[bytes, bytes]] = []
+        if options.token is not None:
+            headers.append((b"authorization", f"Bearer {options.token}".encode()))
+        elif options.username is not None:
+            pair = f"{options.username}:{options.password or ''}".encode()
+            headers.append((b"authorization", b"Basic " + base64.b64encode(pair)))
+        self._call_options = flight.FlightCallOptions(headers=headers)
+
+    def bounds(self) -> tuple[int, int]:
+        """(earliest, high_water) of the journal now."""
+
+        def ask(connection: Any) -> tuple[int, int]:
+            (result,) = list(
+                connection.do_action(flight.Action(ACTION_LATEST, b""), self._call_options)
+            )
+            return parse_latest_answer(result.body.to_pybytes())[PARTITION]
+
+        return self._retried(ask)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        body = f'{{"timestamp_ms": {int(timestamp_ms)}}}'.encode()
+
+        def ask(connection: Any) -> int:
+            (result,) = list(
+                connection.do_action(
+                    flight.Action(ACTION_OFFSET_FOR_TIMESTAMP, body), self._call_options
+                )
+            )
+            return parse_offsets_answer(result.body.to_pybytes())[PARTITION]
+
+        return self._retried(ask)
+
+    def read(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """The rows of [start, end) on the option's topics, as record batches.
+
+        A broker restart mid-read resumes after the last offset received. A part the
+        retention dropped fails the read (failOnDataLoss) or is skipped with a warning.
+        """
+        options = self.options
+        deadline = time.monotonic() + options.retry_timeout_ms / 1000
+        next_start = start
+        while next_start < end:
+            request = RangeRequest(
+                next_start, end, options.topics, PARTITION, options.include_headers
+            )
+            try:
+                connection = flight.connect(options.url)
+                try:
+                    reader = connection.do_get(
+                        flight.Ticket(request.to_ticket()), self._call_options
+                    )
+                    lost = lost_range(reader.schema.metadata)
+                    if lost is not None:
+                        if options.fail_on_data_loss:
+                            raise DataLossError(data_loss_message(lost))
+                        log.warning("skipping: %s", data_loss_message(lost))
+                    for chunk in reader:
+                        batch = chunk.data
+                        if batch.num_rows:
+                            next_start = batch.column(2)[-1].as_py() + 1
+                            yield batch.replace_schema_metadata(None)
+                    return
+                finally:
+                    connection.close()
+            except _TRANSIENT as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("kittiwake at %s unreachable (%s); retrying", options.url, exc)
+                time.sleep(_RETRY_PAUSE)
+
+    def _retried(self, call: Callable[[Any], T]) -> T:
+        deadline = time.monotonic() + self.options.retry_timeout_ms / 1000
+        while True:
+            try:
+                connection = flight.connect(self.options.url)
+                try:
+                    return call(connection)
+                finally:
+                    connection.close()
+            except _TRANSIENT as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("kittiwake at %s unreachable (%s); retrying", self.options.url, exc)
+                time.sleep(_RETRY_PAUSE)
