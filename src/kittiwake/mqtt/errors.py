@@ -5,6 +5,8 @@ Each carries the reason code the server answers with; raising one never closes a
 
 from __future__ import annotations
 
+from typing import Any
+
 from kittiwake.mqtt.reason_codes import ReasonCode
 
 # Error messages quote what a peer sent; a 64 KiB topic must not drown (or outgrow) the sentence.
@@ -28,7 +30,7 @@ class MQTTProtocolError(Exception):
     reason_code: ReasonCode
     # Set by PacketDecoder.feed: the packets of the same input that came before the bad one,
     # which the connection must still act on, in order, before it answers the error.
-    packets_before: list[object]
+    packets_before: list[Any]
 
     def __init__(self, reason_code: int, message: str = "") -> None:
         self.reason_code = ReasonCode(reason_code)
