@@ -62,6 +62,8 @@ def _toml_value(value: Any) -> str:
         return f'"{escaped}"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -97,7 +99,14 @@ class BrokerProcess:
     Iterating gives ``(host, port)`` so tests can write ``host, port = broker(...)``.
     """
 
-    def __init__(self, workdir: Path, *, flight: bool = False, **sections: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        flight: bool = False,
+        listener: dict[str, Any] | None = None,
+        **sections: dict[str, Any],
+    ) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.host = HOST
@@ -106,6 +115,8 @@ class BrokerProcess:
         # MQTT listener, so a broker that accepts MQTT connections serves Flight already).
         self.flight = flight
         self.flight_port = 0
+        # Extra keys of the MQTT listener's table (protocol, tls, allow_anonymous...).
+        self.listener = dict(listener or {})
         self.sections = sections
         self.proc: subprocess.Popen[bytes] | None = None
         self.config_path = workdir / "kittiwake.toml"
@@ -142,7 +153,9 @@ class BrokerProcess:
                 config[name] = values
             else:
                 config[name] = dict(values)
-        config["listeners"] = [{"protocol": "mqtt", "host": self.host, "port": self.port}]
+        config["listeners"] = [
+            {"protocol": "mqtt", **self.listener, "host": self.host, "port": self.port}
+        ]
         if self.flight:
             if not same_ports:
                 self.flight_port = free_port()

@@ -148,12 +148,13 @@ class PahoClient:
         will: tuple[str, bytes, int, bool] | None = None,
         will_properties: PahoProperties | None = None,
         username: str | None = None,
+        password: str | None = None,
         expect_success: bool = True,
         timeout: float = 5.0,
     ) -> PahoClient:
         c = self.client
         if username is not None:
-            c.username_pw_set(username, None)
+            c.username_pw_set(username, password)
         if will is not None:
             topic, payload, qos, retain = will
             c.will_set(topic, payload, qos, retain, properties=will_properties)

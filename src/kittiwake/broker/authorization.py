@@ -20,10 +20,6 @@ class Authorizer:
         # Publish checks run per message; topics repeat, so remember recent answers.
         self._publish_cache: dict[str, bool] = {}
 
-    @property
-    def allow_anonymous(self) -> bool:
-        return self._config.allow_anonymous
-
     def may_publish(self, topic: str) -> bool:
         if topic.startswith("$SYS"):
             # $SYS is the broker's own voice (MQTT 5 §4.7.2); no client may speak in it.

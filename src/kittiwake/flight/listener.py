@@ -10,8 +10,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kittiwake.broker.authentication import Authentication
 from kittiwake.broker.authorization import Authorizer
-from kittiwake.flight.auth import AnonymousAuthenticator, Authenticator
+from kittiwake.flight.auth import Authenticator, UsersAuthenticator
 from kittiwake.store.journal_reader import JournalReader
 from kittiwake.store.journal_selection import JournalSelection
 
@@ -43,6 +44,8 @@ class FlightListener:
         data_dir: str | Path,
         selection: JournalSelection,
         authorizer: Authorizer,
+        authentication: Authentication | None = None,
+        allow_anonymous: bool | None = None,
         authenticator: Authenticator | None = None,
     ) -> None:
         require_pyarrow()
@@ -50,8 +53,8 @@ class FlightListener:
         self.port = port
         self._reader = JournalReader(data_dir, selection)
         self._authorizer = authorizer
-        self._authenticator = authenticator or AnonymousAuthenticator(
-            authorizer.allow_anonymous
+        self._authenticator = authenticator or UsersAuthenticator(
+            authentication or Authentication(), allow_anonymous
         )
         self._server: JournalFlightServer | None = None
 

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeAlias
 
+from kittiwake.broker.authentication import Authentication, Principal, Refusal
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import Completion, all_of
 from kittiwake.broker.message import Message, MQTT5Fields
@@ -30,6 +31,7 @@ from kittiwake.broker.topics import (
 from kittiwake.mqtt.answers import encode_answer, response_information
 from kittiwake.mqtt.codec import encode_ack, encode_publish
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError, quoted
+from kittiwake.mqtt.login import Login, Verdict, refusal_code
 from kittiwake.mqtt.packets import (
     Auth,
     ConnAck,
@@ -75,11 +77,20 @@ class Transport(Protocol):
 class MQTTConnection:
     """The protocol state machine of one connection (awaiting CONNECT → connected → closed)."""
 
-    def __init__(self, broker: Broker, transport: Transport, peer: str = "?") -> None:
+    def __init__(
+        self, broker: Broker, transport: Transport, peer: str = "?", login: Login | None = None
+    ) -> None:
         self.broker = broker
         self.transport = transport
         self.peer = peer
         self.session: Session | None = None
+        # Who the client is, once its CONNECT's credentials checked out.
+        self.principal: Principal | None = None
+        self._login = login or _default_login(broker)
+        # While a password is being checked: the check, and the packets that came after the
+        # CONNECT meanwhile (handled once it is accepted).
+        self._checking: asyncio.Future[Verdict] | None = None
+        self._held_input: list[Packet] = []
         self.protocol_version = 4
         self.client_id = ""
         self.keepalive = 0
@@ -122,6 +133,9 @@ class MQTTConnection:
         The transport stamps ``last_received`` once per read, not here once per packet.
         """
         if self.session is None:
+            if self._checking is not None:
+                self._held_input.append(packet)
+                return
             if isinstance(packet, Connect):
                 self._on_connect(packet)
                 return
@@ -199,11 +213,14 @@ class MQTTConnection:
             return self._refuse(
                 ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported"
             )
-        if not broker.authorizer.allow_anonymous and packet.username is None:
-            return self._refuse(
-                ReasonCode.NOT_AUTHORIZED if version == 5 else ConnectReturnCode.NOT_AUTHORIZED,
-                "anonymous clients are not allowed",
-            )
+        if self.principal is None:
+            verdict = self._login.check(packet.username, packet.password)
+            if isinstance(verdict, asyncio.Future):
+                self._check_then_connect(packet, verdict)
+                return None
+            if isinstance(verdict, Refusal):
+                return self._refuse_login(packet, verdict)
+            self.principal = verdict
         max_keepalive = config.sessions.max_keepalive
         keepalive = packet.keepalive
         server_keepalive: int | None = None
@@ -289,6 +306,51 @@ class MQTTConnection:
         self.transport = held
         broker.start_delivery(session)
         self._answer(completion, b"", _CONNACK, then=lambda: self._connack_sent(held, connack))
+
+    def _check_then_connect(self, packet: Connect, check: asyncio.Future[Verdict]) -> None:
+        """A password is being hashed off the loop: hold the input until the verdict."""
+        self._checking = check
+        pause = getattr(self.transport, "pause_reading", None)
+        if pause is not None:
+            pause()
+
+        def checked(_done: object) -> None:
+            self._checking = None
+            held, self._held_input = self._held_input, []
+            if self.closed:
+                return
+            resume = getattr(self.transport, "resume_reading", None)
+            if resume is not None:
+                resume()
+            try:
+                verdict = check.result()
+            except Exception:
+                log.exception("client %s: the credentials check failed", self.peer)
+                verdict = Refusal.BAD_CREDENTIALS
+            if isinstance(verdict, Refusal):
+                self._refuse_login(packet, verdict)
+                return
+            self.principal = verdict
+            try:
+                self._on_connect(packet)
+                for later in held:
+                    if self.closed:
+                        return
+                    self.handle(later)
+            except MQTTProtocolError as error:
+                self.protocol_error(error, self.protocol_version)
+
+        check.add_done_callback(checked)
+
+    def _refuse_login(self, packet: Connect, refusal: Refusal) -> None:
+        log.warning(
+            "login refused: user %r, client id %r, from %s: %s",
+            packet.username,
+            quoted(packet.client_id),
+            self.peer,
+            refusal.value,
+        )
+        self._refuse(refusal_code(refusal, self.protocol_version), refusal.value)
 
     def _connack_sent(self, held: _HeldOutput, connack: bytes) -> None:
         self.transport = held.transport
@@ -968,6 +1030,13 @@ def _mqtt5_fields(props: Properties) -> MQTT5Fields | None:
         props.correlation_data,
         list(props.user_properties),
     )
+
+
+def _default_login(broker: Broker) -> Login:
+    """Without a listener's login (embedding, unit tests): the broker-wide anonymous policy
+    and no users."""
+    policy = broker.config.auth.allow_anonymous
+    return Login(Authentication(allow_anonymous=None if policy == "auto" else policy))
 
 
 def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery_id: int) -> None:

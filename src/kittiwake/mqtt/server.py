@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
+from kittiwake.broker.authentication import Authentication
 from kittiwake.broker.broker import Broker
+from kittiwake.config import ListenerConfig
 from kittiwake.mqtt.codec import PacketDecoder
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.errors import MQTTProtocolError
+from kittiwake.mqtt.login import Login
+from kittiwake.tls import certificate_user, server_context
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +62,23 @@ def handle_input(
         connection.protocol_error(MQTTProtocolError(0x83, "internal error"))
 
 
+@dataclass(frozen=True, slots=True)
+class ListenerContext:
+    """What a connection needs to know about the listener it came in on."""
+
+    authentication: Authentication
+    # None: the broker-wide anonymous policy.
+    allow_anonymous: bool | None = None
+    # How a verified client certificate names the user ("none", "cn", "subject").
+    certificate_user: str = "none"
+
+
 class MQTTServerProtocol(asyncio.Protocol):
     """One TCP connection; implements the connection's Transport."""
 
     __slots__ = (
         "_buffer",
+        "_context",
         "_first_read",
         "_flush_scheduled",
         "_linger",
@@ -73,8 +90,9 @@ class MQTTServerProtocol(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, server: MQTTServer) -> None:
+    def __init__(self, server: MQTTServer, context: ListenerContext) -> None:
         self._server = server
+        self._context = context
         self._loop = asyncio.get_running_loop()
         self._buffer: list[bytes] = []
         self._flush_scheduled = False
@@ -98,7 +116,16 @@ class MQTTServerProtocol(asyncio.Protocol):
             log.warning("refusing %s: max_connections reached", peer_text)
             transport.close()
             return
-        self.connection = MQTTConnection(self._server.broker, self, peer_text)
+        context = self._context
+        login = Login(
+            context.authentication,
+            allow_anonymous=context.allow_anonymous,
+            certificate_name=certificate_user(
+                transport.get_extra_info("peercert"), context.certificate_user
+            ),
+            address=peer[0] if isinstance(peer, tuple) else str(peer),
+        )
+        self.connection = MQTTConnection(self._server.broker, self, peer_text, login)
         self._server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -151,6 +178,14 @@ class MQTTServerProtocol(asyncio.Protocol):
             return 0
         return transport.get_write_buffer_size()
 
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
     def pause_writing(self) -> None:
         self._paused = True
 
@@ -193,22 +228,41 @@ class MQTTServerProtocol(asyncio.Protocol):
 class MQTTServer:
     """All MQTT listeners of one broker and the timers their connections need."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, authentication: Authentication | None = None) -> None:
         self.broker = broker
+        if authentication is None:
+            policy = broker.config.auth.allow_anonymous
+            authentication = Authentication(allow_anonymous=None if policy == "auto" else policy)
+        self.authentication = authentication
         self.connections: set[MQTTServerProtocol] = set()
         self._servers: list[asyncio.Server] = []
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def listen(self, host: str, port: int) -> tuple[str, int]:
+    async def listen(
+        self, host: str, port: int, *, listener: ListenerConfig | None = None
+    ) -> tuple[str, int]:
         """Start a listener; returns the address actually bound (port 0 picks one)."""
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: MQTTServerProtocol(self), host, port)
+        listener = listener or ListenerConfig(host=host, port=port)
+        context = self.listener_context(listener)
+        tls = server_context(listener.tls) if listener.tls.enabled else None
+        server = await loop.create_server(
+            lambda: MQTTServerProtocol(self, context), host, port, ssl=tls
+        )
         self._servers.append(server)
         address = server.sockets[0].getsockname()
-        log.info("MQTT listening on %s:%s", address[0], address[1])
+        log.info("MQTT%s listening on %s:%s", " over TLS" if tls else "", address[0], address[1])
         if self._sweeper is None:
             self._sweeper = loop.call_later(0.5, self._sweep)
         return address[0], address[1]
+
+    def listener_context(self, listener: ListenerConfig) -> ListenerContext:
+        policy = listener.allow_anonymous
+        return ListenerContext(
+            self.authentication,
+            None if policy == "auto" else bool(policy),
+            listener.tls.certificate_user,
+        )
 
     def _sweep(self) -> None:
         """One timer for every connection's keepalive, instead of one timer each."""

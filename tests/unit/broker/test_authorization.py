@@ -19,7 +19,6 @@ def test_empty_lists_allow_everything() -> None:
     a = auth()
     assert a.may_publish("any/topic")
     assert a.may_subscribe("#")
-    assert a.allow_anonymous is True
 
 
 @pytest.mark.parametrize(
