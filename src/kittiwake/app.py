@@ -115,6 +115,7 @@ class BrokerApp:
             self.broker.authorizer,
             self.authentication,
             anonymous_policy(listener.allow_anonymous),
+            tls=listener.tls,
         )
 
     async def reload_users(self) -> None:

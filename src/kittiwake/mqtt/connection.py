@@ -275,9 +275,10 @@ class MQTTConnection:
         )
         self.session = session
         log.info(
-            "client %s connected from %s (MQTT %s, clean=%s, keepalive=%ss, present=%s)",
+            "client %s connected from %s (user %s, MQTT %s, clean=%s, keepalive=%ss, present=%s)",
             client_id,
             self.peer,
+            _user_text(self.principal),
             {3: "3.1", 4: "3.1.1", 5: "5.0"}[version],
             packet.clean_start,
             keepalive,
@@ -1030,6 +1031,12 @@ def _mqtt5_fields(props: Properties) -> MQTT5Fields | None:
         props.correlation_data,
         list(props.user_properties),
     )
+
+
+def _user_text(principal: Principal | None) -> str:
+    if principal is None or principal.name is None:
+        return "anonymous"
+    return f"{quoted(principal.name)} by {principal.how}"
 
 
 def _default_login(broker: Broker) -> Login:
