@@ -62,7 +62,7 @@ def _issue(
     key: ec.EllipticCurvePrivateKey | None = None,
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = key or ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)

@@ -47,18 +47,20 @@ def raw_tls_connect(
     address: tuple[str, int], context: ssl.SSLContext, username: str | None = None
 ) -> ConnAck:
     """One MQTT 5 CONNECT over a TLS socket made with ``context``; the CONNACK."""
-    with socket.create_connection(tuple(address), timeout=5) as plain:
-        with context.wrap_socket(plain, server_hostname="localhost") as sock:
-            sock.sendall(encode(Connect(unique("raw-tls"), 5, username=username), 5))
-            decoder = PacketDecoder()
-            decoder.protocol_version = 5
-            packets = []
-            while not packets:
-                data = sock.recv(4096)
-                assert data, "closed before a CONNACK"
-                packets = decoder.feed(data)
-            assert isinstance(packets[0], ConnAck)
-            return packets[0]
+    with (
+        socket.create_connection(tuple(address), timeout=5) as plain,
+        context.wrap_socket(plain, server_hostname="localhost") as sock,
+    ):
+        sock.sendall(encode(Connect(unique("raw-tls"), 5, username=username), 5))
+        decoder = PacketDecoder()
+        decoder.protocol_version = 5
+        packets = []
+        while not packets:
+            data = sock.recv(4096)
+            assert data, "closed before a CONNACK"
+            packets = decoder.feed(data)
+        assert isinstance(packets[0], ConnAck)
+        return packets[0]
 
 
 def client_context(pki: PKI, *, cert: bool = False, maximum: ssl.TLSVersion | None = None):
