@@ -70,6 +70,7 @@ class PahoClient:
         protocol: int = MQTTv311,
         clean: bool = True,
         manual_ack: bool = False,
+        transport: str = "tcp",
     ) -> None:
         self.address = address
         self.protocol = protocol
@@ -83,6 +84,7 @@ class PahoClient:
             protocol=protocol,
             reconnect_on_failure=False,
             manual_ack=manual_ack,
+            transport=transport,  # "websockets": path /mqtt, subprotocol mqtt (paho's defaults)
             **kwargs,
         )
         self.client_id = client_id

@@ -129,8 +129,12 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self.mqtt_received(data)
+
+    def mqtt_received(self, data: bytes) -> None:
+        """MQTT bytes from the client (straight from TCP, or out of WebSocket frames)."""
         connection = self.connection
-        if connection is None or connection.closed:
+        if connection is None or connection.closed or not data:
             return
         if self._first_read:
             self._first_read = False
@@ -222,6 +226,10 @@ class MQTTServerProtocol(asyncio.Protocol):
         data = buffer[0] if len(buffer) == 1 else b"".join(buffer)
         buffer.clear()
         self._server.broker.stats.bytes_sent += len(data)
+        self.send_mqtt(transport, data)
+
+    def send_mqtt(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Put MQTT bytes on the wire (a WebSocket listener frames them first)."""
         transport.write(data)
 
 
@@ -246,12 +254,19 @@ class MQTTServer:
         listener = listener or ListenerConfig(host=host, port=port)
         context = self.listener_context(listener)
         tls = server_context(listener.tls) if listener.tls.enabled else None
-        server = await loop.create_server(
-            lambda: MQTTServerProtocol(self, context), host, port, ssl=tls
-        )
+        protocol: type[MQTTServerProtocol] = MQTTServerProtocol
+        kind = "MQTT"
+        if listener.protocol == "websockets":
+            from kittiwake.mqtt.websocket import PATH, MQTTWebSocketProtocol
+
+            protocol = MQTTWebSocketProtocol
+            kind = f"MQTT over WebSockets ({'wss' if tls else 'ws'}://...{PATH})"
+        server = await loop.create_server(lambda: protocol(self, context), host, port, ssl=tls)
         self._servers.append(server)
         address = server.sockets[0].getsockname()
-        log.info("MQTT%s listening on %s:%s", " over TLS" if tls else "", address[0], address[1])
+        if tls and listener.protocol == "mqtt":
+            kind += " over TLS"
+        log.info("%s listening on %s:%s", kind, address[0], address[1])
         if self._sweeper is None:
             self._sweeper = loop.call_later(0.5, self._sweep)
         return address[0], address[1]
