@@ -12,8 +12,14 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from kittiwake.mqtt.codec import PacketDecoder, encode
-from kittiwake.mqtt.packets import ConnAck, Connect, Disconnect, SubAck, Subscribe
-from kittiwake.mqtt.packets import SubscriptionRequest
+from kittiwake.mqtt.packets import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    SubAck,
+    Subscribe,
+    SubscriptionRequest,
+)
 
 from .certificates import PKI, make_pki
 from .clients import MQTTv5, PahoClient, unique
