@@ -171,6 +171,18 @@ class StoreConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuesConfig:
+    """Redelivery and where entries go that a queue gives up on (DESIGN.md section 5)."""
+
+    # Failed deliveries of one entry before it moves to the dead-letter queue; 0 = no limit.
+    max_delivery_attempts: int = 10
+    # The dead-letter queue's name, or a pattern with {queue} for the original queue's name.
+    dead_letter_queue: str = "DLQ"
+    # Where expired entries move (a name or pattern, as above); "" drops them, still counted.
+    expiry_queue: str = "ExpiryQueue"
+
+
+@dataclass(frozen=True, slots=True)
 class JournalConfig:
     """What the journal keeps for the data pipeline (the Spark data source reads it), and how
     long. Nothing is kept past its subscribers unless a retention is set."""
@@ -203,6 +215,7 @@ class Config:
     sys: SysConfig = field(default_factory=SysConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    queues: QueuesConfig = field(default_factory=QueuesConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Use uvloop when it is installed.
@@ -341,6 +354,15 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'topic_alias_maximum')}: must be 0..65535")
         if not 16 <= obj.max_packet_size <= 268_435_460:
             raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
+    if isinstance(obj, QueuesConfig):
+        for key in ("dead_letter_queue", "expiry_queue"):
+            pattern = getattr(obj, key)
+            try:
+                pattern.format(queue="q")
+            except (KeyError, IndexError, ValueError):
+                raise ConfigError(
+                    f"{_join(where, key)}: {pattern!r} may only use the placeholder {{queue}}"
+                ) from None
     if isinstance(obj, SessionConfig) and obj.max_keepalive > 65535:
         raise ConfigError(f"{_join(where, 'max_keepalive')}: must be 0..65535")
     if isinstance(obj, JournalConfig):

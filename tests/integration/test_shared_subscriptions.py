@@ -6,12 +6,24 @@ MQTT 5 §4.8.2.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from kittiwake.mqtt.packets import Disconnect, Publish, SubAck, Subscribe, SubscriptionRequest
+from kittiwake.mqtt.packets import (
+    Disconnect,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    SubscriptionRequest,
+)
+from kittiwake.mqtt.properties import Properties
 
 from .clients import VERSIONS, MQTTv5, MQTTv311, unique
 
@@ -152,3 +164,105 @@ def test_v311_and_v5_members_share_one_group(address, paho):
     got = _collect([old, new], 10)
     assert sorted((p for g in got for p in g), key=int) == [str(i).encode() for i in range(10)]
     assert all(got)
+
+
+# -- members pull by credit --------------------------------------------------------------------
+
+
+def _raw_member(raw, address, share, *, receive_maximum, qos=1, client_id=None, clean=True):
+    """A v5 raw member that acknowledges nothing unless told, with a small Receive Maximum."""
+    member = raw(address, 5)
+    member.connect(
+        client_id or unique("member"),
+        clean_start=clean,
+        properties=Properties(
+            receive_maximum=receive_maximum, session_expiry_interval=0 if clean else 300
+        ),
+    )
+    assert member.subscribe(share, qos).reason_codes == [qos]
+    return member
+
+
+def test_a_member_that_stops_acknowledging_gets_nothing_new_while_another_has_credit(
+    address, raw
+):
+    """A shared group pulls by credit: once the stuck member's Receive Maximum (2) is full of
+    unacknowledged messages, every later message goes to the member that keeps acknowledging,
+    instead of piling up behind the stuck one."""
+    topic = unique("share/credit")
+    share = f"$share/credit/{topic}"
+    stuck = _raw_member(raw, address, share, receive_maximum=2)
+    busy = _raw_member(raw, address, share, receive_maximum=2)
+    pub = raw(address, 4)
+    pub.connect(unique("pub"))
+    sent = [b"%d" % i for i in range(12)]
+    busy_got: list[bytes] = []
+    for payload in sent:
+        pub.publish(topic, payload, 1)
+    stuck_got = []
+    deadline = time.monotonic() + 10
+    while len(busy_got) + len(stuck_got) < len(sent) and time.monotonic() < deadline:
+        with contextlib.suppress(TimeoutError):
+            packet = busy.expect(Publish, timeout=0.05)
+            busy_got.append(packet.payload)
+            busy.send(PubAck(packet.packet_id))
+        with contextlib.suppress(TimeoutError):
+            stuck_got.append(stuck.expect(Publish, timeout=0.05).payload)
+    assert len(stuck_got) == 2, f"the stuck member got more than its window: {stuck_got}"
+    assert sorted(busy_got + stuck_got, key=int) == sent, "each message exactly once"
+    stuck.no_packet(0.3)
+
+
+def test_a_member_that_disconnects_gives_its_unacknowledged_qos1_messages_to_the_group(
+    address, raw
+):
+    """The messages a member received and never acknowledged go to the other member when it
+    disconnects, marked as redeliveries (DUP=1): nothing is lost with the member."""
+    topic = unique("share/leave-unacked")
+    share = f"$share/leave/{topic}"
+    leaving = _raw_member(raw, address, share, receive_maximum=10)
+    pub = raw(address, 4)
+    pub.connect(unique("pub"))
+    for i in range(3):
+        pub.publish(topic, b"%d" % i, 1)
+    held = [leaving.expect(Publish) for _ in range(3)]
+    assert [p.payload for p in held] == [b"0", b"1", b"2"]
+    staying = _raw_member(raw, address, share, receive_maximum=10)
+    staying.no_packet(0.3)  # the group's messages are the leaving member's until it leaves
+    leaving.close()  # gone without acknowledging
+    back = [staying.expect(Publish, timeout=5.0) for _ in range(3)]
+    assert [(p.payload, p.qos, p.dup) for p in back] == [
+        (b"0", 1, True), (b"1", 1, True), (b"2", 1, True)
+    ]
+    for packet in back:
+        staying.send(PubAck(packet.packet_id))
+    staying.no_packet(0.3)
+
+
+def test_an_exactly_once_message_stays_with_the_member_it_was_sent_to(address, raw):
+    """QoS 2 is not handed to another member when the chosen one disconnects (MQTT-4.8.2-4):
+    it is completed with that member when it reconnects, with DUP=1 and its packet id."""
+    topic = unique("share/qos2")
+    share = f"$share/q2/{topic}"
+    client_id = unique("member-q2")
+    first = _raw_member(
+        raw, address, share, receive_maximum=10, qos=2, client_id=client_id, clean=False
+    )
+    pub = raw(address, 4)
+    pub.connect(unique("pub"))
+    pub.send(Publish(topic, b"once", 2, False, False, 1))
+    pub.expect(PubRec)
+    pub.send(PubRel(1))
+    pub.expect(PubComp)
+    original = first.expect(Publish)
+    other = _raw_member(raw, address, share, receive_maximum=10, qos=2)
+    first.close()  # no PUBREC
+    other.no_packet(0.5)
+    again = raw(address, 5)
+    assert again.connect(
+        client_id, clean_start=False, properties=Properties(session_expiry_interval=300)
+    ).session_present
+    resent = again.expect(Publish)
+    assert (resent.payload, resent.qos, resent.dup, resent.packet_id) == (
+        b"once", 2, True, original.packet_id
+    )

@@ -176,6 +176,9 @@ def test_wrong_type_is_refused(tmp_path: Path, toml: str, key: str) -> None:
         ({"limits": {"max_packet_size": 15}}, "limits.max_packet_size"),
         ({"limits": {"max_packet_size": 268_435_461}}, "limits.max_packet_size"),
         ({"sessions": {"max_keepalive": 65536}}, "sessions.max_keepalive"),
+        ({"queues": {"max_delivery_attempts": -1}}, "queues.max_delivery_attempts"),
+        ({"queues": {"dead_letter_queue": "DLQ.{name}"}}, "queues.dead_letter_queue"),
+        ({"queues": {"expiry_queue": "Expired.{0}"}}, "queues.expiry_queue"),
     ],
 )
 def test_out_of_range_is_refused(raw: dict, key: str) -> None:
@@ -195,6 +198,7 @@ def test_out_of_range_is_refused(raw: dict, key: str) -> None:
         {"limits": {"topic_alias_maximum": 0}},
         {"sessions": {"max_keepalive": 65535}},
         {"sys": {"interval": 0}},
+        {"queues": {"dead_letter_queue": "DLQ.{queue}", "expiry_queue": ""}},
     ],
 )
 def test_range_edges_are_accepted(raw: dict) -> None:

@@ -25,7 +25,7 @@ def delivery_level(
     JMS senders are expressed on the MQTT scale (PERSISTENT = 2, NON_PERSISTENT = 1, acks
     disabled = 0), which gives the JMS-to-MQTT table of DESIGN.md section 2.
     """
-    return _LEVELS[published_qos][persistent][subscription_max_qos]
+    return LEVELS[published_qos][persistent][subscription_max_qos]
 
 
 def _level(published_qos: int, persistent: bool, subscription_max_qos: int) -> DeliveryLevel:
@@ -33,7 +33,8 @@ def _level(published_qos: int, persistent: bool, subscription_max_qos: int) -> D
     return DeliveryLevel(qos, persistent and qos > 0)
 
 
-# The rule is evaluated per delivery; all 18 answers are built once so the hot path only indexes.
-_LEVELS = tuple(
+# The rule is evaluated per delivery; all 18 answers are built once so the hot path only indexes
+# (LEVELS[published_qos][persistent][subscription_max_qos], what delivery_level returns).
+LEVELS = tuple(
     tuple(tuple(_level(p, bool(s), m) for m in range(3)) for s in range(2)) for p in range(3)
 )

@@ -1,8 +1,9 @@
-"""A bounded queue of message references waiting for a consumer.
+"""The queue: the one structure holding message references for consumers, and the rules that
+hand them out (ordering, visibility, expiry, bounds, credit, settlement, redelivery).
 
-The same structure serves an MQTT session (one consumer, FIFO) and, with another dispatch
-policy, a JMS queue (competing consumers, priority order, delayed visibility, redelivery): the
-queue only orders and bounds; who takes the next entry is the owner's business.
+An MQTT session, a shared subscription, a JMS queue and a JMS durable subscription are each one
+:class:`Queue`. It never touches the store and never picks a dead-letter destination: whatever
+leaves it for good is reported to its owner (``on_removed``), who does both.
 """
 
 from __future__ import annotations
@@ -10,19 +11,25 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Literal
 
+from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Settlement
+from kittiwake.broker.delivery import LEVELS as _LEVELS
+from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
 
 log = logging.getLogger(__name__)
 
 Ordering = Literal["fifo", "priority"]
+FullPolicy = Literal["reject_new", "discard_oldest"]
 
 
 @dataclass(slots=True, eq=False)
 class QueuedMessage:
-    """One subscriber's copy of a message: the message is shared, this state is not."""
+    """One queue's reference to a message: the message is shared, this state is not."""
 
     message: Message
     qos: int
@@ -30,13 +37,62 @@ class QueuedMessage:
     # The RETAIN flag this subscriber sees on the wire.
     retain: bool = False
     subscription_ids: tuple[int, ...] = ()
+    # Earlier attempts that may have reached a consumer: settlement as "modified" and a crash
+    # during an attempt add one; "released" does not. 0 on a first delivery.
     delivery_count: int = 0
     # Arrival order inside its queue; ties in priority order fall back to it.
     sequence: int = 0
+    # Consumers that settled it "modified, undeliverable here"; None (nearly always) = none.
+    excluded: set[Consumer] | None = None
 
     @property
     def size(self) -> int:
         return self.message.size
+
+    @classmethod
+    def of(
+        cls,
+        message: Message,
+        max_qos: int,
+        retain: bool = False,
+        subscription_ids: tuple[int, ...] = (),
+    ) -> QueuedMessage:
+        """The one way to make a queue's copy of a message: the delivery rule (the lower level
+        wins, DESIGN.md section 2) decides its level and whether it is stored."""
+        qos, persistent = _LEVELS[message.qos][message.persistent][max_qos]
+        return cls(message, qos, persistent, retain, subscription_ids)
+
+
+class Removal(Enum):
+    """Why an entry left its queue for good; the value is the reason a dead letter carries."""
+
+    ACCEPTED = "accepted"
+    EXPIRED = "expired"
+    # Pushed out of a full queue (the discard_oldest policy).
+    DISCARDED = "discarded"
+    REJECTED = "rejected"
+    # Settled "modified" once too often (max_delivery_attempts).
+    DELIVERY_LIMIT = "maximum delivery attempts reached"
+    # Dropped with the whole queue (session end, queue deletion).
+    PURGED = "purged"
+
+
+class EntryState(Enum):
+    """What browsing reports about an entry."""
+
+    WAITING = "waiting"
+    DELAYED = "delayed"
+    IN_FLIGHT = "in flight"
+
+
+@dataclass(slots=True, frozen=True)
+class BrowsedEntry:
+    """One line of a queue browse: the entry and where it stands."""
+
+    entry: QueuedMessage
+    state: EntryState
+    # The delivery it is in, for in-flight entries.
+    delivery: Delivery | None = None
 
 
 @dataclass(slots=True)
@@ -46,22 +102,41 @@ class QueueCounters:
     rejected: int = 0
     discarded: int = 0
     expired: int = 0
+    dead_lettered: int = 0
 
 
-class MessageQueue:
-    """Bounded by message count and bytes, with a configured policy when full."""
+RemovalHandler = Callable[["Queue", QueuedMessage, Removal], object]
+
+
+class Queue:
+    """Entries waiting for consumers, bounded by count and bytes, with a policy when full.
+
+    Entries wait in one of three places: a deque (FIFO order), a heap (priority order), or the
+    delayed heap until their delivery time. Entries given back by consumers wait in a heap of
+    their own, by arrival, ahead of the rest, so a redelivery keeps its place.
+    :meth:`dispatch` moves waiting entries to consumers that have credit, in turn.
+    """
 
     __slots__ = (
+        "_cursor",
         "_delayed",
         "_heap",
+        "_next_delivery_id",
         "_ready",
+        "_returned",
         "_sequence",
         "bytes",
+        "consumers",
         "count",
         "counters",
+        "destination",
+        "durable",
+        "in_flight",
         "max_bytes",
+        "max_delivery_attempts",
         "max_messages",
         "name",
+        "on_removed",
         "ordering",
         "policy",
     )
@@ -72,71 +147,111 @@ class MessageQueue:
         *,
         max_messages: int,
         max_bytes: int,
-        policy: Literal["reject_new", "discard_oldest"] = "reject_new",
+        policy: FullPolicy = "reject_new",
         ordering: Ordering = "fifo",
+        max_delivery_attempts: int = 0,
+        durable: bool = False,
+        on_removed: RemovalHandler | None = None,
+        destination: Destination | None = None,
     ) -> None:
         self.name = name
+        # Set when the queue is a destination itself (a JMS queue); None when bindings feed it.
+        self.destination = destination
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.policy = policy
         self.ordering = ordering
+        # Settled "modified" this many times, an entry is dead-lettered; 0 = never.
+        self.max_delivery_attempts = max_delivery_attempts
+        # Its entries are written to the store; such an entry waits for its message's commit.
+        self.durable = durable
+        # Told of every entry that leaves for good (the owner removes its stored copy and moves
+        # dead letters and expired entries where they belong); of an accepted one only when it
+        # is stored (durable queue, persistent entry): otherwise nothing is left to clean up.
+        self.on_removed = on_removed
         self.bytes = 0
-        # Entries held, visible or not; kept by hand because the hot path asks constantly.
+        # Entries waiting, visible or not; kept by hand because the hot path asks constantly.
         self.count = 0
+        # Entries given to consumers and not settled yet.
+        self.in_flight = 0
         self.counters = QueueCounters()
+        self.consumers: list[Consumer] = []
+        self._cursor = 0
         self._sequence = 0
+        self._next_delivery_id = 0
         # FIFO entries live in a deque; priority entries in a heap of (-priority, seq, entry).
         self._ready: deque[QueuedMessage] = deque()
         self._heap: list[tuple[int, int, QueuedMessage]] = []
         # Entries not yet visible: (delivery_time, seq, entry).
         self._delayed: list[tuple[float, int, QueuedMessage]] = []
+        # Entries given back by consumers in FIFO order: (seq, entry), served first.
+        self._returned: list[tuple[int, QueuedMessage]] = []
 
     def __len__(self) -> int:
         return self.count
 
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r} waiting={self.count} in_flight={self.in_flight}>"
+
+    # -- putting entries in ---------------------------------------------------------------
+
     def push(self, entry: QueuedMessage) -> tuple[bool, list[QueuedMessage]]:
         """Add an entry at the back; when full, apply the policy.
 
-        Returns whether the entry was accepted and the entries discarded to make room, which
-        the owner must release (a stored reference, for one).
+        Returns whether the entry was accepted and the entries discarded to make room (also
+        counted, and reported to ``on_removed`` when set).
         """
-        victims: list[QueuedMessage] = []
-        full = self.count >= self.max_messages or self.bytes + entry.size > self.max_bytes
-        if full and (self.policy == "reject_new" or not self._discard_oldest(entry.size, victims)):
-            self.counters.rejected += 1
-            if self.counters.rejected == 1 or self.counters.rejected % 1000 == 0:
-                log.warning(
-                    "queue %s full (%d messages, %d bytes): rejected %d so far",
-                    self.name,
-                    len(self),
-                    self.bytes,
-                    self.counters.rejected,
-                )
-            return False, victims
+        if self.count >= self.max_messages or self.bytes + entry.size > self.max_bytes:
+            victims: list[QueuedMessage] = []
+            if self.policy == "reject_new" or not self._discard_oldest(entry.size, victims):
+                self.counters.rejected += 1
+                if self.counters.rejected == 1 or self.counters.rejected % 1000 == 0:
+                    log.warning(
+                        "queue %s full (%d messages, %d bytes): rejected %d so far",
+                        self.name,
+                        self.count,
+                        self.bytes,
+                        self.counters.rejected,
+                    )
+                return False, victims
+            self._sequence += 1
+            entry.sequence = self._sequence
+            self._insert(entry)
+            return True, victims
         self._sequence += 1
         entry.sequence = self._sequence
         self._insert(entry)
-        return True, victims
+        return True, _NO_VICTIMS
+
+    def has_room(self, entries: int, size: int) -> bool:
+        """Would this many more entries of this many bytes all be accepted now?"""
+        if self.policy == "discard_oldest":
+            return size <= self.max_bytes
+        return self.count + entries <= self.max_messages and self.bytes + size <= self.max_bytes
 
     def push_front(self, entry: QueuedMessage) -> None:
-        """Put a previously taken entry back ahead of the rest (redelivery); never refused."""
+        """Put an entry back in its arrival place, ahead of later ones; never refused."""
         self.bytes += entry.size
         self.count += 1
         if self.ordering == "priority":
             heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
         else:
-            self._ready.appendleft(entry)
+            heapq.heappush(self._returned, (entry.sequence, entry))
+
+    # -- taking entries out ---------------------------------------------------------------
 
     def pop(self, now: float, expired: list[QueuedMessage] | None = None) -> QueuedMessage | None:
         """The next visible, unexpired entry, or None.
 
         Expired entries are skipped and counted; when ``expired`` is given they are appended to
-        it, so the owner can release what they hold (a stored reference, for one).
+        it, else they are reported to ``on_removed``.
         """
         if self._delayed and self._delayed[0][0] <= now:
             self._release_delayed(now)
         while True:
-            if self._ready:
+            if self._returned:
+                entry = heapq.heappop(self._returned)[1]
+            elif self._ready:
                 entry = self._ready.popleft()
             elif self._heap:
                 entry = heapq.heappop(self._heap)[2]
@@ -145,22 +260,49 @@ class MessageQueue:
             message = entry.message
             self.bytes -= len(message.payload) + len(message.topic)
             self.count -= 1
-            if message.expiry is not None and message.expired(now):
+            if message.expiry is not None and now >= message.expiry:
                 self.counters.expired += 1
                 if expired is not None:
                     expired.append(entry)
+                elif self.on_removed is not None:
+                    self.on_removed(self, entry, Removal.EXPIRED)
                 continue
             return entry
 
-    def remove_message(self, message: Message) -> None:
-        """Drop every entry of one message (its publication was refused)."""
+    def expire(self, now: float) -> int:
+        """Remove every waiting entry whose expiry has passed (a sweep for queues nobody
+        consumes); returns how many."""
+        removed = 0
+        keep: list[QueuedMessage] = []
         for entry in self.drain():
-            if entry.message is not message:
+            if entry.message.expired(now):
+                removed += 1
+                self.counters.expired += 1
+                if self.on_removed is not None:
+                    self.on_removed(self, entry, Removal.EXPIRED)
+            else:
+                keep.append(entry)
+        for entry in sorted(keep, key=_by_sequence):
+            self._insert(entry)
+        return removed
+
+    def remove_message(self, message: Message) -> list[QueuedMessage]:
+        """Drop every waiting entry of one message (its publication was refused)."""
+        gone: list[QueuedMessage] = []
+        for entry in sorted(self.drain(), key=_by_sequence):
+            if entry.message is message:
+                gone.append(entry)
+            else:
                 self._insert(entry)
+        return gone
 
     def drain(self) -> list[QueuedMessage]:
-        """Remove and return every entry, visible or not (session end, queue deletion)."""
+        """Remove and return every waiting entry, visible or not (session end, queue deletion).
+
+        In-flight entries stay with their consumers.
+        """
         entries = self.entries()
+        self._returned.clear()
         self._ready.clear()
         self._heap.clear()
         self._delayed.clear()
@@ -169,11 +311,278 @@ class MessageQueue:
         return entries
 
     def entries(self) -> list[QueuedMessage]:
-        """A snapshot in no guaranteed order (browsing, persistence checks)."""
-        return list(self._ready) + [e for _, _, e in self._heap] + [e for _, _, e in self._delayed]
+        """A snapshot of the waiting entries in no guaranteed order."""
+        return (
+            [e for _, e in self._returned]
+            + list(self._ready)
+            + [e for _, _, e in self._heap]
+            + [e for _, _, e in self._delayed]
+        )
 
     def next_visible_time(self) -> float | None:
         return self._delayed[0][0] if self._delayed else None
+
+    # -- consumers ------------------------------------------------------------------------
+
+    def attach(self, consumer: Consumer) -> None:
+        """Add a consumer; it takes entries from the next :meth:`dispatch` on."""
+        if consumer.queue is not None and consumer.queue is not self:
+            raise ValueError(f"{consumer!r} is attached to {consumer.queue!r} already")
+        consumer.queue = self
+        if consumer not in self.consumers:
+            self.consumers.append(consumer)
+
+    def detach(self, consumer: Consumer) -> None:
+        """Remove a consumer; what it has not settled comes back as possibly delivered."""
+        self.recall(consumer, received_too=True)
+        if consumer in self.consumers:
+            index = self.consumers.index(consumer)
+            del self.consumers[index]
+            if self._cursor > index:
+                self._cursor -= 1
+        consumer.queue = None
+
+    def recall(self, consumer: Consumer, *, received_too: bool = False) -> int:
+        """Take back the consumer's unsettled deliveries as "modified" (possibly delivered);
+        deliveries it holds already (RECEIVED) stay unless ``received_too``. Returns how many
+        came back."""
+        taken = [
+            d
+            for d in consumer.unsettled.values()
+            if received_too or d.state is DeliveryState.SENT
+        ]
+        for delivery in taken:
+            self.settle(delivery, Settlement.MODIFIED)
+        return len(taken)
+
+    def dispatch(self, now: float) -> int:
+        """Give waiting entries to consumers that have credit, in turn; returns how many.
+
+        An entry of a message whose commit is pending waits when it must (see
+        :meth:`_waits_for_commit`); an entry nobody present may take stays for later.
+        """
+        if not self.count:
+            return 0
+        consumers = self.consumers
+        if len(consumers) == 1:
+            # The common case (an MQTT session): no turn-taking, no exclusion bookkeeping.
+            consumer = consumers[0]
+            if consumer.receiver is None:
+                return 0
+            sent = 0
+            credit = consumer.credit
+            while credit.available > 0 and consumer.receiver is not None:
+                entry = self.pop(now)
+                if entry is None:
+                    break
+                if entry.message.awaiting_commit and self._waits_for_commit(entry):
+                    self.push_front(entry)
+                    break
+                if entry.excluded is not None and consumer in entry.excluded:
+                    self.push_front(entry)
+                    return sent + self._dispatch_many(now)
+                self._start(consumer, entry)
+                sent += 1
+            return sent
+        return self._dispatch_many(now)
+
+    def _dispatch_many(self, now: float) -> int:
+        skipped: list[QueuedMessage] = []
+        sent = 0
+        while True:
+            entry = self.pop(now)
+            if entry is None:
+                break
+            if entry.message.awaiting_commit and self._waits_for_commit(entry):
+                self.push_front(entry)
+                break
+            # The turn moves on only when a consumer takes something.
+            consumer = self._next_ready(entry.excluded)
+            if consumer is None:
+                if entry.excluded is None or self._next_ready(None, advance=False) is None:
+                    self.push_front(entry)
+                    break
+                skipped.append(entry)  # nobody present may take it; later ones may go
+                continue
+            self._start(consumer, entry)
+            sent += 1
+        for entry in skipped:
+            self.push_front(entry)
+        return sent
+
+    def _next_ready(
+        self, excluded: set[Consumer] | None, *, advance: bool = True
+    ) -> Consumer | None:
+        """The next consumer in turn that can take an entry (and is not excluded)."""
+        consumers = self.consumers
+        count = len(consumers)
+        for step in range(count):
+            index = (self._cursor + step) % count
+            consumer = consumers[index]
+            if consumer.credit.available > 0 and consumer.receiver is not None:
+                if excluded is not None and consumer in excluded:
+                    continue
+                if advance:
+                    self._cursor = (index + 1) % count
+                return consumer
+        return None
+
+    def offer(self, entry: QueuedMessage) -> bool:
+        """An at-most-once entry goes to the next consumer that has a receiver, or nowhere.
+
+        It is never queued and spends no credit (MQTT QoS 0, AMQP pre-settled transfers), so
+        a consumer whose window is full still gets it.
+        """
+        consumers = self.consumers
+        if len(consumers) == 1:
+            receiver = consumers[0].receiver
+            if receiver is None:
+                return False
+            receiver.deliver_settled(entry)
+            return True
+        count = len(consumers)
+        for step in range(count):
+            index = (self._cursor + step) % count
+            receiver = consumers[index].receiver
+            if receiver is not None:
+                self._cursor = (index + 1) % count
+                receiver.deliver_settled(entry)
+                return True
+        return False
+
+    def _start(self, consumer: Consumer, entry: QueuedMessage) -> Delivery:
+        self._next_delivery_id = delivery_id = self._next_delivery_id + 1
+        delivery = Delivery(delivery_id, entry, consumer)
+        consumer.unsettled[delivery_id] = delivery
+        consumer.credit.available -= 1
+        self.in_flight += 1
+        receiver = consumer.receiver
+        assert receiver is not None
+        receiver.deliver(delivery)
+        return delivery
+
+    def deliver_now(self, consumer: Consumer, entry: QueuedMessage) -> Delivery:
+        """Put an entry in flight to this consumer at once, bypassing the waiting entries: for
+        an owner that has checked nothing waits ahead of it and the consumer has credit."""
+        # _start, inlined: this is every QoS 1 delivery's path when nothing waits.
+        self._sequence = entry.sequence = self._sequence + 1
+        self._next_delivery_id = delivery_id = self._next_delivery_id + 1
+        delivery = Delivery(delivery_id, entry, consumer)
+        consumer.unsettled[delivery_id] = delivery
+        consumer.credit.available -= 1
+        self.in_flight += 1
+        receiver = consumer.receiver
+        assert receiver is not None
+        receiver.deliver(delivery)
+        return delivery
+
+    def restore(self, consumer: Consumer, entry: QueuedMessage, state: DeliveryState) -> Delivery:
+        """Recovery: an entry that was in flight to this consumer when the broker stopped is
+        in flight again, without being sent (the owner resends it when the consumer is back)."""
+        self._sequence += 1
+        entry.sequence = self._sequence
+        self._next_delivery_id += 1
+        delivery = Delivery(self._next_delivery_id, entry, consumer)
+        delivery.state = state
+        consumer.unsettled[delivery.id] = delivery
+        consumer.credit.available -= 1
+        self.in_flight += 1
+        return delivery
+
+    # -- settlement -----------------------------------------------------------------------
+
+    def settle(
+        self, delivery: Delivery, outcome: Settlement, *, undeliverable_here: bool = False
+    ) -> bool:
+        """End one delivery attempt; False when it was settled already.
+
+        Entries that come back wait for the next :meth:`dispatch`; the caller runs it.
+        """
+        consumer = delivery.consumer
+        if consumer.unsettled.pop(delivery.id, None) is None:
+            return False
+        credit = consumer.credit
+        if credit.window is not None:
+            credit.available += 1
+        self.in_flight -= 1
+        entry = delivery.entry
+        if outcome is _ACCEPTED:
+            # Only a stored entry leaves something behind for the owner to clean up.
+            if self.durable and entry.persistent and self.on_removed is not None:
+                self.on_removed(self, entry, _REMOVAL_ACCEPTED)
+        elif outcome is Settlement.RELEASED:
+            self.push_front(entry)
+        elif outcome is Settlement.MODIFIED:
+            entry.delivery_count += 1
+            if undeliverable_here:
+                if entry.excluded is None:
+                    entry.excluded = set()
+                entry.excluded.add(consumer)
+            limit = self.max_delivery_attempts
+            if limit and entry.delivery_count >= limit:
+                self._remove(entry, Removal.DELIVERY_LIMIT)
+            else:
+                self.push_front(entry)
+        else:
+            self._remove(entry, Removal.REJECTED)
+        return True
+
+    def mark_received(self, delivery: Delivery) -> bool:
+        """The consumer holds the entry now (an MQTT PUBREC); only its settlement remains."""
+        if delivery.consumer.unsettled.get(delivery.id) is not delivery:
+            return False
+        delivery.state = DeliveryState.RECEIVED
+        return True
+
+    # -- browsing -------------------------------------------------------------------------
+
+    def browse(self, now: float) -> list[BrowsedEntry]:
+        """Every entry in the order consumers get them, in-flight ones included as such.
+
+        Read-only: nothing is taken, counted or expired. Expired entries not yet removed are
+        left out; entries not visible yet come last, by delivery time.
+        """
+        # (priority rank, arrival rank, row): a due delayed entry ranks as if it arrived now,
+        # which is what the next dispatch will make of it.
+        ranked: list[tuple[int, int, BrowsedEntry]] = []
+        by_priority = self.ordering == "priority"
+
+        def add(
+            entry: QueuedMessage, state: EntryState, sequence: int, delivery: Delivery | None = None
+        ) -> None:
+            if not entry.message.expired(now):
+                rank = -entry.message.priority if by_priority else 0
+                ranked.append((rank, sequence, BrowsedEntry(entry, state, delivery)))
+
+        waiting = [e for _, e in self._returned] + list(self._ready) + [e for *_, e in self._heap]
+        for entry in waiting:
+            add(entry, EntryState.WAITING, entry.sequence)
+        due_now = sorted((item for item in self._delayed if item[0] <= now), key=_by_time)
+        for offset, (_, _, entry) in enumerate(due_now, start=1):
+            add(entry, EntryState.WAITING, self._sequence + offset)
+        for consumer in self.consumers:
+            for delivery in consumer.unsettled.values():
+                add(delivery.entry, EntryState.IN_FLIGHT, delivery.entry.sequence, delivery)
+        ranked.sort(key=lambda item: item[:2])
+        rows = [row for _, _, row in ranked]
+        for t, _, entry in sorted(self._delayed, key=_by_time):
+            if t > now and not entry.message.expired(now):
+                rows.append(BrowsedEntry(entry, EntryState.DELAYED))
+        return rows
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _waits_for_commit(self, entry: QueuedMessage) -> bool:
+        """Persist → acknowledge → dispatch: a stored copy, and an exactly-once one (whose
+        publisher resends if the commit fails, which would duplicate it), wait for the commit.
+        An at-least-once copy nobody stores may go first: a failed commit only duplicates it."""
+        return entry.qos == 2 or (self.durable and entry.persistent)
+
+    def _remove(self, entry: QueuedMessage, reason: Removal) -> None:
+        if reason is Removal.DELIVERY_LIMIT or reason is Removal.REJECTED:
+            self.counters.dead_lettered += 1
+        if self.on_removed is not None:
+            self.on_removed(self, entry, reason)
 
     def _insert(self, entry: QueuedMessage) -> None:
         message = entry.message
@@ -183,14 +592,17 @@ class MessageQueue:
         if delivery_time is not None:
             heapq.heappush(self._delayed, (delivery_time, entry.sequence, entry))
         elif self.ordering == "priority":
-            heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
+            heapq.heappush(self._heap, (-message.priority, entry.sequence, entry))
         else:
             self._ready.append(entry)
 
     def _release_delayed(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
             entry = heapq.heappop(self._delayed)[2]
-            # Visibility is this queue's state: the shared, immutable Message keeps its time.
+            # It arrives now, behind what arrived while it waited. Visibility is this queue's
+            # state: the shared, immutable Message keeps its delivery time.
+            self._sequence += 1
+            entry.sequence = self._sequence
             if self.ordering == "priority":
                 heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
             else:
@@ -200,8 +612,10 @@ class MessageQueue:
         """Drop oldest visible entries until the new one fits; False if it never can."""
         if needed_bytes > self.max_bytes:
             return False
-        while len(self) >= self.max_messages or self.bytes + needed_bytes > self.max_bytes:
-            if self._ready:
+        while self.count >= self.max_messages or self.bytes + needed_bytes > self.max_bytes:
+            if self._returned:
+                victim = heapq.heappop(self._returned)[1]
+            elif self._ready:
                 victim = self._ready.popleft()
             elif self._heap:
                 # The lowest-priority, newest entry is the cheapest to lose in priority order.
@@ -216,8 +630,26 @@ class MessageQueue:
             self.count -= 1
             self.counters.discarded += 1
             victims.append(victim)
+            if self.on_removed is not None:
+                self.on_removed(self, victim, Removal.DISCARDED)
         if self.counters.discarded == 1 or self.counters.discarded % 1000 == 0:
             log.warning(
                 "queue %s full: discarded %d oldest so far", self.name, self.counters.discarded
             )
         return True
+
+
+# Enum members read on the hot path, bound once (an Enum class attribute lookup is not free).
+_ACCEPTED = Settlement.ACCEPTED
+_REMOVAL_ACCEPTED = Removal.ACCEPTED
+
+# Shared by every push that discards nothing, so the hot path allocates no list.
+_NO_VICTIMS: list[QueuedMessage] = []
+
+
+def _by_sequence(entry: QueuedMessage) -> int:
+    return entry.sequence
+
+
+def _by_time(item: tuple[float, int, QueuedMessage]) -> tuple[float, int]:
+    return item[0], item[1]

@@ -1,23 +1,27 @@
-"""Session state: subscriptions, the queue of waiting messages and the deliveries in flight.
+"""Session state: subscriptions, the one queue they feed and its consumer, wills and timers.
 
 A Session is data with small invariant-keeping methods; the rules that move messages between
-sessions live in :mod:`kittiwake.broker.broker`. Knows no protocol: a "delivery id" is whatever
-the front end puts on the wire (an MQTT packet identifier).
+sessions live in :mod:`kittiwake.broker.broker` and the modules it names. Knows no protocol:
+deliveries are :class:`~kittiwake.broker.consumers.Delivery` objects, which the front end maps
+to its wire ids.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from kittiwake.broker.consumers import Consumer, Delivery
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import MessageQueue, QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage
+from kittiwake.broker.routing import Binding
+
+if TYPE_CHECKING:
+    from kittiwake.broker.shared_groups import Member
 
 # A session expiry interval meaning "never expires" (the MQTT 5 value 0xFFFFFFFF).
 NEVER_EXPIRES = 0xFFFFFFFF
-# Delivery ids are 16-bit and never 0, so MQTT packet identifiers can carry them unchanged.
-MAX_DELIVERY_ID = 0xFFFF
 
 
 def session_queue_name(client_id: str) -> str:
@@ -35,28 +39,31 @@ def session_producer_name(client_id: str) -> str:
     return "$session/" + client_id
 
 
-class SessionConsumer(Protocol):
+class SessionLink(Protocol):
     """The live connection attached to a session; a protocol front end implements it."""
 
-    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
-        """Send one message; delivery_id is 0 for QoS 0. ``resend`` marks a redelivery."""
+    def tag(self, delivery: Delivery) -> int:
+        """The wire id this delivery travels under (an MQTT packet identifier): picked once,
+        kept in ``delivery.tag``, and stored with the delivery so a resend reuses it."""
 
-    def release(self, delivery_id: int) -> None:
-        """Resend the release of a QoS 2 delivery the client already received (PUBREL)."""
+    def deliver(self, delivery: Delivery) -> None:
+        """Send one attempt: the message (marked redelivered when ``delivery.redelivered``),
+        or, for a delivery the client holds already (RECEIVED), its release (PUBREL)."""
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        """Send an entry that needs no acknowledgement (QoS 0)."""
 
     def taken_over(self) -> None:
         """Another connection took this session; close without touching the session."""
 
 
-@dataclass(slots=True, eq=False)
-class Subscription:
-    """One filter of one session, with its options."""
+@dataclass(slots=True, eq=False, kw_only=True)
+class Subscription(Binding):
+    """One filter of one session, with its MQTT options: a binding to the session's queue (or,
+    for a shared subscription, to its group's queue)."""
 
     session: Session
-    topic_filter: str
-    max_qos: int
     share_group: str | None = None
-    no_local: bool = False
     retain_as_published: bool = False
     retain_handling: int = 0
     subscription_id: int | None = None
@@ -68,63 +75,23 @@ class Subscription:
         return f"$share/{self.share_group}/{self.topic_filter}"
 
 
-class SharedGroup:
-    """The members of one shared subscription; each message goes to one member, in turn."""
-
-    __slots__ = ("_cursor", "members", "name", "topic_filter")
-
-    def __init__(self, name: str, topic_filter: str) -> None:
-        self.name = name
-        self.topic_filter = topic_filter
-        # Ordered by joining time so the round robin is deterministic.
-        self.members: dict[Session, Subscription] = {}
-        self._cursor = 0
-
-    def pick(self) -> Subscription | None:
-        """Round robin over members that can take a message now; else any member."""
-        members = list(self.members.values())
-        if not members:
-            return None
-        count = len(members)
-        for step in range(count):
-            candidate = members[(self._cursor + step) % count]
-            session = candidate.session
-            if session.consumer is not None and len(session.inflight) < session.window:
-                self._cursor = (self._cursor + step + 1) % count
-                return candidate
-        for step in range(count):
-            candidate = members[(self._cursor + step) % count]
-            if candidate.session.consumer is not None:
-                self._cursor = (self._cursor + step + 1) % count
-                return candidate
-        chosen = members[self._cursor % count]
-        self._cursor = (self._cursor + 1) % count
-        return chosen
-
-
-@dataclass(slots=True, eq=False)
-class InflightDelivery:
-    """A QoS 1/2 message sent and not yet fully acknowledged."""
-
-    entry: QueuedMessage
-    # "sent": awaiting PUBACK/PUBREC; "received": PUBREC seen, awaiting PUBCOMP.
-    state: str = "sent"
-
-
 @dataclass(slots=True, eq=False)
 class Session:
     """One client's session, alive across connections while it has not expired."""
 
     client_id: str
-    queue: MessageQueue
+    # Where the session's subscriptions put its messages, and the one consumer taking them:
+    # deliveries in flight stay on the consumer across connections (resent on resumption).
+    queue: Queue
+    consumer: Consumer
     expiry_interval: int = 0
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
-    inflight: dict[int, InflightDelivery] = field(default_factory=dict)
-    # QoS 2 publications received from the client and not yet released (PUBREL).
-    incoming_qos2: set[int] = field(default_factory=set)
-    consumer: SessionConsumer | None = None
-    # Deliveries allowed in flight: the lower of the client's Receive Maximum and our limit.
-    window: int = 100
+    # Its memberships of shared subscription groups, by full filter ($share/...).
+    members: dict[str, Member] = field(default_factory=dict)
+    # Ids of exactly-once publications received from the client and not yet released.
+    exactly_once_keys: set[int] = field(default_factory=set)
+    # The connection, while there is one.
+    link: SessionLink | None = None
     will: Message | None = None
     will_delay: int = 0
     # Seconds the will lives once published (MQTT 5 will Message Expiry Interval).
@@ -134,21 +101,21 @@ class Session:
     # Clock times while disconnected: when the session ends, when the will is due.
     expires_at: float | None = None
     will_at: float | None = None
-    _next_delivery_id: int = 0
 
     @property
     def persistent(self) -> bool:
         """A session that outlives its connection keeps its state in the store."""
         return self.expiry_interval > 0
 
-    def allocate_delivery_id(self) -> int:
-        """The next id not in flight; the window (< 65535) guarantees one exists."""
-        candidate = self._next_delivery_id
-        while True:
-            candidate = candidate + 1 if candidate < MAX_DELIVERY_ID else 1
-            if candidate not in self.inflight:
-                self._next_delivery_id = candidate
-                return candidate
+    @property
+    def window(self) -> int:
+        """Deliveries allowed in flight: the lower of the client's Receive Maximum and ours."""
+        return self.consumer.window or 0
+
+    @property
+    def inflight(self) -> dict[int, Delivery]:
+        """Deliveries sent and not yet settled, by core delivery id."""
+        return self.consumer.unsettled
 
     def __hash__(self) -> int:
         return id(self)

@@ -39,6 +39,10 @@ class SessionRecord:
     will: Message | None = None
     will_delay: int = 0
     will_expiry: int | None = None
+    # The in-flight window of the connection attached when this was saved; 0 = none attached.
+    # After a crash, that many queued entries may have been sent with their lazy in-flight
+    # marks lost: recovery counts them as possibly delivered.
+    window: int = 0
 
 
 @dataclass(slots=True)

@@ -18,7 +18,8 @@ from typing import Any, ClassVar, Protocol, TypeAlias
 
 from kittiwake.broker.authentication import Authentication, Principal, Refusal
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
-from kittiwake.broker.completion import Completion, all_of
+from kittiwake.broker.completion import NOT_FOUND, Completion, all_of
+from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message, MQTT5Fields
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
@@ -32,6 +33,7 @@ from kittiwake.mqtt.answers import encode_answer, response_information
 from kittiwake.mqtt.codec import encode_ack, encode_publish
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError, quoted
 from kittiwake.mqtt.login import Login, Verdict, refusal_code
+from kittiwake.mqtt.packet_ids import MAX_PACKET_ID, OutgoingPacketIds
 from kittiwake.mqtt.packets import (
     Auth,
     ConnAck,
@@ -103,6 +105,8 @@ class MQTTConnection:
         self.peer_max_packet_size = 268_435_460
         self.peer_topic_alias_maximum = 0
         self._outgoing_aliases: dict[str, int] = {}
+        # Our QoS 1/2 PUBLISHes in flight: packet id -> the core's delivery.
+        self._packet_ids = OutgoingPacketIds()
         self._incoming_aliases: dict[int, str] = {}
         self._problem_information = True
         # Answers not yet written, in the order of the packets they answer: each waits for
@@ -112,7 +116,7 @@ class MQTTConnection:
         # of publications in one commit register one callback, not one each.
         self._watched: asyncio.Future[None] | None = None
         # QoS 1 publications whose PUBACK is held (store commit, flow control, an earlier
-        # answer); with the session's incoming_qos2 ids (which already include held QoS 2
+        # answer); with the session's exactly_once_keys (which already include held QoS 2
         # ones) they make up the client's use of our Receive Maximum.
         self._awaiting_commit = 0
         self._receive_maximum = limits.receive_maximum
@@ -122,8 +126,6 @@ class MQTTConnection:
         # there. Publishers repeat a handful of topics, and the authorisation rules are fixed
         # for the broker's life, so each topic is checked once instead of per message.
         self._topic_verdicts: dict[str, bool] = {}
-        # topic -> (routing generation, receivers or None): the QoS 0 fast path's plan.
-        self._forward_cache: dict[str, tuple[int, tuple[MQTTConnection, ...] | None]] = {}
 
     # -- input ----------------------------------------------------------------------------
 
@@ -432,17 +434,17 @@ class MQTTConnection:
                 self._topic_verdicts[topic] = allowed
         qos = packet.qos
         packet_id = packet.packet_id or 0
-        if qos == 2 and packet_id in session.incoming_qos2:
+        if qos == 2 and packet_id in session.exactly_once_keys:
             # A resend of a publication we already own: exactly once means do not route again.
             # Its PUBREC is an acknowledgement like the first: only once the original is stored.
             self._answer(
-                self.broker.incoming_qos2_resent(session, packet_id), encode_ack(0x50, packet_id)
+                self.broker.exactly_once_resent(session, packet_id), encode_ack(0x50, packet_id)
             )
             return
         if (
             qos
             and version == 5
-            and (self._awaiting_commit + len(session.incoming_qos2) >= self._receive_maximum)
+            and (self._awaiting_commit + len(session.exactly_once_keys) >= self._receive_maximum)
         ):
             raise MQTTProtocolError(
                 ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
@@ -468,7 +470,7 @@ class MQTTConnection:
         if version == 5:
             self._copy_properties(props, message)
         if qos == 2:
-            self.broker.begin_incoming_qos2(session, packet_id)
+            self.broker.begin_exactly_once(session, packet_id)
         commit = self.broker.publish(message)
         if qos == 0:
             return
@@ -486,7 +488,7 @@ class MQTTConnection:
         """
         log.error("client %s: message not stored (store write failed)", self.client_id)
         if qos == 2:
-            self.broker.release_incoming_qos2(session, packet_id)
+            self.broker.end_exactly_once(session, packet_id)
         if self.protocol_version < 5:
             self._close(publish_will=False)
             return
@@ -497,39 +499,28 @@ class MQTTConnection:
             self._send(PubRec(packet_id, ReasonCode.UNSPECIFIED_ERROR, props), 5)
 
     def _forward(self, topic: str, packet: Publish) -> bool:
-        """The QoS 0 fast path: write one encoded frame to every subscriber, no Message.
+        """The QoS 0 fast path: write one encoded frame to every receiver, no Message.
 
-        Applies when every receiver is a plain subscription of a 3.1/3.1.1 connection, whose
-        wire form carries no properties: the frame is then the same for all of them, and
-        DESIGN.md's rules give each exactly QoS 0 without retain. Returns False to fall back.
+        The broker's route plan says who gets such a publication exactly as published
+        (``direct``); this only adds the wire's condition: every receiver is a 3.1/3.1.1
+        connection, whose frame carries no properties and so is the same for all of them.
+        Returns False to take the full publish path.
         """
         broker = self.broker
-        generation = broker.routing_generation
-        cached = self._forward_cache.get(topic)
-        if cached is not None and cached[0] == generation:
-            receivers = cached[1]
-        else:
-            receivers = None
-            sessions = broker.plain_targets(topic)
-            if sessions is not None:
-                connections = [s.consumer for s in sessions]
-                if all(type(c) is MQTTConnection and c.protocol_version < 5 for c in connections):
-                    receivers = tuple(connections)  # type: ignore[arg-type]
-            if len(topic) <= MAX_CACHED_TOPIC_CHARS:
-                if len(self._forward_cache) >= 256:
-                    self._forward_cache.clear()
-                self._forward_cache[topic] = (generation, receivers)
+        plan = broker.route_plan(topic)
+        receivers = plan.memo
         if receivers is None:
+            receivers = plan.memo = _frame_receivers(plan.direct)
+        if receivers is False:
             return False
-        stats = broker.stats
-        stats.messages_received += 1
+        assert isinstance(receivers, tuple)
+        broker.count_forwarded(len(receivers))
         if receivers:
             frame = packet.raw
             if frame is None:  # a 5.0 publisher, or an alias: the 3.x frame must be built
                 frame = encode_publish(topic.encode(), packet.payload, 0, False, False, None, None)
             for receiver in receivers:
                 receiver.deliver_frame(frame)
-            stats.messages_sent += len(receivers)
         return True
 
     def deliver_frame(self, frame: bytes) -> None:
@@ -584,16 +575,23 @@ class MQTTConnection:
 
     def _on_puback(self, packet: PubAck) -> None:
         assert self.session is not None
-        self.broker.acknowledge(self.session, packet.packet_id)
+        delivery = self._packet_ids.pop(packet.packet_id, None)
+        if delivery is not None:
+            self.broker.acknowledge(self.session, delivery)
 
     def _on_pubrec(self, packet: PubRec) -> None:
         session = self.session
         assert session is not None
         if packet.reason_code >= 0x80:
             # v5: a failing PUBREC ends the exchange; no PUBREL follows.
-            self.broker.acknowledge(session, packet.packet_id)
+            delivery = self._packet_ids.pop(packet.packet_id, None)
+            if delivery is not None:
+                self.broker.acknowledge(session, delivery)
             return
-        found, completion = self.broker.received(session, packet.packet_id)
+        delivery = self._packet_ids.get(packet.packet_id)
+        found, completion = (
+            self.broker.received(session, delivery) if delivery is not None else NOT_FOUND
+        )
         if found:
             self._answer(completion, encode_ack(0x62, packet.packet_id))
         else:
@@ -603,7 +601,7 @@ class MQTTConnection:
     def _on_pubrel(self, packet: PubRel) -> None:
         session = self.session
         assert session is not None
-        found, completion = self.broker.release_incoming_qos2(session, packet.packet_id)
+        found, completion = self.broker.end_exactly_once(session, packet.packet_id)
         if found or self.protocol_version < 5:
             self._answer(completion, encode_ack(0x70, packet.packet_id))
         else:
@@ -612,7 +610,9 @@ class MQTTConnection:
 
     def _on_pubcomp(self, packet: PubComp) -> None:
         assert self.session is not None
-        self.broker.acknowledge(self.session, packet.packet_id)
+        delivery = self._packet_ids.pop(packet.packet_id, None)
+        if delivery is not None:
+            self.broker.acknowledge(self.session, delivery)
 
     # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------
 
@@ -725,12 +725,40 @@ class MQTTConnection:
         Connect: _on_connect_again,
     }
 
-    # -- SessionConsumer: deliveries from the broker --------------------------------------
+    # -- SessionLink: deliveries from the broker -------------------------------------------
 
-    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
-        qos = entry.qos
-        if self.closed or (qos == 0 and self._cannot_take_qos0()):
+    def tag(self, delivery: Delivery) -> int:
+        return self._packet_ids.assign(delivery)
+
+    def deliver(self, delivery: Delivery) -> None:
+        if self.closed:
             return
+        ids = self._packet_ids
+        delivery_id = delivery.tag
+        if delivery_id:
+            ids[delivery_id] = delivery
+        else:
+            # OutgoingPacketIds.assign, its usual case inlined: the next id is free.
+            last = ids.last
+            delivery_id = last + 1 if last < MAX_PACKET_ID else 1
+            if delivery_id in ids:
+                delivery_id = ids.assign(delivery)
+            else:
+                ids.last = delivery.tag = delivery_id
+                ids[delivery_id] = delivery
+        if delivery.state is _RECEIVED:
+            # The client holds it already: only the release is missing (MQTT-4.4.0-1).
+            self._send(PubRel(delivery_id), self.protocol_version)
+            return
+        view = delivery.view
+        self._publish(delivery_id, view, view.delivery_count > 0)
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        if not self._cannot_take_qos0():
+            self._publish(0, entry, False)
+
+    def _publish(self, delivery_id: int, entry: QueuedMessage, resend: bool) -> None:
+        qos = entry.qos
         message = entry.message
         if self.protocol_version == 5:
             data = self._encode_v5(delivery_id, entry, resend)
@@ -778,7 +806,9 @@ class MQTTConnection:
             )
             self._count_dropped()
             if delivery_id and self.session is not None:
-                _schedule_acknowledge(self, self.session, delivery_id)
+                delivery = self._packet_ids.pop(delivery_id, None)
+                if delivery is not None:
+                    _schedule_acknowledge(self, self.session, delivery)
             return
         self.transport.write(data)
 
@@ -837,10 +867,6 @@ class MQTTConnection:
             # drops for its size must leave no trace.
             self._outgoing_aliases[topic] = new_alias
         return data
-
-    def release(self, delivery_id: int) -> None:
-        if not self.closed:
-            self._send(PubRel(delivery_id), self.protocol_version)
 
     def taken_over(self) -> None:
         """The broker moved our session to a newer connection: leave it alone and go."""
@@ -994,6 +1020,9 @@ class _HeldOutput:
         return self.size + self.transport.write_backlog()
 
 
+# Read per delivery; an Enum class attribute lookup costs several plain ones.
+_RECEIVED = DeliveryState.RECEIVED
+
 # Key of a message's cached 5.0 property block in Message.encoded.
 _V5_SHARED_PROPERTIES = "v5-properties"
 
@@ -1012,6 +1041,17 @@ def _message_properties(message: Message) -> Properties:
     if fields.user_properties:
         props.user_properties = fields.user_properties
     return props
+
+
+def _frame_receivers(direct: tuple[Session, ...] | None) -> tuple[MQTTConnection, ...] | bool:
+    """What the QoS 0 fast path keeps on a route plan: the connections one 3.x frame goes to,
+    or False when the full publish path is needed."""
+    if direct is None:
+        return False
+    links = tuple(session.link for session in direct)
+    if all(type(link) is MQTTConnection and link.protocol_version < 5 for link in links):
+        return links  # type: ignore[return-value]
+    return False
 
 
 def _mqtt5_fields(props: Properties) -> MQTT5Fields | None:
@@ -1046,12 +1086,12 @@ def _default_login(broker: Broker) -> Login:
     return Login(Authentication(allow_anonymous=None if policy == "auto" else policy))
 
 
-def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery_id: int) -> None:
+def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery: Delivery) -> None:
     """Complete a dropped delivery on the next loop turn, so a long run of oversized messages
     cannot recurse through pump → deliver → acknowledge."""
 
     def complete() -> None:
-        connection.broker.acknowledge(session, delivery_id)
+        connection.broker.acknowledge(session, delivery)
 
     try:
         asyncio.get_running_loop().call_soon(complete)

@@ -17,7 +17,7 @@ from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields
 from kittiwake.broker.sessions import session_producer_name, session_queue_name
 from kittiwake.store.codec import encode_properties, message_row
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 Step = list[str] | Callable[[sqlite3.Connection], None]
 
@@ -290,6 +290,9 @@ MIGRATIONS: dict[int, Step] = {
         "CREATE INDEX queued_by_message ON queued (message_id) WHERE topic IS NULL",
     ],
     4: _to_version_4,
+    # 4 → 5: a session remembers the in-flight window of the connection attached when it was
+    # saved (0 = none), so recovery after a crash knows what may have been in flight.
+    5: ["ALTER TABLE sessions ADD COLUMN in_flight_window INTEGER NOT NULL DEFAULT 0"],
 }
 
 

@@ -369,8 +369,15 @@ class SQLiteStore:
     def save_session(self, record: SessionRecord) -> None:
         client_id = record.client_id
         self._add(
-            "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)",
-            (client_id, record.expiry_interval, record.will_delay, record.will_expiry),
+            "INSERT OR REPLACE INTO sessions (client_id, expiry_interval, will_delay, will_expiry,"
+            " in_flight_window) VALUES (?, ?, ?, ?, ?)",
+            (
+                client_id,
+                record.expiry_interval,
+                record.will_delay,
+                record.will_expiry,
+                record.window,
+            ),
         )
         self._add("DELETE FROM subscriptions WHERE client_id=?", (client_id,))
         for subscription in record.subscriptions:
@@ -428,11 +435,12 @@ class SQLiteStore:
                 "(SELECT message_id FROM queue_entries WHERE topic IS NULL) ORDER BY message_id"
             ):
                 state.messages[row[0]] = message_from_row(row, offset)
-            for client_id, expiry_interval, will_delay, will_expiry in connection.execute(
-                "SELECT client_id, expiry_interval, will_delay, will_expiry FROM sessions"
+            for client_id, expiry_interval, will_delay, will_expiry, window in connection.execute(
+                "SELECT client_id, expiry_interval, will_delay, will_expiry, in_flight_window "
+                "FROM sessions"
             ):
                 state.sessions[client_id] = SessionRecord(
-                    client_id, expiry_interval, [], None, will_delay, will_expiry
+                    client_id, expiry_interval, [], None, will_delay, will_expiry, window
                 )
             for row in connection.execute(
                 f"SELECT client_id, {', '.join(SUBSCRIPTION_COLUMNS)} FROM subscriptions "

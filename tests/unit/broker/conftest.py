@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
@@ -24,11 +25,14 @@ from kittiwake.config import Config, config_from_dict
 
 @dataclass(slots=True)
 class Delivered:
-    """One call of SessionConsumer.deliver, as the front end would have seen it."""
+    """One PUBLISH the broker asked the front end to send, as the front end saw it."""
 
+    # The wire id (what an MQTT packet id would be); 0 for QoS 0.
     delivery_id: int
     entry: QueuedMessage
     resend: bool
+    # The core's delivery, to settle it with; None for QoS 0.
+    delivery: Delivery | None = None
 
     @property
     def payload(self) -> bytes:
@@ -48,21 +52,42 @@ class Delivered:
 
 
 class RecordingConsumer:
-    """A SessionConsumer that only remembers what the broker asked of it."""
+    """A SessionLink that only remembers what the broker asked of it.
+
+    Like a front end, it gives each delivery a wire id once (sequential ints here) and keeps
+    the delivery under that id, so tests settle by the id they saw.
+    """
 
     def __init__(self) -> None:
         self.deliveries: list[Delivered] = []
         self.releases: list[int] = []
         self.taken_over_calls = 0
+        self.by_id: dict[int, Delivery] = {}
+        self._last_id = 0
 
-    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
-        self.deliveries.append(Delivered(delivery_id, entry, resend))
+    def tag(self, delivery: Delivery) -> int:
+        if not delivery.tag:
+            self._last_id += 1
+            delivery.tag = self._last_id
+        self.by_id[delivery.tag] = delivery
+        return delivery.tag
 
-    def release(self, delivery_id: int) -> None:
-        self.releases.append(delivery_id)
+    def deliver(self, delivery: Delivery) -> None:
+        wire_id = self.tag(delivery)
+        if delivery.state is DeliveryState.RECEIVED:
+            self.releases.append(wire_id)
+            return
+        self.deliveries.append(Delivered(wire_id, delivery.entry, delivery.redelivered, delivery))
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        self.deliveries.append(Delivered(0, entry, False))
 
     def taken_over(self) -> None:
         self.taken_over_calls += 1
+
+    def delivery(self, wire_id: int) -> Delivery:
+        """The delivery sent under ``wire_id`` (a KeyError if there is none)."""
+        return self.by_id[wire_id]
 
     @property
     def payloads(self) -> list[bytes]:
@@ -160,6 +185,16 @@ class Harness:
         again.broker = Broker(self.broker.config, clock=again.clock, store=self.store)
         again.broker.recover()
         return again
+
+    def ack(self, session: Session, consumer: RecordingConsumer, wire_id: int) -> bool:
+        """Acknowledge what ``consumer`` received under ``wire_id`` (a PUBACK or PUBCOMP)."""
+        delivery = consumer.by_id.get(wire_id)
+        return delivery is not None and self.broker.acknowledge(session, delivery)[0]
+
+    def received(self, session: Session, consumer: RecordingConsumer, wire_id: int) -> bool:
+        """The client holds what it got under ``wire_id`` (a PUBREC)."""
+        delivery = consumer.by_id.get(wire_id)
+        return delivery is not None and self.broker.received(session, delivery)[0]
 
     def advance(self, seconds: float) -> None:
         """Move time and fire the broker's due timers, as the tick loop would."""

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
+from kittiwake.broker.consumers import Delivery
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
@@ -45,15 +46,18 @@ class HeldCommitStore(MemoryStore):
 
 
 class RecordingConsumer:
-    """Remembers the delivery ids the broker sent, for the test to acknowledge."""
+    """Remembers the deliveries the broker sent, for the test to acknowledge."""
 
     def __init__(self) -> None:
-        self.delivery_ids: list[int] = []
+        self.deliveries: list[Delivery] = []
 
-    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
-        self.delivery_ids.append(delivery_id)
+    def tag(self, delivery: Delivery) -> int:
+        return delivery.id
 
-    def release(self, delivery_id: int) -> None:
+    def deliver(self, delivery: Delivery) -> None:
+        self.deliveries.append(delivery)
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
         pass
 
     def taken_over(self) -> None:
@@ -87,9 +91,9 @@ def persistent(payload: bytes) -> Message:
 async def drain(broker: Broker, session: Session, consumer: RecordingConsumer) -> None:
     """Acknowledge deliveries until the queue is empty, as a fast subscriber would."""
     while session.queue.count or session.inflight:
-        ids, consumer.delivery_ids = consumer.delivery_ids, []
-        for delivery_id in ids:
-            broker.acknowledge(session, delivery_id)
+        sent, consumer.deliveries = consumer.deliveries, []
+        for delivery in sent:
+            broker.acknowledge(session, delivery)
         await asyncio.sleep(0)
 
 
@@ -110,14 +114,14 @@ def test_a_stored_copy_is_not_dispatched_before_its_commit() -> None:
         broker.publish(persistent(b"first"))
         store.resolve()
         await asyncio.sleep(0.01)
-        assert len(consumer.delivery_ids) == 1
+        assert len(consumer.deliveries) == 1
         broker.publish(persistent(b"second"))  # its commit stays pending
-        broker.acknowledge(session, consumer.delivery_ids.pop())
+        broker.acknowledge(session, consumer.deliveries.pop())
         await asyncio.sleep(0.01)
-        assert consumer.delivery_ids == [], "dispatched before it was durable"
+        assert consumer.deliveries == [], "dispatched before it was durable"
         store.resolve()
         await asyncio.sleep(0.01)
-        assert len(consumer.delivery_ids) == 1
+        assert len(consumer.deliveries) == 1
 
     run(body)
 
@@ -202,9 +206,9 @@ def test_completions_wait_only_for_what_is_stored() -> None:
         assert isinstance(subscribed, Subscribed) and subscribed.completion is None
         assert broker.unsubscribe(clean, "t") == (True, None)
         assert broker.unsubscribe(clean, "t") == (False, None)
-        assert broker.begin_incoming_qos2(clean, 5)
-        assert broker.release_incoming_qos2(clean, 5) == (True, None)
-        assert broker.release_incoming_qos2(clean, 5) == (False, None)
+        assert broker.begin_exactly_once(clean, 5)
+        assert broker.end_exactly_once(clean, 5) == (True, None)
+        assert broker.end_exactly_once(clean, 5) == (False, None)
         assert broker.set_session_expiry(clean, 0) is None
 
         kept, present, completion = broker.connect(
@@ -214,8 +218,8 @@ def test_completions_wait_only_for_what_is_stored() -> None:
         subscribed = broker.subscribe(kept, "t", SubscriptionOptions(max_qos=2))
         assert isinstance(subscribed, Subscribed) and subscribed.completion is store.pending
         assert broker.unsubscribe(kept, "t") == (True, store.pending)
-        assert broker.begin_incoming_qos2(kept, 5)
-        assert broker.release_incoming_qos2(kept, 5) == (True, store.pending)
+        assert broker.begin_exactly_once(kept, 5)
+        assert broker.end_exactly_once(kept, 5) == (True, store.pending)
         assert broker.set_session_expiry(kept, 30) is store.pending
         store.resolve()
 
@@ -258,10 +262,10 @@ def test_settling_a_stored_delivery_waits_for_its_commit() -> None:
         store.resolve()
         for _ in range(5):  # the commit's callback, then the pump it schedules
             await asyncio.sleep(0)
-        (delivery_id,) = consumer.delivery_ids
-        found, completion = broker.acknowledge(session, delivery_id)
+        (delivery,) = consumer.deliveries
+        found, completion = broker.acknowledge(session, delivery)
         assert found and completion is store.pending is not None
-        assert broker.acknowledge(session, delivery_id) == (False, None)
+        assert broker.acknowledge(session, delivery) == (False, None)
         store.pending.set_exception(OSError("disk full"))
         with pytest.raises(OSError):
             await completion

@@ -1,9 +1,9 @@
-"""MessageQueue: ordering, delayed visibility, expiry, redelivery and its explicit bounds."""
+"""Queue: ordering, delayed visibility, expiry, redelivery and its explicit bounds."""
 
 from __future__ import annotations
 
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import MessageQueue, QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage
 
 NOW = 1_000.0
 
@@ -12,13 +12,13 @@ def entry(payload: bytes = b"x", topic: str = "t", **fields) -> QueuedMessage:
     return QueuedMessage(Message(topic, payload, qos=1, **fields), qos=1, persistent=False)
 
 
-def queue(**kwargs) -> MessageQueue:
+def queue(**kwargs) -> Queue:
     kwargs.setdefault("max_messages", 1000)
     kwargs.setdefault("max_bytes", 1_000_000)
-    return MessageQueue("q", **kwargs)
+    return Queue("q", **kwargs)
 
 
-def pop_all(q: MessageQueue, now: float = NOW) -> list[bytes]:
+def pop_all(q: Queue, now: float = NOW) -> list[bytes]:
     out = []
     while (e := q.pop(now)) is not None:
         out.append(e.message.payload)

@@ -330,7 +330,7 @@ def test_expired_queued_message_is_not_delivered_and_its_reference_released(harn
     assert (session_queue_name("sub"), doomed.message_id) not in harness.store.queued
     assert doomed.message_id not in harness.store.messages
     assert (session_queue_name("sub"), kept.message_id) in harness.store.queued
-    assert session.queue.counters.expired == 0  # moved into the broker's stats
+    assert session.queue.counters.expired == 1  # the queue keeps its own count too
 
 
 def test_qos_downgrade_for_queued_copy(harness) -> None:
@@ -425,11 +425,28 @@ def test_delayed_message_for_offline_session(harness) -> None:
     assert consumer.payloads == [b"later"]
 
 
-def test_plain_targets_of_very_long_topics_are_answered_but_not_cached(harness) -> None:
+def test_route_plans_of_very_long_topics_are_answered_but_not_cached(harness) -> None:
     session, _, _ = harness.connect("sub")
     harness.subscribe(session, "#", 0)
     long_topic = "x/" + "y" * 5000
-    assert harness.broker.plain_targets(long_topic) == (session,)
-    assert harness.broker._plain_cache == {}
-    assert harness.broker.plain_targets("short") == (session,)
-    assert list(harness.broker._plain_cache) == ["short"]
+    assert harness.broker.route_plan(long_topic).direct == (session,)
+    assert harness.broker.routes.cached_topics() == []
+    assert harness.broker.route_plan("short").direct == (session,)
+    assert harness.broker.routes.cached_topics() == ["short"]
+
+
+def test_a_route_plan_is_forwardable_as_is_only_when_every_match_is_plain(harness) -> None:
+    """The QoS 0 fast path's condition is the core's: no shared group, no noLocal, no
+    subscription identifier among the matches, and only connected sessions."""
+    plain, _, _ = harness.connect("plain")
+    harness.subscribe(plain, "a/#", 1)
+    away, _, _ = harness.connect("away", expiry=3600)
+    harness.subscribe(away, "a/b", 0)
+    harness.broker.disconnect(away, publish_will=False)
+    assert harness.broker.route_plan("a/b").direct == (plain,)
+    with_id, _, _ = harness.connect("with-id")
+    harness.subscribe(with_id, "a/b", 0, subscription_id=4)
+    assert harness.broker.route_plan("a/b").direct is None
+    assert harness.broker.route_plan("a/c").direct == (plain,)
+    harness.subscribe(plain, "$share/g/a/c", 0)
+    assert harness.broker.route_plan("a/c").direct is None

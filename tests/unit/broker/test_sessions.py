@@ -6,16 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from kittiwake.broker.consumers import DeliveryState
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import MessageQueue, QueuedMessage
-from kittiwake.broker.sessions import (
-    MAX_DELIVERY_ID,
-    NEVER_EXPIRES,
-    InflightDelivery,
-    Session,
-    session_producer_name,
-    session_queue_name,
-)
+from kittiwake.broker.sessions import NEVER_EXPIRES, session_producer_name, session_queue_name
 
 HOUR = 3600
 
@@ -172,7 +165,7 @@ def test_takeover_keeps_the_session(harness) -> None:
     again, new, present = harness.connect("c", clean_start=False, expiry=HOUR)
     assert old.taken_over_calls == 1
     assert present is True and again is session
-    assert session.consumer is new
+    assert session.link is new
     [resent] = new.deliveries
     assert (resent.delivery_id, resent.payload) == (sent.delivery_id, b"unacked")
     assert resent.resend is True
@@ -362,11 +355,11 @@ def test_acknowledge_releases_the_window_and_pumps(harness) -> None:
     for i in range(4):
         harness.publish("t", bytes([48 + i]), qos=1)
     first = consumer.deliveries[0].delivery_id
-    assert harness.broker.acknowledge(session, first)[0] is True
+    assert harness.ack(session, consumer, first) is True
     assert consumer.payloads == [b"0", b"1", b"2"]
-    assert harness.broker.acknowledge(session, first)[0] is False  # already acknowledged
+    assert harness.ack(session, consumer, first) is False  # already acknowledged
     while session.inflight:
-        harness.broker.acknowledge(session, next(iter(session.inflight)))
+        harness.broker.acknowledge(session, next(iter(session.inflight.values())))
     assert consumer.payloads == [b"0", b"1", b"2", b"3"]
     assert session.inflight == {} and len(session.queue) == 0
 
@@ -398,7 +391,7 @@ def test_acknowledge_releases_the_stored_reference(harness) -> None:
     record = harness.store.queued[(session_queue_name("c"), message.message_id)]
     [got] = consumer.deliveries
     assert (record.state, record.delivery_id) == ("sent", got.delivery_id)
-    harness.broker.acknowledge(session, got.delivery_id)
+    harness.ack(session, consumer, got.delivery_id)
     assert harness.store.queued == {} and harness.store.messages == {}
 
 
@@ -409,12 +402,12 @@ def test_qos2_received_then_acknowledge(harness) -> None:
     message = harness.publish("t", b"a", qos=2)
     harness.publish("t", b"b", qos=2)
     [got] = consumer.deliveries
-    assert harness.broker.received(session, got.delivery_id)[0] is True
-    assert session.inflight[got.delivery_id].state == "received"
+    assert harness.received(session, consumer, got.delivery_id) is True
+    assert consumer.delivery(got.delivery_id).state is DeliveryState.RECEIVED
     assert harness.store.queued[(session_queue_name("c"), message.message_id)].state == "received"
     assert consumer.payloads == [b"a"]  # PUBREC does not free the window
-    assert harness.broker.received(session, 999)[0] is False
-    assert harness.broker.acknowledge(session, got.delivery_id)[0] is True
+    assert harness.received(session, consumer, 999) is False
+    assert harness.ack(session, consumer, got.delivery_id) is True
     assert consumer.payloads == [b"a", b"b"]
     assert (session_queue_name("c"), message.message_id) not in harness.store.queued
 
@@ -428,7 +421,7 @@ def test_start_delivery_resends_inflight(harness) -> None:
     for p in (b"sent", b"recvd", b"queued"):
         harness.publish("t", p, qos=2)
     sent, recvd = first.deliveries
-    harness.broker.received(session, recvd.delivery_id)
+    harness.received(session, first, recvd.delivery_id)
     harness.broker.disconnect(session, publish_will=False)
     _, consumer, present = harness.connect(
         "c", clean_start=False, expiry=HOUR, window=2, start=False
@@ -438,7 +431,7 @@ def test_start_delivery_resends_inflight(harness) -> None:
     assert consumer.releases == [recvd.delivery_id]
     [again] = consumer.deliveries
     assert (again.delivery_id, again.payload, again.resend) == (sent.delivery_id, b"sent", True)
-    harness.broker.acknowledge(session, recvd.delivery_id)
+    harness.ack(session, consumer, recvd.delivery_id)
     assert [(d.payload, d.resend) for d in consumer.deliveries] == [
         (b"sent", True), (b"queued", False),
     ]
@@ -454,52 +447,23 @@ def test_start_delivery_without_consumer_is_harmless(harness) -> None:
 # -- delivery ids ----------------------------------------------------------------------------
 
 
-def bare_session() -> Session:
-    return Session("c", MessageQueue("q", max_messages=10, max_bytes=1000))
-
-
-def inflight_entry() -> InflightDelivery:
-    return InflightDelivery(QueuedMessage(Message("t", b""), 1, False))
-
-
-def test_delivery_ids_start_at_one_and_increase() -> None:
-    """Delivery ids are packet identifiers: never 0, handed out in order."""
-    session = bare_session()
-    assert [session.allocate_delivery_id() for _ in range(3)] == [1, 2, 3]
-
-
-def test_delivery_ids_wrap_and_skip_inflight() -> None:
-    """After 65535 the ids wrap to 1, skipping ids still in flight."""
-    session = bare_session()
-    session._next_delivery_id = MAX_DELIVERY_ID - 2
-    session.inflight[MAX_DELIVERY_ID] = inflight_entry()
-    session.inflight[1] = inflight_entry()
-    session.inflight[2] = inflight_entry()
-    assert session.allocate_delivery_id() == MAX_DELIVERY_ID - 1
-    assert session.allocate_delivery_id() == 3
-
-
-def test_delivery_ids_never_collide_through_the_broker(harness) -> None:
-    """Over more than a full cycle of ids, with one delivery stuck in flight throughout, no
-    delivery reuses an id that is still in flight, and 0 is never used for QoS > 0."""
+def test_core_delivery_ids_are_plain_ints_never_reused_while_in_flight(harness) -> None:
+    """Over more than 65535 deliveries, with one stuck in flight throughout, the core's
+    delivery ids keep counting (they are not 16-bit packet ids: the front end maps those)."""
     session, consumer, _ = harness.connect("c", window=3)
     harness.subscribe(session, "t", qos=1)
     harness.publish("t", b"stuck", qos=1)
-    stuck = consumer.deliveries[0].delivery_id
-    outstanding = {stuck}
-    seen_wrap = False
-    previous = stuck
-    for _ in range(MAX_DELIVERY_ID + 10):
+    stuck = consumer.deliveries[0].delivery
+    assert stuck is not None
+    seen = {stuck.id}
+    for _ in range(0xFFFF + 10):
         harness.publish("t", b"m", qos=1)
-        d = consumer.deliveries[-1]
-        assert d.delivery_id not in outstanding
-        assert 1 <= d.delivery_id <= MAX_DELIVERY_ID
-        seen_wrap |= d.delivery_id < previous
-        previous = d.delivery_id
-        harness.broker.acknowledge(session, d.delivery_id)
-        consumer.deliveries.pop()
-    assert seen_wrap
-    assert set(session.inflight) == {stuck}
+        d = consumer.deliveries.pop()
+        assert d.delivery is not None and d.delivery.id not in seen
+        seen.add(d.delivery.id)
+        assert harness.broker.acknowledge(session, d.delivery)
+    assert max(seen) > 0xFFFF
+    assert list(session.inflight.values()) == [stuck]
 
 
 # -- incoming QoS 2 --------------------------------------------------------------------------
@@ -509,38 +473,38 @@ def test_incoming_qos2_begin_and_release(harness) -> None:
     """An incoming QoS 2 id is accepted once; a resend before PUBREL is refused (not routed
     twice); after PUBREL the id may be used again (MQTT-4.3.3-10)."""
     session, _, _ = harness.connect("c")
-    assert harness.broker.begin_incoming_qos2(session, 7) is True
-    assert harness.broker.begin_incoming_qos2(session, 7) is False
-    assert harness.broker.begin_incoming_qos2(session, 8) is True
-    assert harness.broker.release_incoming_qos2(session, 7)[0] is True
-    assert harness.broker.release_incoming_qos2(session, 7)[0] is False
-    assert session.incoming_qos2 == {8}
-    assert harness.broker.begin_incoming_qos2(session, 7) is True
+    assert harness.broker.begin_exactly_once(session, 7) is True
+    assert harness.broker.begin_exactly_once(session, 7) is False
+    assert harness.broker.begin_exactly_once(session, 8) is True
+    assert harness.broker.end_exactly_once(session, 7)[0] is True
+    assert harness.broker.end_exactly_once(session, 7)[0] is False
+    assert session.exactly_once_keys == {8}
+    assert harness.broker.begin_exactly_once(session, 7) is True
 
 
 def test_incoming_qos2_state_is_stored_for_persistent_sessions(harness) -> None:
     """A persistent session's incoming QoS 2 ids survive in the store until released."""
     session, _, _ = harness.connect("c", expiry=HOUR)
-    harness.broker.begin_incoming_qos2(session, 7)
+    harness.broker.begin_exactly_once(session, 7)
     producer = session_producer_name("c")
     assert harness.store.duplicates == {producer: {7}}
-    harness.broker.release_incoming_qos2(session, 7)
+    harness.broker.end_exactly_once(session, 7)
     assert harness.store.duplicates == {producer: set()}
     temp, _, _ = harness.connect("t", expiry=0)
-    harness.broker.begin_incoming_qos2(temp, 1)
+    harness.broker.begin_exactly_once(temp, 1)
     assert session_producer_name("t") not in harness.store.duplicates
 
 
 def test_incoming_qos2_state_kept_across_reconnect_and_dropped_by_clean_start(harness) -> None:
     """The exactly-once state belongs to the session: kept on resume, gone with clean start."""
     session, _, _ = harness.connect("c", expiry=HOUR)
-    harness.broker.begin_incoming_qos2(session, 7)
+    harness.broker.begin_exactly_once(session, 7)
     harness.broker.disconnect(session, publish_will=False)
     resumed, _, _ = harness.connect("c", clean_start=False, expiry=HOUR)
-    assert harness.broker.begin_incoming_qos2(resumed, 7) is False
+    assert harness.broker.begin_exactly_once(resumed, 7) is False
     harness.broker.disconnect(resumed, publish_will=False)
     fresh, _, _ = harness.connect("c", clean_start=True, expiry=HOUR)
-    assert harness.broker.begin_incoming_qos2(fresh, 7) is True
+    assert harness.broker.begin_exactly_once(fresh, 7) is True
 
 
 # -- restart (a new Broker over the same store) ----------------------------------------------
@@ -556,7 +520,7 @@ def restarted(harness):
     harness.publish("t", b"volatile", qos=1, persistent=False)
     harness.publish("r/p", b"kept", qos=1, retain=True)
     harness.publish("r/np", b"lost", qos=0, retain=True)
-    harness.broker.begin_incoming_qos2(session, 42)
+    harness.broker.begin_exactly_once(session, 42)
     return harness.restart(), consumer.deliveries[0].delivery_id
 
 
@@ -567,12 +531,12 @@ def test_restart_keeps_persistent_state(restarted) -> None:
     session, consumer, present = h.connect("c", clean_start=False, expiry=HOUR, window=1)
     assert present
     assert set(session.subscriptions) == {"t"}
-    assert h.broker.begin_incoming_qos2(session, 42) is False
+    assert h.broker.begin_exactly_once(session, 42) is False
     [again] = consumer.deliveries
     assert (again.delivery_id, again.payload, again.resend) == (inflight_id, b"inflight", True)
-    h.broker.acknowledge(session, inflight_id)
+    h.ack(session, consumer, inflight_id)
     assert consumer.payloads == [b"inflight", b"queued"]
-    h.broker.acknowledge(session, consumer.deliveries[-1].delivery_id)
+    h.ack(session, consumer, consumer.deliveries[-1].delivery_id)
     assert consumer.payloads == [b"inflight", b"queued"]  # b"volatile" was not persistent
     assert h.store.queued == {}
 

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import pytest
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
+from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields, PropertyType
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session, session_queue_name
@@ -842,6 +843,37 @@ def test_a_version_3_row_that_cannot_be_upgraded_stops_the_start_and_changes_not
     assert "queued" in tables(tmp_path) and "queue_entries" not in tables(tmp_path)
 
 
+def test_a_session_keeps_its_in_flight_window_and_a_version_4_session_comes_back(
+    tmp_path: Path,
+) -> None:
+    """Version 5 stores the in-flight window of the connection a session had when it was
+    saved (recovery after a crash counts that many queued entries as possibly delivered); a
+    session stored by version 4 comes back with none."""
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    for version in (1, 2, 3):
+        for statement in MIGRATIONS[version]:
+            connection.execute(statement)
+    step = MIGRATIONS[4]
+    assert callable(step)
+    step(connection)
+    connection.execute("INSERT INTO meta VALUES ('schema_version', '4')")
+    connection.execute("INSERT INTO sessions VALUES ('old', 60, 0, NULL)")
+    connection.close()
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("new", 60, window=7))
+        await settle(store)
+        store.close()
+
+    run(body)
+    assert schema_version(tmp_path) == SCHEMA_VERSION
+    state = reopen(tmp_path)
+    assert (state.sessions["old"].expiry_interval, state.sessions["old"].window) == (60, 0)
+    assert state.sessions["new"].window == 7
+
+
 def test_reopening_a_current_database_does_not_migrate_again(tmp_path: Path) -> None:
     async def body() -> None:
         store = SQLiteStore(tmp_path, clock=ManualClock())
@@ -1160,17 +1192,31 @@ def test_a_real_io_error_fails_the_commit_and_keeps_what_was_acknowledged(tmp_pa
 
 
 class RecordingConsumer:
-    """A SessionConsumer that remembers what the broker asked of it."""
+    """A SessionLink that remembers what the broker asked of it, by wire id (the id an MQTT
+    front end would put on the PUBLISH)."""
 
     def __init__(self) -> None:
         self.deliveries: list[tuple[int, QueuedMessage, bool]] = []
         self.releases: list[int] = []
+        self.by_id: dict[int, Delivery] = {}
+        self._last_id = 0
 
-    def deliver(self, delivery_id: int, entry: QueuedMessage, *, resend: bool = False) -> None:
-        self.deliveries.append((delivery_id, entry, resend))
+    def tag(self, delivery: Delivery) -> int:
+        if not delivery.tag:
+            self._last_id += 1
+            delivery.tag = self._last_id
+        self.by_id[delivery.tag] = delivery
+        return delivery.tag
 
-    def release(self, delivery_id: int) -> None:
-        self.releases.append(delivery_id)
+    def deliver(self, delivery: Delivery) -> None:
+        wire_id = self.tag(delivery)
+        if delivery.state is DeliveryState.RECEIVED:
+            self.releases.append(wire_id)
+        else:
+            self.deliveries.append((wire_id, delivery.entry, delivery.redelivered))
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        self.deliveries.append((0, entry, False))
 
     def taken_over(self) -> None:
         pass
@@ -1321,7 +1367,7 @@ def test_broker_inflight_delivery_comes_back_as_a_resend_after_a_graceful_stop(
         # The count recorded when it was first sent came back with it.
         assert got_entry.delivery_count == 1
         # Acknowledged now: gone for good.
-        assert life.broker.acknowledge(session, got_id)[0]
+        assert life.broker.acknowledge(session, consumer.by_id[got_id])[0]
         await life.crash()
 
     async def third() -> None:
@@ -1336,8 +1382,10 @@ def test_broker_inflight_delivery_comes_back_as_a_resend_after_a_graceful_stop(
 
 
 def test_broker_qos1_delivery_in_flight_at_a_crash_comes_back(tmp_path: Path) -> None:
-    """Its lazy mark was not due on the store's clock: it comes again as a first delivery,
-    never lost."""
+    """Its lazy mark was not due on the store's clock: it comes again, never lost, and marked
+    as a redelivery with the lost attempt counted (DESIGN.md section 2: recovery treats what
+    could have been in flight, within the window of a session connected at the crash, as
+    possibly delivered). Before the core redesign it came back as a first delivery (DUP=0)."""
 
     async def first() -> None:
         life = Life(tmp_path)
@@ -1355,9 +1403,10 @@ def test_broker_qos1_delivery_in_flight_at_a_crash_comes_back(tmp_path: Path) ->
         await life.settle()
         assert present
         assert consumer.payloads == [b"in flight"]
-        got_id, got_entry, _ = consumer.deliveries[0]
-        assert got_entry.delivery_count == 1  # this delivery; the unrecorded one is not counted
-        assert life.broker.acknowledge(session, got_id)[0]
+        got_id, got_entry, redelivered = consumer.deliveries[0]
+        assert redelivered, "possibly seen before the crash: it must carry the redelivery mark"
+        assert got_entry.delivery_count == 1  # the attempt whose mark the crash lost
+        assert life.broker.acknowledge(session, consumer.by_id[got_id])[0]
         await life.crash()
 
     async def third() -> None:
@@ -1380,7 +1429,7 @@ def test_broker_pubrecd_qos2_delivery_comes_back_as_a_release(tmp_path: Path) ->
         await life.settle()
         await life.publish("t", b"exactly once", 2)
         delivery_id = consumer.deliveries[0][0]
-        assert life.broker.received(session, delivery_id)[0]  # PUBREC from the subscriber
+        assert life.broker.received(session, consumer.by_id[delivery_id])[0]  # PUBREC
         await life.crash()
         return delivery_id
 
@@ -1390,7 +1439,7 @@ def test_broker_pubrecd_qos2_delivery_comes_back_as_a_release(tmp_path: Path) ->
         await life.settle()
         assert consumer.deliveries == [], "a PUBREC'd QoS 2 message must not be published again"
         assert consumer.releases == [delivery_id]
-        assert life.broker.acknowledge(session, delivery_id)[0]  # PUBCOMP
+        assert life.broker.acknowledge(session, consumer.by_id[delivery_id])[0]  # PUBCOMP
         await life.crash()
 
     async def third() -> None:
@@ -1414,7 +1463,7 @@ def test_broker_incoming_qos2_state_survives_restart(tmp_path: Path) -> None:
         life.broker.disconnect(sub, publish_will=False)
         pub, _, _ = life.connect("pub")
         await life.settle()
-        assert life.broker.begin_incoming_qos2(pub, 7)
+        assert life.broker.begin_exactly_once(pub, 7)
         await life.publish("t", b"once", 2)
         await life.crash()  # PUBREC went out; no PUBREL yet
 
@@ -1423,17 +1472,17 @@ def test_broker_incoming_qos2_state_survives_restart(tmp_path: Path) -> None:
         pub, _, present = life.connect("pub")
         await life.settle()
         assert present
-        assert pub.incoming_qos2 == {7}
+        assert pub.exactly_once_keys == {7}
         # The publisher resends PUBLISH (DUP) with id 7: it must not be routed again.
-        assert not life.broker.begin_incoming_qos2(pub, 7)
-        assert life.broker.release_incoming_qos2(pub, 7)[0]  # PUBREL
+        assert not life.broker.begin_exactly_once(pub, 7)
+        assert life.broker.end_exactly_once(pub, 7)[0]  # PUBREL
         await life.crash()
 
     async def third() -> None:
         life = Life(tmp_path)
         pub, _, _ = life.connect("pub")
         await life.settle()
-        assert pub.incoming_qos2 == set()
+        assert pub.exactly_once_keys == set()
         _, consumer, _ = life.connect("sub")
         await life.settle()
         assert consumer.payloads == [b"once"]
@@ -1483,7 +1532,7 @@ def test_broker_retained_copy_sent_to_a_later_subscriber_survives_restart(tmp_pa
         life.subscribe(early, "r", 1)
         await life.settle()
         await life.publish("r", b"retained", 1, retain=True)
-        life.broker.acknowledge(early, early_consumer.deliveries[0][0])
+        life.broker.acknowledge(early, early_consumer.by_id[early_consumer.deliveries[0][0]])
         await life.settle()
         late, late_consumer, _ = life.connect("late")
         await life.settle()
@@ -1497,8 +1546,9 @@ def test_broker_retained_copy_sent_to_a_later_subscriber_survives_restart(tmp_pa
         _, consumer, _ = life.connect("late")
         await life.settle()
         assert consumer.payloads == [b"retained"], "the unacknowledged retained copy was lost"
-        # A first delivery again: the crash came before its lazy in-flight mark was due.
-        assert not consumer.deliveries[0][2]
+        # The crash came before its lazy in-flight mark was due, and "late" was connected:
+        # possibly seen, so it comes back marked as a redelivery (DESIGN.md section 2).
+        assert consumer.deliveries[0][2]
 
     run(first)
     run(second)

@@ -1,0 +1,215 @@
+"""From queues to connections: putting a copy on a session's or group's queue (or straight in
+flight when nothing waits), pumping queues into their consumers' windows, once per loop turn,
+the in-flight marks a durable session's deliveries need, and resending on resumption.
+Knows no protocol; never writes to a socket itself (the link does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from kittiwake.broker.consumers import Delivery, DeliveryState
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.sessions import Session, SessionLink
+from kittiwake.broker.shared_groups import SharedGroup
+from kittiwake.broker.store import Store
+
+if TYPE_CHECKING:
+    from kittiwake.broker.broker import Broker
+
+
+class DurableReceiver:
+    """The consumer's receiver while a persistent session is connected.
+
+    A session whose copies are not stored needs none of this: its consumer's receiver is the
+    link itself, so the common path costs no extra call.
+    """
+
+    __slots__ = ("link", "session", "store")
+
+    def __init__(self, store: Store, session: Session, link: SessionLink) -> None:
+        self.store = store
+        self.session = session
+        self.link = link
+
+    def deliver(self, delivery: Delivery) -> None:
+        entry = delivery.entry
+        link = self.link
+        if not entry.persistent:
+            link.deliver(delivery)
+            return
+        tag = link.tag(delivery)
+        exactly_once = entry.qos == 2
+        # An at-least-once mark may be written late (or never, if the acknowledgement comes
+        # first): recovery counts an unmarked entry within the window as possibly delivered.
+        self.store.mark_delivery(
+            self.session.queue.name,
+            entry.message.message_id,
+            tag,
+            "sent",
+            lazy=not exactly_once,
+        )
+        if exactly_once:
+            # The client holds this id until the release: the broker must not forget it.
+            commit = self.store.commit()
+            if commit is not None:
+                commit.add_done_callback(lambda done: self._send_committed(done, delivery, link))
+                return
+        link.deliver(delivery)
+
+    def _send_committed(
+        self, done: asyncio.Future[None], delivery: Delivery, link: SessionLink
+    ) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return  # stays in flight; resent on the next connection
+        consumer = delivery.consumer
+        if self.session.link is link and consumer.unsettled.get(delivery.id) is delivery:
+            link.deliver(delivery)
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        self.link.deliver_settled(entry)
+
+
+def resend(broker: Broker, session: Session, link: SessionLink) -> None:
+    """A connection resumed the session: what was in flight goes out again, in order, first.
+
+    An attempt the client may have seen counts (delivery count + 1, so it is marked as a
+    redelivery); a delivery the client holds already gets its release again.
+    """
+    store = broker.store
+    stored = session.persistent
+    for delivery in list(session.consumer.unsettled.values()):
+        entry = delivery.entry
+        if delivery.state is DeliveryState.SENT:
+            entry.delivery_count += 1
+            if stored and entry.persistent and delivery.tag:
+                store.mark_delivery(
+                    session.queue.name, entry.message.message_id, delivery.tag, "sent", lazy=True
+                )
+        link.deliver(delivery)
+
+
+def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
+    """Queue one copy for a session; QoS 0 goes straight out or nowhere. True when pumping
+    is needed."""
+    queue = session.queue
+    if entry.qos == 0:
+        if queue.offer(entry):
+            broker.stats.messages_sent += 1
+        return False
+    # The queue of a persistent session is durable (an attribute: no property call here).
+    if session.link is None and not queue.durable:
+        return False
+    stored = entry.persistent and queue.durable
+    consumer = session.consumer
+    if (
+        not stored
+        and not queue.count
+        and consumer.credit.available > 0
+        and consumer.receiver is not None
+        and entry.message.delivery_time is None
+        # A QoS 2 copy of a message still being committed waits for the commit: if it
+        # fails, the publisher is refused and resends, and this copy would be a duplicate.
+        and (entry.qos < 2 or not entry.message.persistent)
+    ):
+        # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
+        queue.deliver_now(consumer, entry)
+        broker.stats.messages_sent += 1
+        return False
+    if not queue.push(entry)[0]:
+        broker.stats.messages_dropped += 1
+        return False
+    if stored:
+        if entry.message.message_id == 0:
+            broker.store.journal(entry.message)
+        broker.store.enqueue(session.queue.name, entry)
+    return True
+
+
+def enqueue_shared(broker: Broker, group: SharedGroup, message: Message) -> bool:
+    """Queue one copy for a shared group (each member's own cap applies when it is sent
+    one); QoS 0 goes to a connected member or nowhere. True when pumping is needed."""
+    entry = QueuedMessage.of(message, group.max_qos)
+    queue = group.queue
+    if entry.qos == 0:
+        if queue.offer(entry):
+            broker.stats.messages_sent += 1
+        return False
+    if not queue.push(entry)[0]:
+        broker.stats.messages_dropped += 1
+        return False
+    if entry.persistent and queue.durable:
+        if message.message_id == 0:
+            broker.store.journal(message)
+        broker.store.enqueue(queue.name, entry)
+    return True
+
+
+def pump(broker: Broker, target: Session | SharedGroup) -> None:
+    """Move queued messages into flight while the consumers' windows have room.
+
+    A session's pump also serves the groups it is a member of, since the credit an
+    acknowledgement frees may be theirs to use.
+    """
+    if isinstance(target, SharedGroup):
+        if target.queue.count:
+            broker.stats.messages_sent += target.queue.dispatch(broker.clock.now())
+        return
+    session = target
+    if session.consumer.receiver is None:
+        return
+    queue = session.queue
+    if queue.count:
+        broker.stats.messages_sent += queue.dispatch(broker.clock.now())
+        broker.flow.pumped(session)
+        if queue.next_visible_time() is not None:
+            broker.pumps.delayed.add(session)
+    if session.members:
+        for member in session.members.values():
+            if member.group.queue.count:
+                pump(broker, member.group)
+
+
+class PumpSchedule:
+    """Sessions and groups to pump at the end of this loop turn: one pump serves every
+    acknowledgement and publication of a read, instead of one pump each."""
+
+    __slots__ = ("_broker", "_pending", "delayed", "loop")
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        # None = no loop (unit tests): pump at once.
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._pending: dict[Session | SharedGroup, None] = {}
+        # Sessions whose queue holds entries not visible yet (delivery time): ticks pump them.
+        self.delayed: set[Session] = set()
+
+    def soon(self, target: Session | SharedGroup) -> None:
+        """Pump this session (or group) once the current loop turn has done its reading."""
+        if self.loop is None:
+            pump(self._broker, target)
+            return
+        pending = self._pending
+        if not pending:
+            self.loop.call_soon(self._run)
+        pending[target] = None
+
+    def _run(self) -> None:
+        targets = list(self._pending)
+        self._pending.clear()
+        for target in targets:
+            pump(self._broker, target)
+
+    def due(self, now: float) -> list[Session]:
+        """Sessions whose delayed entries are visible by now (and that can take them)."""
+        broker = self._broker
+        ready = []
+        for session in list(self.delayed):
+            due = session.queue.next_visible_time()
+            if due is None or broker.sessions.get(session.client_id) is not session:
+                self.delayed.discard(session)
+            elif due <= now and session.link is not None:
+                ready.append(session)
+        return ready

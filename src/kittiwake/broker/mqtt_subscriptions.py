@@ -1,0 +1,70 @@
+"""MQTT's rule for the subscriptions of one session that match one topic: they give the session
+one copy, at the highest QoS they grant, with every subscription identifier, retained as
+published if any of them asks (MQTT 5 section 3.3.4, MQTT-3.3.4-2/-3/-5).
+
+Only MQTT sessions follow it; generic routing (:mod:`kittiwake.broker.routing`) gives a queue
+one copy by its own rule. Knows no wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kittiwake.broker.sessions import Session, Subscription
+
+
+@dataclass(slots=True, frozen=True)
+class CopyOptions:
+    """What one session's copy of a message carries, merged from its matching subscriptions."""
+
+    max_qos: int
+    subscription_ids: tuple[int, ...]
+    retain_as_published: bool
+
+
+@dataclass(slots=True, frozen=True)
+class SessionCopy:
+    """One session's copy of whatever is published on a topic."""
+
+    session: Session
+    options: CopyOptions
+    # The options when the session published the message itself: its noLocal subscriptions
+    # left out; None when every matching subscription is noLocal. Same as ``options`` when
+    # none is.
+    own: CopyOptions | None
+
+    @property
+    def plain(self) -> bool:
+        """Nothing to merge per message: no noLocal, no subscription identifier."""
+        return self.own is self.options and not self.options.subscription_ids
+
+
+def merge(subscriptions: list[Subscription]) -> CopyOptions | None:
+    """One copy for overlapping subscriptions of one session (MQTT-3.3.4-2/-3/-5)."""
+    if not subscriptions:
+        return None
+    ids = tuple(s.subscription_id for s in subscriptions if s.subscription_id is not None)
+    return CopyOptions(
+        max(s.max_qos for s in subscriptions),
+        ids,
+        any(s.retain_as_published for s in subscriptions),
+    )
+
+
+def session_copies(subscriptions: Iterable[Subscription]) -> list[SessionCopy]:
+    """The copies for every session among ``subscriptions`` (non-shared ones), in the order
+    the sessions first appear."""
+    by_session: dict[Session, list[Subscription]] = {}
+    for subscription in subscriptions:
+        by_session.setdefault(subscription.session, []).append(subscription)
+    copies = []
+    for session, matched in by_session.items():
+        options = merge(matched)
+        assert options is not None
+        if any(s.no_local for s in matched):
+            own = merge([s for s in matched if not s.no_local])
+        else:
+            own = options
+        copies.append(SessionCopy(session, options, own))
+    return copies

@@ -1,0 +1,118 @@
+"""The publish path: journal a persistent message, keep it if retained, route it to every
+queue that should get a copy (per the topic's route plan), and say when the publisher may be
+told it is safe. Copies of a message whose commit is pending are held back (persist ->
+acknowledge -> dispatch) and dropped if the commit fails. Knows no protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from kittiwake.broker.completion import Completion
+from kittiwake.broker.dispatch import enqueue, enqueue_shared
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.sessions import Session
+from kittiwake.broker.shared_groups import SharedGroup
+
+if TYPE_CHECKING:
+    from kittiwake.broker.broker import Broker
+
+
+def publish(broker: Broker, message: Message) -> Completion:
+    """Accept a publication; the completion says when the publisher may be told it is
+    safe (its commit, and room at its congested receivers: see flow_control.py)."""
+    if not message.created:
+        message.created = broker.clock.now()
+    broker.stats.messages_received += 1
+    if message.persistent:
+        if not message.message_id:
+            broker.store.journal(message)
+    elif broker.journal_qos0 and broker.store.journals_qos0(message.topic):
+        broker.store.journal(message)  # opted in for the data pipeline; nothing waits
+    if message.retain:
+        retain(broker, message)
+    touched = route(broker, message)
+    commit = broker.store.commit() if message.persistent else None
+    drained = broker.flow.congested(touched) if message.qos and touched else None
+    if commit is None:
+        for session in touched:
+            broker.pump_soon(session)
+        return drained
+    if touched:
+        broker.pending_commits.hold(commit, message, touched)
+    if drained is None:
+        return commit
+    return broker.flow.commit_and_drain(commit, drained)
+
+
+def retain(broker: Broker, message: Message) -> None:
+    """The newest retained message of its topic replaces the older (kept if persistent)."""
+    previous = broker.retained.update(message)
+    if message.persistent and message.payload:
+        broker.store.set_retained(message.topic, message)
+    elif previous is not None and previous.persistent:
+        broker.store.set_retained(message.topic, None)
+
+
+def route(broker: Broker, message: Message) -> list[Session | SharedGroup]:
+    """Enqueue the message on every session and group that should get it; returns those
+    that need pumping."""
+    plan = broker.routes.plan(message.topic)
+    touched: list[Session | SharedGroup] = []
+    origin = message.origin
+    for copy in plan.copies:
+        options = copy.options
+        if copy.own is not options and origin == copy.session.client_id:
+            own = copy.own  # the session published it: its noLocal subscriptions skip it
+            if own is None:
+                continue
+            options = own
+        entry = QueuedMessage.of(
+            message,
+            options.max_qos,
+            message.retain and options.retain_as_published,
+            options.subscription_ids,
+        )
+        if enqueue(broker, copy.session, entry):
+            touched.append(copy.session)
+    for group in plan.groups:
+        if enqueue_shared(broker, group, message):
+            touched.append(group)
+    return touched
+
+
+class PendingCommits:
+    """Publications whose commit is pending, with the queues their copies wait on."""
+
+    __slots__ = ("_broker", "_held")
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._held: dict[asyncio.Future[None], list[tuple[Message, list[Session | SharedGroup]]]]
+        self._held = {}
+
+    def hold(
+        self, commit: asyncio.Future[None], message: Message, touched: list[Session | SharedGroup]
+    ) -> None:
+        message.awaiting_commit = True
+        # One callback per commit, however many publications it holds.
+        held = self._held.get(commit)
+        if held is None:
+            held = self._held[commit] = []
+            commit.add_done_callback(self._after_commit)
+        held.append((message, touched))
+
+    def _after_commit(self, future: asyncio.Future[None]) -> None:
+        """Dispatch what a commit made safe; if it failed, deliver none of it."""
+        held = self._held.pop(future, [])
+        failed = future.cancelled() or future.exception() is not None
+        for message, touched in held:
+            message.awaiting_commit = False
+            for target in touched:
+                if failed:
+                    # Not stored, and its publisher is told so: it must not be delivered.
+                    target.queue.remove_message(message)
+                else:
+                    self._broker.pump_soon(target)

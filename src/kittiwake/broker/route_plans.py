@@ -1,0 +1,101 @@
+"""Who gets a publication on a topic, worked out once per topic and kept until a subscription,
+a connection or a disconnection may change the answer: the publish path's one per-topic cache.
+
+The chain is: the topic tree's match cache (filters that match a topic) under it, and, on each
+plan, a slot where a front end keeps what it derives from the plan (the MQTT front end: the
+connections one encoded QoS 0 frame goes to), dropped with the plan. Never enqueues anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kittiwake.broker.mqtt_subscriptions import SessionCopy, session_copies
+from kittiwake.broker.sessions import Session, Subscription
+from kittiwake.broker.shared_groups import SharedGroup
+from kittiwake.broker.topic_tree import TopicTree
+from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS
+
+# Plans kept at most; the cache is cleared when full (topics repeat, so it refills quickly).
+MAX_PLANS = 4096
+
+
+class RoutePlan:
+    """The receivers of one topic's publications."""
+
+    __slots__ = ("copies", "direct", "groups", "memo")
+
+    def __init__(
+        self,
+        copies: tuple[SessionCopy, ...],
+        groups: tuple[SharedGroup, ...],
+        direct: tuple[Session, ...] | None,
+    ) -> None:
+        # One per session with a matching subscription (MQTT's overlap rule applied).
+        self.copies = copies
+        self.groups = groups
+        # The connected sessions that get a QoS 0, non-retained publication exactly as
+        # published: every match a plain subscription (no shared group, no noLocal, no
+        # subscription identifier). None when some match needs the full publish path.
+        self.direct = direct
+        # A front end's data derived from this plan; None until it sets some.
+        self.memo: object = None
+
+
+class RoutePlans:
+    """Plans by topic, valid for one routing generation."""
+
+    __slots__ = ("_cache", "_cached_generation", "_journals_qos0", "generation", "tree")
+
+    def __init__(
+        self,
+        tree: TopicTree[Subscription | SharedGroup],
+        journals_qos0: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.tree = tree
+        # Whether the journal keeps QoS 0 publications on a topic (None: on none); such a
+        # publication must take the full publish path, which writes it.
+        self._journals_qos0 = journals_qos0
+        # Bumped by every change that can alter who receives a publication (subscribe,
+        # unsubscribe, connect, disconnect).
+        self.generation = 0
+        self._cached_generation = 0
+        self._cache: dict[str, RoutePlan] = {}
+
+    def changed(self) -> None:
+        self.generation += 1
+
+    def plan(self, topic: str) -> RoutePlan:
+        if self._cached_generation != self.generation:
+            self._cache.clear()
+            self._cached_generation = self.generation
+        cache = self._cache
+        try:
+            return cache[topic]
+        except KeyError:
+            pass
+        plan = self._build(topic)
+        if len(topic) <= MAX_CACHED_TOPIC_CHARS:
+            if len(cache) >= MAX_PLANS:
+                cache.clear()
+            cache[topic] = plan
+        return plan
+
+    def cached_topics(self) -> list[str]:
+        return list(self._cache) if self._cached_generation == self.generation else []
+
+    def _build(self, topic: str) -> RoutePlan:
+        subscriptions: list[Subscription] = []
+        groups: list[SharedGroup] = []
+        for match in self.tree.match(topic):
+            if isinstance(match, SharedGroup):
+                groups.append(match)
+            else:
+                subscriptions.append(match)
+        copies = tuple(session_copies(subscriptions))
+        direct: tuple[Session, ...] | None = None
+        journalled = self._journals_qos0 is not None and self._journals_qos0(topic)
+        if not groups and not journalled and all(copy.plain for copy in copies):
+            # Offline sessions never queue QoS 0.
+            direct = tuple(c.session for c in copies if c.session.link is not None)
+        return RoutePlan(copies, tuple(groups), direct)

@@ -1,0 +1,206 @@
+"""Subscribing and unsubscribing: the checks a new subscription passes, the queue it is bound
+to (the session's, or its shared group's), and the retained messages it is sent. Knows no
+protocol: options are on the MQTT 5 scale, which older protocols and JMS map onto.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
+from kittiwake.broker.dispatch import enqueue
+from kittiwake.broker.queues import Queue, QueuedMessage, Removal
+from kittiwake.broker.sessions import Session, Subscription
+from kittiwake.broker.shared_groups import Member, MemberReceiver, SharedGroup, group_queue_name
+from kittiwake.broker.topics import TopicError, parse_shared, validate_topic_filter
+
+if TYPE_CHECKING:
+    from kittiwake.broker.broker import Broker
+
+
+class SubscribeRefusal(Enum):
+    """Why a subscription was refused; front ends map these to their reason codes."""
+
+    INVALID_FILTER = "invalid topic filter"
+    NOT_AUTHORIZED = "not authorized"
+    QUOTA_EXCEEDED = "too many subscriptions"
+
+
+@dataclass(slots=True)
+class SubscriptionOptions:
+    """What a subscriber asks for, on the MQTT 5 scale (older protocols use the defaults)."""
+
+    max_qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+
+
+@dataclass(slots=True)
+class Subscribed:
+    """A subscription that was accepted; ``new`` is False when it replaced an existing one;
+    ``completion`` says when it is durable."""
+
+    subscription: Subscription
+    new: bool
+    completion: Completion = None
+
+    @property
+    def granted_qos(self) -> int:
+        return self.subscription.max_qos
+
+
+def subscribe(
+    broker: Broker, session: Session, full_filter: str, options: SubscriptionOptions
+) -> SubscribeRefusal | Subscribed:
+    """Add or replace a subscription, or say why not.
+
+    Retained messages are not sent here: the front end acknowledges the subscription first
+    and then calls :meth:`send_retained`, so they never overtake the acknowledgement.
+    """
+    try:
+        _group, topic_filter = parse_shared(full_filter)
+        validate_topic_filter(topic_filter, broker.config.limits.max_topic_levels)
+    except TopicError:
+        return SubscribeRefusal.INVALID_FILTER
+    if not broker.authorizer.may_subscribe(topic_filter):
+        return SubscribeRefusal.NOT_AUTHORIZED
+    existing = session.subscriptions.get(full_filter)
+    if existing is None and len(session.subscriptions) >= (
+        broker.config.limits.max_subscriptions_per_session
+    ):
+        return SubscribeRefusal.QUOTA_EXCEEDED
+    if existing is not None:
+        existing.max_qos = options.max_qos
+        existing.no_local = options.no_local
+        existing.retain_as_published = options.retain_as_published
+        existing.retain_handling = options.retain_handling
+        existing.subscription_id = options.subscription_id
+        subscription = existing
+        broker.routes.changed()
+        member = session.members.get(full_filter)
+        if member is not None:
+            member.group.refresh()
+    else:
+        subscription = attach_subscription(broker, session, full_filter, options)
+    if not session.persistent:
+        return Subscribed(subscription, existing is None)
+    broker._save_session(session)
+    return Subscribed(subscription, existing is None, broker._durable())
+
+
+def unsubscribe(broker: Broker, session: Session, full_filter: str) -> Outcome:
+    """Remove a subscription; whether there was one, and when its removal is durable."""
+    subscription = session.subscriptions.pop(full_filter, None)
+    if subscription is None:
+        return NOT_FOUND
+    remove_subscription(broker, subscription)
+    if not session.persistent:
+        return True, None
+    broker._save_session(session)
+    return True, broker._durable()
+
+
+def attach_subscription(
+    broker: Broker, session: Session, full_filter: str, options: SubscriptionOptions
+) -> Subscription:
+    """Create a subscription from a (validated) filter and route messages to it."""
+    group, topic_filter = parse_shared(full_filter)
+    subscription = Subscription(
+        session=session,
+        topic_filter=topic_filter,
+        queue=session.queue,
+        owner=session.client_id,
+        max_qos=options.max_qos,
+        share_group=group,
+        no_local=options.no_local,
+        retain_as_published=options.retain_as_published,
+        retain_handling=options.retain_handling,
+        subscription_id=options.subscription_id,
+    )
+    session.subscriptions[full_filter] = subscription
+    add_subscription(broker, subscription)
+    return subscription
+
+
+def add_subscription(broker: Broker, subscription: Subscription) -> None:
+    """Bind a subscription: into the topic tree, or, for a shared one, into its group (made on
+    first use), whose queue the session then consumes from with its own credit."""
+    broker.routes.changed()
+    if subscription.share_group is None:
+        broker.tree.insert(subscription.topic_filter, subscription)
+        return
+    key = (subscription.share_group, subscription.topic_filter)
+    group = broker.shared_groups.get(key)
+    if group is None:
+        name = group_queue_name(*key)
+        group = SharedGroup(
+            subscription.share_group,
+            subscription.topic_filter,
+            Queue(
+                name,
+                max_messages=broker.config.limits.max_queued_messages,
+                max_bytes=broker.config.limits.max_queued_bytes,
+                policy=broker.config.limits.queue_full_policy,
+            ),
+        )
+        group.queue.on_removed = broker._entry_removed
+        broker.shared_groups[key] = group
+        broker.tree.insert(subscription.topic_filter, group)
+    session = subscription.session
+    subscription.queue = group.queue
+    member = Member(group, subscription)
+    group.members[session] = member
+    session.members[subscription.full_filter] = member
+    group.queue.attach(member.consumer)
+    group.refresh()
+    if session.link is not None and session.consumer.receiver is not None:
+        member.consumer.receiver = MemberReceiver(broker, member, session.link)
+        broker.pump_soon(group)
+
+
+def remove_subscription(broker: Broker, subscription: Subscription) -> None:
+    """Unbind a subscription; a group's last member leaving ends the group and its queue."""
+    broker.routes.changed()
+    if subscription.share_group is None:
+        broker.tree.remove(subscription.topic_filter, subscription)
+        return
+    key = (subscription.share_group, subscription.topic_filter)
+    group = broker.shared_groups.get(key)
+    session = subscription.session
+    member = session.members.pop(subscription.full_filter, None)
+    if group is None or member is None:
+        return
+    del group.members[session]
+    # What the member has not acknowledged goes back to the group.
+    group.queue.detach(member.consumer)
+    if group.members:
+        group.refresh()
+        broker.pump_soon(group)
+        return
+    del broker.shared_groups[key]
+    broker.tree.remove(subscription.topic_filter, group)
+    for entry in group.queue.drain():  # nobody left to take them
+        broker._entry_removed(group.queue, entry, Removal.PURGED)
+
+
+def send_retained(broker: Broker, subscribed: Subscribed) -> None:
+    """Deliver the retained messages a new subscription should see (retain handling)."""
+    subscription = subscribed.subscription
+    if subscription.share_group is not None:
+        return  # shared subscriptions never receive retained messages (MQTT-4.8.2)
+    handling = subscription.retain_handling
+    if handling == 2 or (handling == 1 and not subscribed.new):
+        return
+    now = broker.clock.now()
+    session = subscription.session
+    sub_ids = () if subscription.subscription_id is None else (subscription.subscription_id,)
+    for message in broker.retained.matching(subscription.topic_filter, now):
+        entry = QueuedMessage.of(
+            message, subscription.max_qos, retain=True, subscription_ids=sub_ids
+        )
+        enqueue(broker, session, entry)
+    broker.pump(session)

@@ -1,0 +1,534 @@
+"""The delivery model without a protocol: consumers pull from a queue by credit, every attempt is
+a Delivery settled as accepted, released, modified or rejected, and a queue gives up on an entry
+after its maximum delivery count. Time comes from a ManualClock, never from sleeping."""
+
+from __future__ import annotations
+
+import pytest
+
+from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Settlement
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import EntryState, Queue, QueuedMessage, Removal
+from kittiwake.clock import ManualClock
+
+
+class RecordingReceiver:
+    """A front end that only remembers what it was given."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+        self.settled: list[QueuedMessage] = []
+
+    def deliver(self, delivery: Delivery) -> None:
+        self.deliveries.append(delivery)
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        self.settled.append(entry)
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return [d.entry.message.payload for d in self.deliveries]
+
+    def take(self) -> list[Delivery]:
+        taken, self.deliveries = self.deliveries, []
+        return taken
+
+
+class Removals:
+    """An ``on_removed`` owner that records what left the queue, and why."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bytes, Removal, int]] = []
+
+    def __call__(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
+        self.seen.append((entry.message.payload, reason, entry.delivery_count))
+
+
+def entry(payload: bytes, **fields: object) -> QueuedMessage:
+    return QueuedMessage.of(Message("t", payload, qos=1, **fields), 1)  # type: ignore[arg-type]
+
+
+def make_queue(**settings: object) -> tuple[Queue, Removals]:
+    removals = Removals()
+    settings.setdefault("max_messages", 1000)
+    settings.setdefault("max_bytes", 1_000_000)
+    queue = Queue("q", on_removed=removals, **settings)  # type: ignore[arg-type]
+    return queue, removals
+
+
+def consumer(window: int, name: str = "") -> tuple[Consumer, RecordingReceiver]:
+    receiver = RecordingReceiver()
+    return Consumer(receiver, window=window, name=name), receiver
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+# -- competing consumers by credit -----------------------------------------------------------
+
+
+def test_consumers_take_turns_while_they_have_credit(clock: ManualClock) -> None:
+    """Two consumers with room share the queue in turn; each stops at its window."""
+    queue, _ = make_queue()
+    a, ra = consumer(2, "a")
+    b, rb = consumer(2, "b")
+    queue.attach(a)
+    queue.attach(b)
+    for i in range(6):
+        queue.push(entry(b"%d" % i))
+    assert queue.dispatch(clock.now()) == 4
+    assert ra.payloads == [b"0", b"2"]
+    assert rb.payloads == [b"1", b"3"]
+    assert (a.credit.available, b.credit.available) == (0, 0)
+    assert (queue.count, queue.in_flight) == (2, 4)
+
+
+def test_a_consumer_that_stops_settling_gets_nothing_more_while_another_has_credit(
+    clock: ManualClock,
+) -> None:
+    """A message waits in the queue until a consumer can take it: the stuck consumer's window
+    is full, so everything new goes to the one that keeps settling."""
+    queue, _ = make_queue()
+    stuck, stuck_rx = consumer(1, "stuck")
+    busy, busy_rx = consumer(1, "busy")
+    queue.attach(stuck)
+    queue.attach(busy)
+    for i in range(5):
+        queue.push(entry(b"%d" % i))
+        queue.dispatch(clock.now())
+        for delivery in busy_rx.deliveries:
+            queue.settle(delivery, Settlement.ACCEPTED)
+    assert stuck_rx.payloads == [b"0"]
+    assert busy_rx.payloads == [b"1", b"2", b"3", b"4"]
+    assert queue.count == 0
+
+
+def test_entries_wait_for_credit_then_flow_when_it_comes_back(clock: ManualClock) -> None:
+    """No credit, no delivery: the entry waits; settling gives the window's credit back."""
+    queue, _ = make_queue()
+    only, rx = consumer(1)
+    queue.attach(only)
+    queue.push(entry(b"1"))
+    queue.push(entry(b"2"))
+    queue.dispatch(clock.now())
+    assert rx.payloads == [b"1"]
+    assert queue.dispatch(clock.now()) == 0
+    (first,) = rx.take()
+    assert queue.settle(first, Settlement.ACCEPTED)
+    assert queue.dispatch(clock.now()) == 1
+    assert rx.payloads == [b"2"]
+
+
+def test_link_credit_is_spent_and_only_topped_up_by_the_front_end(clock: ManualClock) -> None:
+    """AMQP-style credit: settling does not give it back; add_credit does."""
+    queue, _ = make_queue()
+    receiver = RecordingReceiver()
+    link = Consumer(receiver, credit=1)
+    queue.attach(link)
+    for i in range(3):
+        queue.push(entry(b"%d" % i))
+    queue.dispatch(clock.now())
+    queue.settle(receiver.take()[0], Settlement.ACCEPTED)
+    assert queue.dispatch(clock.now()) == 0
+    link.add_credit(2)
+    assert queue.dispatch(clock.now()) == 2
+    assert receiver.payloads == [b"1", b"2"]
+
+
+def test_a_consumer_without_a_receiver_takes_nothing(clock: ManualClock) -> None:
+    """An MQTT session between connections: attached, with credit, but nobody to send to."""
+    queue, _ = make_queue()
+    offline = Consumer(None, window=10)
+    queue.attach(offline)
+    queue.push(entry(b"1"))
+    assert queue.dispatch(clock.now()) == 0
+    receiver = RecordingReceiver()
+    offline.receiver = receiver
+    assert queue.dispatch(clock.now()) == 1
+    assert receiver.payloads == [b"1"]
+
+
+def test_delivery_ids_are_plain_ints_unique_in_the_queue(clock: ManualClock) -> None:
+    """Core delivery ids are not 16-bit packet ids: they keep counting past 65535."""
+    queue, _ = make_queue(max_messages=70_000, max_bytes=10_000_000)
+    only, rx = consumer(1)
+    queue.attach(only)
+    ids = []
+    for _ in range(65_537):
+        queue.push(entry(b""))
+        queue.dispatch(clock.now())
+        (delivery,) = rx.take()
+        ids.append(delivery.id)
+        queue.settle(delivery, Settlement.ACCEPTED)
+    assert len(set(ids)) == len(ids)
+    assert max(ids) > 0xFFFF
+
+
+def test_offer_sends_at_most_once_without_credit_or_queueing() -> None:
+    """An at-most-once entry spends no credit and is never queued; without a receiver it is
+    gone."""
+    queue, _ = make_queue()
+    full, rx = consumer(0)
+    queue.attach(full)
+    assert queue.offer(entry(b"q0"))
+    assert [e.message.payload for e in rx.settled] == [b"q0"]
+    assert queue.count == 0 and full.unsettled == {}
+    full.receiver = None
+    assert not queue.offer(entry(b"lost"))
+
+
+def test_offer_takes_turns_among_consumers() -> None:
+    queue, _ = make_queue()
+    a, ra = consumer(1)
+    b, rb = consumer(1)
+    queue.attach(a)
+    queue.attach(b)
+    for i in range(4):
+        queue.offer(entry(b"%d" % i))
+    assert [e.message.payload for e in ra.settled] == [b"0", b"2"]
+    assert [e.message.payload for e in rb.settled] == [b"1", b"3"]
+
+
+# -- settlement ------------------------------------------------------------------------------
+
+
+def test_accepted_removes_the_entry_for_good(clock: ManualClock) -> None:
+    """An accepted entry leaves the queue; the owner hears of it when it is stored (a durable
+    queue's persistent entry), since only then is something left to clean up."""
+    queue, removals = make_queue(durable=True)
+    only, rx = consumer(5)
+    queue.attach(only)
+    queue.push(QueuedMessage.of(Message("t", b"stored", qos=1, persistent=True), 1))
+    queue.push(entry(b"volatile"))
+    queue.dispatch(clock.now())
+    stored, volatile = rx.take()
+    assert (stored.delivery_count, stored.redelivered) == (0, False)
+    assert queue.settle(stored, Settlement.ACCEPTED)
+    assert queue.settle(volatile, Settlement.ACCEPTED)
+    assert removals.seen == [(b"stored", Removal.ACCEPTED, 0)]
+    assert (queue.count, queue.in_flight, only.credit.available) == (0, 0, 5)
+    assert not queue.settle(stored, Settlement.ACCEPTED), "a delivery settles once"
+
+
+def test_released_goes_back_ahead_of_later_entries_with_its_count_unchanged(
+    clock: ManualClock,
+) -> None:
+    queue, removals = make_queue()
+    only, rx = consumer(1)
+    queue.attach(only)
+    for payload in (b"1", b"2", b"3"):
+        queue.push(entry(payload))
+    queue.dispatch(clock.now())
+    (first,) = rx.take()
+    queue.settle(first, Settlement.RELEASED)
+    queue.dispatch(clock.now())
+    (again,) = rx.take()
+    assert again.entry.message.payload == b"1"
+    assert (again.delivery_count, again.redelivered) == (0, False)
+    assert again.id != first.id, "each attempt is a delivery of its own"
+    assert removals.seen == []
+
+
+def test_modified_goes_back_with_its_count_incremented(clock: ManualClock) -> None:
+    queue, _ = make_queue()
+    only, rx = consumer(1)
+    queue.attach(only)
+    queue.push(entry(b"1"))
+    queue.push(entry(b"2"))
+    queue.dispatch(clock.now())
+    queue.settle(rx.take()[0], Settlement.MODIFIED)
+    queue.dispatch(clock.now())
+    (again,) = rx.take()
+    assert again.entry.message.payload == b"1"
+    assert (again.delivery_count, again.redelivered) == (1, True)
+
+
+def test_modified_undeliverable_here_goes_to_another_consumer(clock: ManualClock) -> None:
+    """"Undeliverable here": this consumer never gets the entry again; others do, and later
+    entries still reach the first consumer."""
+    queue, _ = make_queue()
+    a, ra = consumer(1, "a")
+    queue.attach(a)
+    queue.push(entry(b"poison"))
+    queue.push(entry(b"next"))
+    queue.dispatch(clock.now())
+    (first,) = ra.take()
+    queue.settle(first, Settlement.MODIFIED, undeliverable_here=True)
+    queue.dispatch(clock.now())
+    assert ra.payloads == [b"next"], "a skips the entry it refused and takes the next one"
+    assert queue.count == 1
+    b, rb = consumer(1, "b")
+    queue.attach(b)
+    queue.dispatch(clock.now())
+    assert rb.payloads == [b"poison"]
+    assert rb.deliveries[0].delivery_count == 1
+
+
+def test_rejected_leaves_the_queue_as_a_dead_letter(clock: ManualClock) -> None:
+    queue, removals = make_queue()
+    only, rx = consumer(1)
+    queue.attach(only)
+    queue.push(entry(b"bad"))
+    queue.dispatch(clock.now())
+    queue.settle(rx.take()[0], Settlement.REJECTED)
+    assert removals.seen == [(b"bad", Removal.REJECTED, 0)]
+    assert queue.counters.dead_lettered == 1
+    assert queue.count == 0
+
+
+def test_dead_letter_after_the_maximum_delivery_count(clock: ManualClock) -> None:
+    """With max_delivery_attempts 3, the third failed attempt ends it, with the reason."""
+    queue, removals = make_queue(max_delivery_attempts=3)
+    only, rx = consumer(1)
+    queue.attach(only)
+    queue.push(entry(b"flaky"))
+    counts = []
+    for _ in range(3):
+        queue.dispatch(clock.now())
+        (delivery,) = rx.take()
+        counts.append(delivery.delivery_count)
+        queue.settle(delivery, Settlement.MODIFIED)
+    assert counts == [0, 1, 2]
+    assert removals.seen == [(b"flaky", Removal.DELIVERY_LIMIT, 3)]
+    assert Removal.DELIVERY_LIMIT.value == "maximum delivery attempts reached"
+    assert queue.dispatch(clock.now()) == 0 and queue.count == 0
+
+
+def test_released_never_counts_towards_the_maximum(clock: ManualClock) -> None:
+    queue, removals = make_queue(max_delivery_attempts=1)
+    only, rx = consumer(1)
+    queue.attach(only)
+    queue.push(entry(b"m"))
+    for _ in range(5):
+        queue.dispatch(clock.now())
+        queue.settle(rx.take()[0], Settlement.RELEASED)
+    assert removals.seen == [] and queue.count == 1
+
+
+def test_received_state_is_kept_by_recall_but_not_by_detach(clock: ManualClock) -> None:
+    """Recall takes back what a consumer has not received (an MQTT member that went away);
+    an entry it holds already (PUBREC) stays until settled. Detach takes back everything."""
+    queue, _ = make_queue()
+    member, rx = consumer(5)
+    queue.attach(member)
+    for payload in (b"held", b"sent1", b"sent2"):
+        queue.push(entry(payload))
+    queue.dispatch(clock.now())
+    held, _, _ = rx.take()
+    assert queue.mark_received(held)
+    assert held.state is DeliveryState.RECEIVED
+    assert queue.recall(member) == 2
+    assert list(member.unsettled.values()) == [held]
+    assert [e.message.payload for e in queue.entries()] == [b"sent1", b"sent2"]
+    assert [e.delivery_count for e in queue.entries()] == [1, 1]
+    queue.detach(member)
+    assert member.unsettled == {} and member.queue is None
+    assert sorted(e.message.payload for e in queue.entries()) == [b"held", b"sent1", b"sent2"]
+
+
+def test_a_detached_consumers_entries_go_to_the_remaining_one_in_order(
+    clock: ManualClock,
+) -> None:
+    queue, _ = make_queue()
+    a, ra = consumer(2, "a")
+    b, rb = consumer(4, "b")
+    queue.attach(a)
+    queue.attach(b)
+    for i in range(4):
+        queue.push(entry(b"%d" % i))
+    queue.dispatch(clock.now())
+    assert ra.payloads == [b"0", b"2"] and rb.payloads == [b"1", b"3"]
+    queue.settle(rb.take()[0], Settlement.ACCEPTED)
+    queue.detach(a)
+    queue.dispatch(clock.now())
+    assert rb.payloads == [b"0", b"2"]
+    assert [d.redelivered for d in rb.deliveries] == [True, True]
+
+
+# -- order, visibility, expiry ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attach_first", [True, False])
+def test_priority_order_then_fifo_inside_a_priority(clock: ManualClock, attach_first: bool) -> None:
+    """Priority 9 before 0, arrival order among equals, whether the messages were queued before
+    or after the consumer attached."""
+    queue, _ = make_queue(ordering="priority")
+    only, rx = consumer(1)
+    if attach_first:
+        queue.attach(only)
+        only.receiver = None  # attached, but holds everything until all are queued
+    for payload, priority in [(b"a4", 4), (b"b9", 9), (b"c0", 0), (b"d4", 4), (b"e9", 9)]:
+        queue.push(entry(payload, priority=priority))
+    if attach_first:
+        only.receiver = rx
+    else:
+        queue.attach(only)
+    got = []
+    while queue.dispatch(clock.now()):
+        (delivery,) = rx.take()
+        got.append(delivery.entry.message.payload)
+        queue.settle(delivery, Settlement.ACCEPTED)
+    assert got == [b"b9", b"e9", b"a4", b"d4", b"c0"]
+
+
+def test_a_redelivered_entry_keeps_its_place_inside_its_priority(clock: ManualClock) -> None:
+    queue, _ = make_queue(ordering="priority")
+    only, rx = consumer(1)
+    queue.attach(only)
+    for payload in (b"first", b"second"):
+        queue.push(entry(payload, priority=5))
+    queue.dispatch(clock.now())
+    queue.push(entry(b"urgent", priority=9))
+    queue.settle(rx.take()[0], Settlement.MODIFIED)
+    order = []
+    while queue.dispatch(clock.now()):
+        (delivery,) = rx.take()
+        order.append(delivery.entry.message.payload)
+        queue.settle(delivery, Settlement.ACCEPTED)
+    assert order == [b"urgent", b"first", b"second"]
+
+
+def test_fifo_returned_entries_keep_their_arrival_order(clock: ManualClock) -> None:
+    """Entries given back out of order still go out again in arrival order."""
+    queue, _ = make_queue()
+    only, rx = consumer(3)
+    queue.attach(only)
+    for payload in (b"1", b"2", b"3", b"4"):
+        queue.push(entry(payload))
+    queue.dispatch(clock.now())
+    one, two, three = rx.take()
+    queue.settle(three, Settlement.RELEASED)
+    queue.settle(one, Settlement.RELEASED)
+    queue.settle(two, Settlement.MODIFIED)
+    queue.dispatch(clock.now())
+    assert rx.payloads == [b"1", b"2", b"3"]
+
+
+def test_delayed_entries_become_deliverable_at_their_delivery_time(clock: ManualClock) -> None:
+    queue, _ = make_queue()
+    only, rx = consumer(10)
+    queue.attach(only)
+    queue.push(entry(b"later", delivery_time=clock.now() + 30))
+    queue.push(entry(b"now"))
+    queue.dispatch(clock.now())
+    assert rx.payloads == [b"now"]
+    assert queue.next_visible_time() == clock.now() + 30
+    clock.advance(29.9)
+    assert queue.dispatch(clock.now()) == 0
+    clock.advance(0.1)
+    assert queue.dispatch(clock.now()) == 1
+    assert rx.payloads == [b"now", b"later"]
+
+
+def test_expired_entries_are_counted_and_never_delivered(clock: ManualClock) -> None:
+    queue, removals = make_queue()
+    only, rx = consumer(10)
+    queue.attach(only)
+    only.receiver = None
+    queue.push(entry(b"short", expiry=clock.now() + 5))
+    queue.push(entry(b"long", expiry=clock.now() + 50))
+    clock.advance(10)
+    only.receiver = rx
+    queue.dispatch(clock.now())
+    assert rx.payloads == [b"long"]
+    assert queue.counters.expired == 1
+    assert removals.seen == [(b"short", Removal.EXPIRED, 0)]
+
+
+def test_expire_sweeps_a_queue_nobody_consumes(clock: ManualClock) -> None:
+    queue, removals = make_queue(ordering="priority")
+    queue.push(entry(b"a", expiry=clock.now() + 1, priority=1))
+    queue.push(entry(b"b", priority=7))
+    queue.push(entry(b"c", expiry=clock.now() + 1, delivery_time=clock.now() + 100))
+    queue.push(entry(b"d", priority=1))
+    clock.advance(2)
+    assert queue.expire(clock.now()) == 2
+    assert sorted(p for p, _, _ in removals.seen) == [b"a", b"c"]
+    assert queue.count == 2 and queue.bytes == 4
+    assert [row.entry.message.payload for row in queue.browse(clock.now())] == [b"b", b"d"]
+
+
+# -- browsing --------------------------------------------------------------------------------
+
+
+def test_browsing_walks_entries_in_delivery_order_marking_in_flight_ones(
+    clock: ManualClock,
+) -> None:
+    """A read-only walk: in-flight entries in their place, marked; delayed ones last; expired
+    ones left out; nothing taken or changed."""
+    queue, _ = make_queue(ordering="priority")
+    only, rx = consumer(1)
+    queue.attach(only)
+    queue.push(entry(b"p4-first", priority=4))
+    queue.dispatch(clock.now())
+    (in_flight,) = rx.take()
+    queue.push(entry(b"p4-second", priority=4))
+    queue.push(entry(b"p9", priority=9))
+    queue.push(entry(b"p0", priority=0))
+    queue.push(entry(b"delayed", priority=9, delivery_time=clock.now() + 60))
+    queue.push(entry(b"gone", priority=9, expiry=clock.now() + 1))
+    clock.advance(1)
+    before = (queue.count, queue.bytes, queue.in_flight, queue.counters.expired)
+    rows = queue.browse(clock.now())
+    assert [(r.entry.message.payload, r.state) for r in rows] == [
+        (b"p9", EntryState.WAITING),
+        (b"p4-first", EntryState.IN_FLIGHT),
+        (b"p4-second", EntryState.WAITING),
+        (b"p0", EntryState.WAITING),
+        (b"delayed", EntryState.DELAYED),
+    ]
+    assert rows[1].delivery is in_flight
+    assert (queue.count, queue.bytes, queue.in_flight, queue.counters.expired) == before
+
+
+def test_browsing_a_fifo_queue_follows_arrival_and_visibility(clock: ManualClock) -> None:
+    """A delayed entry that became visible ranks as arriving when it did, as dispatch will."""
+    queue, _ = make_queue()
+    queue.push(entry(b"1"))
+    queue.push(entry(b"due", delivery_time=clock.now() + 5))
+    queue.push(entry(b"2"))
+    clock.advance(5)
+    browsed = [r.entry.message.payload for r in queue.browse(clock.now())]
+    only, rx = consumer(10)
+    queue.attach(only)
+    queue.dispatch(clock.now())
+    assert browsed == rx.payloads == [b"1", b"2", b"due"]
+
+
+def test_consumers_sharing_credit_count_against_one_window(clock: ManualClock) -> None:
+    """One connection consuming from two queues (an MQTT session's own queue and a shared
+    subscription's) has one Receive Maximum: both consumers spend the same credit."""
+    own, group = make_queue()[0], make_queue()[0]
+    receiver = RecordingReceiver()
+    mine = Consumer(receiver, window=3)
+    member = Consumer(receiver, share=mine.credit)
+    own.attach(mine)
+    group.attach(member)
+    for i in range(2):
+        own.push(entry(b"own%d" % i))
+        group.push(entry(b"group%d" % i))
+    own.dispatch(clock.now())
+    group.dispatch(clock.now())
+    assert receiver.payloads == [b"own0", b"own1", b"group0"]
+    own.settle(receiver.deliveries[0], Settlement.ACCEPTED)
+    group.dispatch(clock.now())
+    assert receiver.payloads[-1] == b"group1"
+    mine.set_window(10)
+    assert mine.credit.available == member.credit.available == 7
+
+
+def test_turns_move_on_only_when_a_consumer_takes_something(clock: ManualClock) -> None:
+    """Entries arriving one at a time still alternate between two consumers (a dispatch that
+    finds nothing to give must not use up a consumer's turn)."""
+    queue, _ = make_queue()
+    a, ra = consumer(100, "a")
+    b, rb = consumer(100, "b")
+    queue.attach(a)
+    queue.attach(b)
+    for i in range(6):
+        queue.push(entry(b"%d" % i))
+        queue.dispatch(clock.now())
+    assert ra.payloads == [b"0", b"2", b"4"]
+    assert rb.payloads == [b"1", b"3", b"5"]
