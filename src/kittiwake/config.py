@@ -131,6 +131,28 @@ class SysConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """A named set of users that ACL rules can grant to at once."""
+
+    name: str = ""
+    users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ACLRule:
+    """What the users, groups and client ids it names may do (naming none: everyone). Topic
+    filters may hold %u (the user name) and %c (the client id); a deny always wins."""
+
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    clients: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = ()
+    deny_publish: tuple[str, ...] = ()
+    deny_subscribe: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class AuthConfig:
     """Users (who may connect) and the simple authorisation hook: topic allow/deny lists
     (MQTT filters)."""
@@ -145,6 +167,10 @@ class AuthConfig:
     # logins are refused unchecked until the window ends; 0 = no limit.
     max_failed_logins: int = 10
     failed_login_window: float = 60.0
+    # Groups of users, and per user/group/client rules ([[auth.acl]]); once any rule exists,
+    # what no allow rule grants is denied.
+    groups: tuple[GroupConfig, ...] = ()
+    acl: tuple[ACLRule, ...] = ()
     # An empty allow list allows every topic; a deny entry always wins over an allow entry.
     publish_allow: tuple[str, ...] = ()
     publish_deny: tuple[str, ...] = ()
@@ -336,6 +362,20 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, f.name)}: must not be negative, got {value}")
     if isinstance(obj, ListenerConfig) and not 0 <= obj.port <= 65535:
         raise ConfigError(f"{_join(where, 'port')}: {obj.port} is not a TCP port")
+    if isinstance(obj, ACLRule):
+        for name in ("publish", "subscribe", "deny_publish", "deny_subscribe"):
+            for i, topic_filter in enumerate(getattr(obj, name)):
+                try:
+                    validate_topic_filter(topic_filter)
+                except TopicError as exc:
+                    raise ConfigError(f"{_join(where, name)}[{i}]: {exc}") from None
+    if isinstance(obj, AuthConfig):
+        for name in ("publish_allow", "publish_deny", "subscribe_allow", "subscribe_deny"):
+            for i, topic_filter in enumerate(getattr(obj, name)):
+                try:
+                    validate_topic_filter(topic_filter)
+                except TopicError as exc:
+                    raise ConfigError(f"{_join(where, name)}[{i}]: {exc}") from None
     if isinstance(obj, TLSConfig):
         needs_ca = obj.require_client_certificate or obj.certificate_user != "none"
         if not obj.certificate and (obj.key or obj.ca or needs_ca):

@@ -190,3 +190,42 @@ def test_packets_pipelined_behind_a_checked_connect_wait_for_it(users_broker, ra
     )
     kinds = [type(client.recv()) for _ in range(3)]
     assert kinds == [ConnAck, PubAck, PingResp]
+
+
+def test_acl_per_user_group_and_client_with_substitution(broker, password_file, paho):
+    """alice reads and writes under devices/alice/ (%u); operators (bob) read everything but
+    hr/; each client may publish to status/<client id> (%c); anything else is denied once ACL
+    rules exist. A broad subscription gets only what its user may read."""
+    address = broker(
+        auth={
+            "password_file": str(password_file),
+            "groups": [{"name": "operators", "users": ["bob"]}],
+            "acl": [
+                {"publish": ["devices/%u/#", "status/%c"], "subscribe": ["devices/%u/#"]},
+                {"groups": ["operators"], "subscribe": ["#"], "deny_subscribe": ["hr/#"]},
+                {"users": ["bob"], "publish": ["hr/#", "devices/#"]},
+            ],
+        }
+    )
+    alice = paho(address, protocol=MQTTv5, connect=False)
+    alice.connect(username="alice", password="wonderland")
+    bob = paho(address, protocol=MQTTv5, connect=False)
+    bob.connect(username="bob", password="builder")
+    assert alice.subscribe("#", 1) == [1]  # granted: devices/alice/# is inside it
+    assert alice.subscribe("hr/#", 1) == [0x87]  # outside every rule of hers
+    assert bob.subscribe("#", 1) == [1]
+    assert bob.subscribe("hr/salaries", 1) == [0x87]
+    bob.publish("devices/alice/lamp", b"for alice", 1)
+    bob.publish("devices/carol/lamp", b"not for alice", 1)
+    bob.publish("hr/salaries", b"nobody reads this", 1)
+    assert alice.get().payload == b"for alice"
+    alice.no_message(0.3)
+    assert {bob.get().payload for _ in range(2)} == {b"for alice", b"not for alice"}
+    bob.no_message(0.3)
+    denied = alice.publish("devices/carol/lamp", b"x", 1, wait=False)
+    assert alice.publish_result(denied) == 0x87
+    own_status = alice.publish(f"status/{alice.client_id}", b"up", 1, wait=False)
+    assert alice.publish_result(own_status) == 0
+    log = address.log_text()
+    assert "user 'alice' by password" in log
+    assert "publish to 'devices/carol/lamp' not authorised" in log

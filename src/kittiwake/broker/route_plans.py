@@ -91,6 +91,9 @@ class RoutePlans:
             if isinstance(match, SharedGroup):
                 groups.append(match)
             else:
+                permissions = match.session.permissions
+                if permissions is not None and not permissions.may_read(topic):
+                    continue  # a wildcard granted over denied topics: filtered here, once
                 subscriptions.append(match)
         copies = tuple(session_copies(subscriptions))
         direct: tuple[Session, ...] | None = None

@@ -122,9 +122,12 @@ class MQTTConnection:
         self._receive_maximum = limits.receive_maximum
         self._max_backlog = limits.max_queued_bytes
         self._max_topic_levels = limits.max_topic_levels
-        # Topics this connection already published to: valid, and whether it may publish
-        # there. Publishers repeat a handful of topics, and the authorisation rules are fixed
-        # for the broker's life, so each topic is checked once instead of per message.
+        # What this connection's principal may do (set once its CONNECT is accepted).
+        self.permissions = broker.authorizer.permissions(None, "")
+        # Topics this connection already published to: valid, and whether its principal may
+        # publish there. Publishers repeat a handful of topics, and a connection's principal
+        # and rules do not change while it lives, so each topic is checked once, not per
+        # message (a cache per connection, keyed by its principal by construction).
         self._topic_verdicts: dict[str, bool] = {}
 
     # -- input ----------------------------------------------------------------------------
@@ -235,12 +238,14 @@ class MQTTConnection:
                     ConnectReturnCode.IDENTIFIER_REJECTED,
                     f"keepalive {keepalive}s exceeds max_keepalive {max_keepalive}s",
                 )
+        principal_name = self.principal.name if self.principal is not None else None
+        self.permissions = broker.authorizer.permissions(principal_name, client_id)
         if packet.will is not None:
             try:
                 validate_topic_name(packet.will.topic)
             except TopicError as exc:
                 raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
-            if not broker.authorizer.may_publish(packet.will.topic):
+            if not self.permissions.may_publish(packet.will.topic):
                 return self._refuse(
                     ReasonCode.NOT_AUTHORIZED if version == 5 else ConnectReturnCode.NOT_AUTHORIZED,
                     f"will topic {quoted(packet.will.topic)} not allowed",
@@ -276,6 +281,10 @@ class MQTTConnection:
             will_expiry=will_expiry,
         )
         self.session = session
+        if session.permissions is not self.permissions:
+            # Delivery is filtered by what this principal may read (route plans).
+            session.permissions = self.permissions
+            broker.routes.changed()
         log.info(
             "client %s connected from %s (user %s, MQTT %s, clean=%s, keepalive=%ss, present=%s)",
             client_id,
@@ -427,7 +436,7 @@ class MQTTConnection:
                 validate_topic_name(topic, self._max_topic_levels)
             except TopicError as exc:
                 raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
-            allowed = self.broker.authorizer.may_publish(topic)
+            allowed = self.permissions.may_publish(topic)
             if len(topic) <= MAX_CACHED_TOPIC_CHARS:
                 if len(self._topic_verdicts) >= 1024:
                     self._topic_verdicts.clear()
@@ -451,7 +460,13 @@ class MQTTConnection:
                 f"more than {self._receive_maximum} unacknowledged QoS 1/2 publications",
             )
         if not allowed:
-            log.info("client %s: publish to %s not authorised", self.client_id, topic)
+            log.info(
+                "client %s (user %s, %s): publish to %s not authorised",
+                self.client_id,
+                _user_text(self.principal),
+                self.peer,
+                quoted(topic),
+            )
             if qos == 1:
                 self._answer(None, self._encode(PubAck(packet_id, self._denied_code()), version))
             elif qos == 2:
@@ -645,9 +660,11 @@ class MQTTConnection:
             outcome = self.broker.subscribe(session, request.topic_filter, options)
             if isinstance(outcome, SubscribeRefusal):
                 log.info(
-                    "client %s: subscription to %r refused: %s",
+                    "client %s (user %s, %s): subscription to %s refused: %s",
                     self.client_id,
-                    request.topic_filter,
+                    _user_text(self.principal),
+                    self.peer,
+                    quoted(request.topic_filter),
                     outcome.value,
                 )
                 codes.append(_REFUSAL_REASON[outcome] if version == 5 else SUBACK_FAILURE_V3)
