@@ -60,8 +60,9 @@ class Login:
             try:
                 text = password.decode("utf-8")
             except UnicodeDecodeError:
-                # Passwords are set as text; these bytes cannot be any of them.
-                text = "\x00invalid"
+                # Passwords are set as text: bytes that are not UTF-8 match none of them, so
+                # they count as no password (refused as bad credentials, and counted).
+                text = None
         credentials = Credentials(username, text, self.certificate_name, self.address)
         authentication = self.authentication
         verdict = authentication.check(credentials, self.allow_anonymous)
