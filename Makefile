@@ -6,24 +6,35 @@ BIN    := $(VENV)/bin
 CONFIG ?= kittiwake.toml
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test venv test-deps system-deps browser-deps java lint typecheck bench bench-spark clean
+.PHONY: run test venv test-deps build-deps system-deps browser-deps java lint typecheck bench bench-spark clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import venv' 2>/dev/null && $(PYTHON) -m venv $(VENV) 2>/dev/null || \
 	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 
-venv: $(BIN)/python
+venv: $(BIN)/python build-deps
 	$(BIN)/python -m pip install -q -e .
 
-test-deps: $(BIN)/python system-deps
+# python-qpid-proton is built from source where no wheel fits: a C compiler and Python's headers.
+build-deps:
+	@command -v cc >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q build-essential python3-dev; }
+
+RHEA_DIR := tests/integration/amqp/rhea
+
+test-deps: $(BIN)/python build-deps system-deps
 	$(BIN)/python -m pip install -q -e '.[test]'
+	cd $(RHEA_DIR) && npm ci --no-audit --no-fund --silent
 
 # Debian packages the tests talk to: mosquitto_pub/mosquitto_sub are real third-party clients;
-# Java runs the real Spark the data source's tests use.
+# node and npm run rhea, a second AMQP 1.0 client; Java runs the real Spark the data source's
+# tests use.
 system-deps: java
 	@command -v mosquitto_sub >/dev/null 2>&1 || { \
 	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q mosquitto-clients; }
+	@command -v npm >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nodejs npm; }
 
 # The browser test of MQTT over WebSockets: Debian's Chromium (headless) and MQTT.js from npm,
 # pinned by tests/browser/package-lock.json.

@@ -12,6 +12,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from kittiwake.amqp.links import link_layer_factory
+from kittiwake.amqp.server import AMQPServer
 from kittiwake.broker.authentication import (
     Authentication,
     PasswordFileError,
@@ -19,8 +21,10 @@ from kittiwake.broker.authentication import (
     parse_password_file,
 )
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
+from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.config import (
     AnonymousPolicy,
@@ -59,6 +63,13 @@ class BrokerApp:
             clock=clock.now,
         )
         self.mqtt = MQTTServer(self.broker, self.authentication)
+        self.queues = QueueDestinations(self.broker)
+        self.temporaries = TemporaryDestinations(self.queues)
+        self.amqp = AMQPServer(
+            self.broker,
+            link_layer_factory(self.broker, self.queues, self.temporaries),
+            self.authentication,
+        )
         self.sys = SysPublisher(self.broker, config.sys.interval)
         self.flight = [
             self._flight_listener(listener)
@@ -67,15 +78,21 @@ class BrokerApp:
         ]
         self.addresses: list[tuple[str, int]] = []
         self._cancel_ticks: Callable[[], None] | None = None
+        self._cancel_queue_ticks: Callable[[], None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.broker.recover()
         self._cancel_ticks = self.broker.schedule_ticks(loop)
+        self._cancel_queue_ticks = self.queues.schedule_ticks(loop)
         flight = iter(self.flight)
         for listener in self.config.listeners:
             if listener.protocol == "flight":
                 self.addresses.append(await next(flight).start())
+            elif listener.protocol == "amqp":
+                self.addresses.append(
+                    await self.amqp.listen(listener.host, listener.port, listener=listener)
+                )
             else:
                 self.addresses.append(
                     await self.mqtt.listen(listener.host, listener.port, listener=listener)
@@ -91,7 +108,10 @@ class BrokerApp:
         self.sys.stop()
         if self._cancel_ticks is not None:
             self._cancel_ticks()
+        if self._cancel_queue_ticks is not None:
+            self._cancel_queue_ticks()
         await self.mqtt.close()
+        await self.amqp.close()
         for flight in self.flight:
             await flight.stop()
         self.broker.store.close()

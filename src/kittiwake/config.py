@@ -26,12 +26,17 @@ class ConfigError(ValueError):
     """The configuration file cannot be used; the message names the file and the key."""
 
 
-ListenerProtocol = Literal["mqtt", "websockets", "flight"]
-# The port a listener binds when its table names none: MQTT's registered ports (plain and TLS),
-# the customary ones of MQTT over WebSockets, and Arrow Flight's (the Spark data source's
-# executors connect there).
-DEFAULT_PORTS: dict[str, int] = {"mqtt": 1883, "websockets": 8080, "flight": 8815}
-DEFAULT_TLS_PORTS: dict[str, int] = {"mqtt": 8883, "websockets": 8443, "flight": 8815}
+ListenerProtocol = Literal["mqtt", "websockets", "amqp", "flight"]
+# The port a listener binds when its table names none: MQTT's and AMQP's registered ports
+# (plain and TLS), the customary ones of MQTT over WebSockets, and Arrow Flight's (the Spark
+# data source's executors connect there).
+DEFAULT_PORTS: dict[str, int] = {"mqtt": 1883, "websockets": 8080, "amqp": 5672, "flight": 8815}
+DEFAULT_TLS_PORTS: dict[str, int] = {
+    "mqtt": 8883,
+    "websockets": 8443,
+    "amqp": 5671,
+    "flight": 8815,
+}
 _PROTOCOL_DEFAULT_PORT = -1
 # Whether clients without credentials get in: "auto" = as the next level up says.
 AnonymousPolicy = Literal["auto", True, False]
@@ -63,7 +68,7 @@ class TLSConfig:
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
     """One socket the broker accepts connections on: MQTT clients (over TCP or WebSockets),
-    or Arrow Flight (the journal's range reads for Spark executors)."""
+    AMQP 1.0 clients, or Arrow Flight (the journal's range reads for Spark executors)."""
 
     protocol: ListenerProtocol = "mqtt"
     host: str = "127.0.0.1"
@@ -197,6 +202,28 @@ class StoreConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AMQPConfig:
+    """What one AMQP 1.0 connection may make the broker spend."""
+
+    # Largest frame either side may send (advertised in open); at least 512 (AMQP's floor).
+    max_frame_size: int = 1024 * 1024
+    # Sessions (channels) one connection may open.
+    max_sessions: int = 32
+    # Links one session may attach.
+    max_links_per_session: int = 256
+    # Seconds without any frame from the peer before the connection is closed (advertised as
+    # idle-time-out, so clients send heartbeats); 0 = never.
+    idle_timeout: float = 60.0
+    # Bytes of incoming transfers one session may have buffered (its incoming window).
+    session_capacity: int = 8 * 1024 * 1024
+    # Largest message accepted on a link (advertised as max-message-size).
+    max_message_size: int = 16 * 1024 * 1024
+    # Credit the broker grants each producing link (topped up when half is used): how many
+    # transfers a producer may have on their way before the broker answers.
+    link_credit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
 class QueuesConfig:
     """Redelivery and where entries go that a queue gives up on (DESIGN.md section 5)."""
 
@@ -241,6 +268,7 @@ class Config:
     sys: SysConfig = field(default_factory=SysConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    amqp: AMQPConfig = field(default_factory=AMQPConfig)
     queues: QueuesConfig = field(default_factory=QueuesConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -394,6 +422,15 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'topic_alias_maximum')}: must be 0..65535")
         if not 16 <= obj.max_packet_size <= 268_435_460:
             raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
+    if isinstance(obj, AMQPConfig):
+        if not 512 <= obj.max_frame_size <= 0xFFFFFFFF:
+            raise ConfigError(f"{_join(where, 'max_frame_size')}: must be 512..4294967295")
+        if not 1 <= obj.max_sessions <= 65536:
+            raise ConfigError(f"{_join(where, 'max_sessions')}: must be 1..65536")
+        if obj.link_credit < 1:
+            raise ConfigError(f"{_join(where, 'link_credit')}: must be at least 1")
+        if obj.max_links_per_session < 1:
+            raise ConfigError(f"{_join(where, 'max_links_per_session')}: must be at least 1")
     if isinstance(obj, QueuesConfig):
         for key in ("dead_letter_queue", "expiry_queue"):
             pattern = getattr(obj, key)

@@ -105,6 +105,7 @@ class BrokerProcess:
         *,
         flight: bool = False,
         listener: dict[str, Any] | None = None,
+        amqp: bool = False,
         **sections: dict[str, Any],
     ) -> None:
         self.workdir = workdir
@@ -117,6 +118,9 @@ class BrokerProcess:
         self.flight_port = 0
         # Extra keys of the MQTT listener's table (protocol, tls, allow_anonymous...).
         self.listener = dict(listener or {})
+        # With ``amqp``, an AMQP listener too, on ``amqp_port`` (bound before MQTT's, too).
+        self.amqp = amqp
+        self.amqp_port = 0
         self.sections = sections
         self.proc: subprocess.Popen[bytes] | None = None
         self.config_path = workdir / "kittiwake.toml"
@@ -128,6 +132,10 @@ class BrokerProcess:
     @property
     def address(self) -> tuple[str, int]:
         return self.host, self.port
+
+    @property
+    def amqp_url(self) -> str:
+        return f"amqp://{self.host}:{self.amqp_port}"
 
     def start(self, attempts: int = 3) -> BrokerProcess:
         """Start on a free port; retried on a fresh port if another process took it first."""
@@ -156,6 +164,12 @@ class BrokerProcess:
         config["listeners"] = [
             {"protocol": "mqtt", **self.listener, "host": self.host, "port": self.port}
         ]
+        if self.amqp:
+            if not same_ports:
+                self.amqp_port = free_port()
+            config["listeners"].insert(
+                0, {"protocol": "amqp", "host": self.host, "port": self.amqp_port}
+            )
         if self.flight:
             if not same_ports:
                 self.flight_port = free_port()

@@ -149,7 +149,7 @@ def test_unknown_key_is_refused(tmp_path: Path, toml: str, key: str) -> None:
         ("limits = 5", "limits"),
         ('log_level = "verbose"', "log_level"),
         ('[limits]\nqueue_full_policy = "drop"', "limits.queue_full_policy"),
-        ('[[listeners]]\nprotocol = "amqp"', "listeners[0].protocol"),
+        ('[[listeners]]\nprotocol = "stomp"', "listeners[0].protocol"),
     ],
 )
 def test_wrong_type_is_refused(tmp_path: Path, toml: str, key: str) -> None:
@@ -224,6 +224,21 @@ def test_invalid_toml(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error() -> None:
     """Callers that only know 'bad value' still catch configuration errors."""
     assert issubclass(ConfigError, ValueError)
+
+
+def test_an_amqp_listener_defaults_to_port_5672() -> None:
+    config = config_from_dict({"listeners": [{"protocol": "amqp"}, {"protocol": "mqtt"}]})
+    assert [(lst.protocol, lst.host, lst.port) for lst in config.listeners] == [
+        ("amqp", "127.0.0.1", 5672),
+        ("mqtt", "127.0.0.1", 1883),
+    ]
+
+
+def test_amqp_limits_are_checked() -> None:
+    assert config_from_dict({"amqp": {"max_frame_size": 4096}}).amqp.max_frame_size == 4096
+    for bad in ({"max_frame_size": 100}, {"max_sessions": 0}, {"max_links_per_session": 0}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            config_from_dict({"amqp": bad})
 
 
 def test_a_flight_listener_defaults_to_port_8815_on_loopback() -> None:

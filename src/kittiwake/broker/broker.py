@@ -38,7 +38,13 @@ from kittiwake.broker.sessions import (
     session_queue_name,
 )
 from kittiwake.broker.shared_groups import MemberReceiver, SharedGroup
-from kittiwake.broker.store import MemoryStore, SessionRecord, Store, SubscriptionRecord
+from kittiwake.broker.store import (
+    MemoryStore,
+    RecoveredState,
+    SessionRecord,
+    Store,
+    SubscriptionRecord,
+)
 from kittiwake.broker.subscriptions import Subscribed, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.wills import SessionTimers
@@ -115,6 +121,9 @@ class Broker:
         self.pump_soon = self.pumps.soon
         self.pending_commits = PendingCommits(self)
         self._next_anonymous = 0
+        # Called with the recovered state at the end of recover(): queues this class does not
+        # own (queue destinations) rebuild theirs from it.
+        self.recovery_hooks: list[Callable[[RecoveredState], None]] = []
 
     # Rebuild everything the store kept; once, before any listener accepts connections.
     recover = recovery.recover

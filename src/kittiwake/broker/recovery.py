@@ -107,6 +107,8 @@ def recover(broker: Broker) -> None:
     for queue, entries in waiting.items():
         for entry in entries[: windows.get(queue, 0)]:
             entry.delivery_count += 1
+    for hook in broker.recovery_hooks:
+        hook(state)  # other owners of stored queues (queue destinations) take theirs
     log.info(
         "recovered %d sessions, %d messages, %d retained",
         len(state.sessions),

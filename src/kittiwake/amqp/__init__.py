@@ -1,0 +1,1 @@
+"""The AMQP 1.0 front end: translates AMQP connections, links and messages to core calls."""

@@ -1,0 +1,470 @@
+"""One AMQP 1.0 connection as a state machine: bytes in, bytes out, engine events handed to the
+link layer. Owns the protocol header, the SASL exchange, python-qpid-proton's engine
+(Connection, Transport, Collector; never its reactor), the connection's limits and its error
+handling. Never touches a socket and never decides a delivery rule (the link layer asks the
+core).
+
+Phases: the protocol header, then SASL (or, when anonymous access is allowed, straight to
+AMQP), then the AMQP header and frames through the engine, then closed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, Protocol
+
+from proton import (
+    Collector,
+    Condition,
+    Connection,
+    Delivery,
+    Event,
+    Link,
+    Session,
+    SymbolList,
+    Transport,
+    symbol,
+)
+
+from kittiwake.amqp.frames import (
+    AMQP_HEADER,
+    HEADER_SIZE,
+    INVALID_FIELD,
+    RESOURCE_LIMIT_EXCEEDED,
+    SASL_HEADER,
+    FrameGate,
+    FramingError,
+    close_frame,
+)
+from kittiwake.amqp.sasl import CredentialCheck, Principal, SaslServer
+from kittiwake.clock import Clock
+from kittiwake.config import AMQPConfig
+
+log = logging.getLogger(__name__)
+
+CONTAINER_ID = "kittiwake"
+
+# What the broker offers in its open: anonymous-relay producers (the message names its
+# destination), delivery delay, and one connection per client id when asked.
+OFFERED_CAPABILITIES = ("ANONYMOUS-RELAY", "DELAYED_DELIVERY", "sole-connection-for-container")
+
+
+def symbols(names: tuple[str, ...]) -> SymbolList:
+    return SymbolList([symbol(n) for n in names])
+
+
+class Phase(Enum):
+    HEADER = "protocol header"
+    SASL = "sasl"
+    AMQP_HEADER = "amqp header"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class LinkHandler(Protocol):
+    """The link layer: what the connection hands its engine's link events to."""
+
+    def link_opened(self, link: Link) -> None:
+        """The peer attached a link: answer it (open, or refuse with a condition)."""
+
+    def link_flow(self, link: Link) -> None:
+        """The peer changed a link's credit (or drain) flag."""
+
+    def link_closed(self, link: Link, *, closed: bool) -> None:
+        """The peer detached (``closed`` False: a durable subscription stays) or closed a
+        link; the connection answers in kind afterwards."""
+
+    def delivery_updated(self, delivery: Delivery) -> None:
+        """A transfer arrived, or the peer settled or changed the state of a delivery."""
+
+    def connection_ended(self) -> None:
+        """The connection is gone: take back whatever its links held."""
+
+    def connection_opened(self, container: str, desired: frozenset[str]) -> str | None:
+        """The peer's open arrived: None to accept it, else why its container id (client id)
+        is refused."""
+
+
+class AMQPConnection:
+    """The per-connection state machine; a shell feeds :meth:`receive` and writes
+    :meth:`data_to_send`, calls :meth:`tick` by the deadline it returns, and closes the socket
+    once :attr:`closed` is set and the output is written."""
+
+    def __init__(
+        self,
+        config: AMQPConfig,
+        clock: Clock,
+        *,
+        allow_anonymous: bool,
+        check: CredentialCheck | None = None,
+        handler: LinkHandler | None = None,
+        peer: str = "",
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.peer = peer
+        self.allow_anonymous = allow_anonymous
+        self.handler = handler
+        self.phase = Phase.HEADER
+        self.principal: Principal | None = None
+        self.sasl: SaslServer | None = None
+        self.closed = False
+        # When the socket connected, for the shell's open timeout.
+        self.created = clock.now()
+        # Called when output is ready outside :meth:`receive` (the link layer sent something).
+        self.wakeup: Callable[[], None] | None = None
+        # Why the broker closed the connection (condition, description); None for a peer's
+        # close or end of stream.
+        self.error: tuple[str, str] | None = None
+        self._header = b""
+        self._output: list[bytes] = []
+        self._gate = FrameGate(config.max_frame_size)
+        self._check = check
+        self._handler_ended = False
+        self.transport = Transport(Transport.SERVER)
+        self.transport.max_frame_size = config.max_frame_size
+        self.transport.channel_max = max(0, config.max_sessions - 1)
+        if config.idle_timeout:
+            self.transport.idle_timeout = config.idle_timeout
+        self.engine = Connection()
+        self.collector = Collector()
+        self.engine.collect(self.collector)
+        self.transport.bind(self.engine)
+        # Links per session, counted here to apply max_links_per_session.
+        self._links: dict[Session, int] = {}
+
+    # -- the shell's side -------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> None:
+        """Bytes from the peer; whatever goes wrong closes this connection with a reason."""
+        if self.closed or not data:
+            return
+        try:
+            self._receive(data)
+        except FramingError as exc:
+            self.fail(exc.condition, exc.description)
+        except Exception:  # an engine or handler bug must not escape to the loop
+            log.exception("amqp %s: internal error", self.peer)
+            self.fail("amqp:internal-error", "internal error in the broker")
+
+    def data_to_send(self) -> bytes:
+        """Everything ready to write, in order; empty when there is nothing."""
+        if self.phase in (Phase.OPEN, Phase.CLOSED) and not self._engine_done:
+            self._pull_engine_output()
+            if self.phase is Phase.OPEN and self._engine_done:
+                # Both closes exchanged (or the engine gave up): nothing more to say.
+                self._finish()
+        if not self._output:
+            return b""
+        out = b"".join(self._output)
+        self._output.clear()
+        return out
+
+    @property
+    def opened(self) -> bool:
+        """Has the peer's open arrived (or the connection ended)?"""
+        return self.closed or not self.engine.state & Connection.REMOTE_UNINIT
+
+    def wake(self) -> None:
+        """Output is ready: the shell writes it soon."""
+        if self.wakeup is not None:
+            self.wakeup()
+
+    def tick(self) -> float | None:
+        """Run the engine's timers (idle timeout, heartbeats); returns the next deadline on the
+        connection's clock, or None."""
+        if self.phase is not Phase.OPEN or self.closed:
+            return None
+        try:
+            deadline = self.transport.tick(self.clock.now())
+            self._process_events()
+        except Exception:
+            log.exception("amqp %s: internal error in tick", self.peer)
+            self.fail("amqp:internal-error", "internal error in the broker")
+            return None
+        self._check_engine_state()
+        return deadline or None
+
+    def end_of_stream(self) -> None:
+        """The peer closed its side (or the socket broke)."""
+        if self.closed:
+            return
+        if self.phase is Phase.OPEN:
+            if self._gate.mid_frame:
+                self.fail("amqp:connection:framing-error", "the stream ended inside a frame")
+                return
+            if not self.transport.closed:
+                self.transport.close_tail()
+                self._process_events()
+        self._finish()
+
+    # -- phases -----------------------------------------------------------------------------
+
+    def _receive(self, data: bytes) -> None:
+        if self.phase is Phase.OPEN:
+            self._gate.check(data)
+            self._push(data)
+            return
+        if self.phase is Phase.HEADER:
+            data = self._take_header(data)
+            if self.closed:
+                return
+            if self._header != SASL_HEADER:
+                # No SASL asked for: allowed only while anonymous access is.
+                if self._header == AMQP_HEADER and self.allow_anonymous:
+                    self.principal = Principal("NONE", None)
+                    self._start_engine(data)
+                    return
+                self._refuse_header()
+                return
+            self.sasl = SaslServer(allow_anonymous=self.allow_anonymous, check=self._check)
+            self._output.append(SASL_HEADER + self.sasl.start())
+            self.phase = Phase.SASL
+            self._header = b""
+        if self.phase is Phase.SASL:
+            assert self.sasl is not None
+            self._output.append(self.sasl.receive(data))
+            if not self.sasl.done:
+                return
+            self.principal = self.sasl.principal
+            if self.principal is None:
+                log.info("amqp %s: authentication failed", self.peer)
+                self.error = ("amqp:unauthorized-access", "authentication failed")
+                self._finish()
+                return
+            self.phase = Phase.AMQP_HEADER
+            data = self.sasl.rest
+        if self.phase is Phase.AMQP_HEADER:
+            data = self._take_header(data)
+            if self.closed or len(self._header) < HEADER_SIZE:
+                return
+            if self._header != AMQP_HEADER:
+                self._refuse_header(AMQP_HEADER)
+                return
+            self._start_engine(data)
+
+    def _take_header(self, data: bytes) -> bytes:
+        """Collect the 8-byte protocol header; returns the bytes after it."""
+        needed = HEADER_SIZE - len(self._header)
+        self._header += data[:needed]
+        if not (AMQP_HEADER.startswith(self._header) or SASL_HEADER.startswith(self._header)):
+            self._refuse_header()
+        return data[needed:]
+
+    def _refuse_header(self, supported: bytes = SASL_HEADER) -> None:
+        """Section 2.2: answer an unsupported header with a supported one, then close."""
+        log.info("amqp %s: unsupported protocol header %r", self.peer, self._header)
+        self._output.append(supported)
+        self.error = ("amqp:connection:framing-error", "unsupported protocol header")
+        self._finish()
+
+    def _start_engine(self, data: bytes) -> None:
+        self.phase = Phase.OPEN
+        self._push(AMQP_HEADER)
+        self._gate.check(data)
+        self._push(data)
+
+    # -- the engine -------------------------------------------------------------------------
+
+    @property
+    def _engine_done(self) -> bool:
+        return self.transport.pending() < 0
+
+    def _push(self, data: bytes) -> None:
+        transport = self.transport
+        view = memoryview(data)
+        while view:
+            capacity = transport.capacity()
+            if capacity < 0:
+                break
+            if capacity == 0:
+                # The engine holds a whole frame's worth of input; it processes it on push.
+                raise FramingError("the engine cannot take more input", RESOURCE_LIMIT_EXCEEDED)
+            chunk = view[:capacity]
+            transport.push(bytes(chunk))
+            view = view[len(chunk) :]
+            self._process_events()
+        self._check_engine_state()
+
+    def _check_engine_state(self) -> None:
+        transport = self.transport
+        if self.closed:
+            return
+        if transport.capacity() < 0 and not self._peer_closed:
+            condition = transport.condition
+            if condition is None:
+                # The engine stopped reading without naming why: the input was undecodable.
+                self.fail("amqp:decode-error", "undecodable frame")
+                return
+            self.error = (condition.name, condition.description or "")
+            log.info("amqp %s: %s (%s)", self.peer, condition.name, condition.description)
+            self._finish()
+            return
+        if transport.closed or (self._peer_closed and transport.pending() < 0):
+            self._finish()
+
+    @property
+    def _peer_closed(self) -> bool:
+        return bool(self.engine.state & Connection.REMOTE_CLOSED)
+
+    def _process_events(self) -> None:
+        collector = self.collector
+        while True:
+            event = collector.peek()
+            if event is None:
+                return
+            try:
+                self._on_event(event)
+            finally:
+                collector.pop()
+
+    def _on_event(self, event: Event) -> None:
+        kind = event.type
+        if kind is Event.DELIVERY:
+            delivery = event.delivery
+            if self.handler is not None and delivery is not None:
+                self.handler.delivery_updated(delivery)
+        elif kind is Event.LINK_FLOW:
+            link = event.link
+            if self.handler is not None and link is not None and link.state & Link.LOCAL_ACTIVE:
+                self.handler.link_flow(link)
+        elif kind is Event.LINK_REMOTE_OPEN:
+            if event.link is not None:
+                self._link_opened(event.link)
+        elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
+            if event.link is not None:
+                self._link_ended(event.link, closed=kind is Event.LINK_REMOTE_CLOSE)
+        elif kind is Event.SESSION_REMOTE_OPEN:
+            if event.session is not None:
+                self._session_opened(event.session)
+        elif kind is Event.SESSION_REMOTE_CLOSE:
+            session = event.session
+            if session is not None:
+                self._links.pop(session, None)
+                session.close()
+        elif kind is Event.CONNECTION_REMOTE_OPEN:
+            self._opened()
+        elif kind is Event.CONNECTION_REMOTE_CLOSE:
+            condition = self.engine.remote_condition
+            if condition is not None:
+                log.info("amqp %s: peer closed with %s", self.peer, condition.name)
+            self._end_handler()
+            self.engine.close()
+
+    def _opened(self) -> None:
+        engine = self.engine
+        engine.container = CONTAINER_ID
+        engine.offered_capabilities = symbols(OFFERED_CAPABILITIES)
+        refusal = None
+        if self.handler is not None:
+            desired = engine.remote_desired_capabilities
+            names = frozenset(str(c) for c in desired) if desired else frozenset()
+            refusal = self.handler.connection_opened(engine.remote_container or "", names)
+        engine.open()
+        if refusal is not None:
+            # The client id is in use (DESIGN.md section 5): open, then close at once.
+            log.info("amqp %s: %s", self.peer, refusal)
+            self.error = (INVALID_FIELD, refusal)
+            info: dict[Any, Any] = {symbol("invalid-field"): symbol("container-id")}
+            engine.condition = Condition(INVALID_FIELD, refusal, info)
+            engine.close()
+            self._end_handler()
+
+    def _session_opened(self, session: Session) -> None:
+        if len(self._links) >= self.config.max_sessions:
+            session.condition = Condition(
+                RESOURCE_LIMIT_EXCEEDED, f"at most {self.config.max_sessions} sessions"
+            )
+            session.open()
+            session.close()
+            return
+        self._links[session] = 0
+        config = self.config
+        session.incoming_capacity = max(config.session_capacity, config.max_frame_size)
+        session.open()
+
+    def _link_ended(self, link: Link, *, closed: bool) -> None:
+        active = bool(link.state & Link.LOCAL_ACTIVE)
+        if active:
+            if self.handler is not None:
+                self.handler.link_closed(link, closed=closed)
+            if link.session in self._links:
+                self._links[link.session] -= 1
+        if closed:
+            link.close()
+        else:
+            link.detach()
+
+    def _link_opened(self, link: Link) -> None:
+        session = link.session
+        if session not in self._links:
+            return  # its session was refused
+        if self._links[session] >= self.config.max_links_per_session:
+            link.condition = Condition(
+                RESOURCE_LIMIT_EXCEEDED,
+                f"at most {self.config.max_links_per_session} links per session",
+            )
+            link.open()
+            link.close()
+            return
+        self._links[session] += 1
+        if self.handler is None:
+            link.condition = Condition("amqp:not-implemented", "this listener attaches no links")
+            link.open()
+            link.close()
+            self._links[session] -= 1
+            return
+        self.handler.link_opened(link)
+
+    def _pull_engine_output(self) -> None:
+        transport = self.transport
+        while True:
+            pending = transport.pending()
+            if pending <= 0:
+                return
+            self._output.append(bytes(transport.peek(pending) or b""))
+            transport.pop(pending)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def fail(self, condition: str, description: str) -> None:
+        """Close the connection with an error condition (bad input, a broken limit)."""
+        if self.closed:
+            return
+        log.info("amqp %s: closing: %s (%s)", self.peer, condition, description)
+        self.error = (condition, description)
+        if self.phase is Phase.OPEN:
+            engine = self.engine
+            if not engine.state & Connection.LOCAL_ACTIVE:
+                engine.container = CONTAINER_ID
+                engine.open()
+            self._pull_engine_output()
+            # The engine writes a close only after the peer's open, and nothing once it has
+            # stopped reading; otherwise the close goes by hand.
+            healthy = self.transport.capacity() >= 0 and self.transport.pending() >= 0
+            if healthy and not engine.state & Connection.REMOTE_UNINIT:
+                engine.condition = Condition(condition, description)
+                engine.close()
+                self._pull_engine_output()
+            else:
+                self._output.append(close_frame(condition, description))
+        self._finish()
+
+    def _finish(self) -> None:
+        if self.phase is Phase.OPEN:
+            self._pull_engine_output()
+        self.phase = Phase.CLOSED
+        self.closed = True
+        self._end_handler()
+
+    def _end_handler(self) -> None:
+        if self._handler_ended:
+            return
+        self._handler_ended = True
+        if self.handler is not None:
+            try:
+                self.handler.connection_ended()
+            except Exception:
+                log.exception("amqp %s: error while ending the connection's links", self.peer)

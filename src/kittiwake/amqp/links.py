@@ -1,0 +1,825 @@
+"""AMQP links onto the core: a link from the client (a producer) publishes into the core; a
+link to the client (a consumer) is a core Consumer whose credit is the link credit.
+
+- Queue nodes: a producer puts messages on the queue destination; a consumer competes with the
+  queue's other consumers.
+- Topic nodes: a producer publishes on the topic tree (MQTT subscribers get it by the delivery
+  rule of DESIGN.md section 2); a consumer is a subscription of its own (a core session with
+  one subscription, ended with the link).
+- Outcomes: accepted, released, modified (delivery-failed counts an attempt,
+  undeliverable-here keeps it from this consumer), rejected (to the dead-letter queue) become
+  the core's settlements; a producer's transfer is accepted once the core's completion says
+  so (the commit of a persistent message).
+- Presettled transfers are at most once both ways (JMS acknowledgements disabled).
+
+Translation only: every delivery rule is the core's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from proton import Condition, Link, Terminus
+from proton import Delivery as ProtonDelivery
+
+from kittiwake.amqp.coordinator import (
+    TRANSACTIONAL_STATE,
+    UNKNOWN_ID,
+    Coordinator,
+    transactional_outcome,
+)
+from kittiwake.amqp.frames import (
+    INTERNAL_ERROR,
+    INVALID_FIELD,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    RESOURCE_LIMIT_EXCEEDED,
+)
+from kittiwake.amqp.message_mapping import (
+    Clocks,
+    DestinationType,
+    MappingError,
+    from_amqp,
+    jms_headers,
+    to_amqp,
+)
+from kittiwake.amqp.terminus import (
+    NodeKind,
+    NodeRequest,
+    TerminusError,
+    copy_filter,
+    read_node,
+    set_capabilities,
+    subscription_name,
+)
+from kittiwake.broker.broker import Broker, Subscribed, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.completion import Completion
+from kittiwake.broker.consumers import Consumer, Credit, Delivery, Settlement
+from kittiwake.broker.destinations import Destination
+from kittiwake.broker.queue_destinations import QueueDestinations
+from kittiwake.broker.queues import EntryState, QueuedMessage
+from kittiwake.broker.sessions import NEVER_EXPIRES, Session
+from kittiwake.broker.subscription_filters import EntrySubject, FilteringReceiver
+from kittiwake.broker.temporary_destinations import TemporaryDestinations
+from kittiwake.broker.topics import TopicError, validate_topic_name
+from kittiwake.selector import InvalidSelector, Selector, compile_selector
+
+if TYPE_CHECKING:
+    from kittiwake.amqp.connection import AMQPConnection
+
+log = logging.getLogger(__name__)
+
+SOLE_CONNECTION = "sole-connection-for-container"
+
+# Connection ids, for noLocal and logs; unique within the process.
+_connection_ids = itertools.count(1)
+
+
+class LinkLayer:
+    """The links of one AMQP connection."""
+
+    def __init__(
+        self,
+        connection: AMQPConnection,
+        broker: Broker,
+        queues: QueueDestinations,
+        temporaries: TemporaryDestinations,
+        sole_containers: set[str] | None = None,
+    ) -> None:
+        self.connection = connection
+        self.broker = broker
+        self.queues = queues
+        self.temporaries = temporaries
+        self.id = f"$amqp/{next(_connection_ids)}"
+        self.producers: dict[Link, ProducerLink] = {}
+        self.consumers: dict[Link, ConsumerLink] = {}
+        # Temporary destinations made by a dynamic attach, deleted when that link closes.
+        self.dynamic: dict[Link, Destination] = {}
+        self.coordinator = Coordinator(self)
+        # Container ids held by sole connections, shared by every connection of the server.
+        self.sole_containers = sole_containers if sole_containers is not None else set()
+        self.sole_container: str | None = None
+        self.ended = False
+
+    def clocks(self) -> Clocks:
+        clock = self.broker.clock
+        return Clocks(clock.now(), clock.wall_ms())
+
+    # -- LinkHandler ------------------------------------------------------------------------
+
+    def link_opened(self, link: Link) -> None:
+        try:
+            if link.is_receiver:
+                self._open_producer(link)
+            else:
+                self._open_consumer(link)
+        except TerminusError as exc:
+            self._refuse(link, exc.condition, str(exc))
+
+    def link_flow(self, link: Link) -> None:
+        consumer = self.consumers.get(link)
+        if consumer is not None:
+            consumer.flow()
+
+    def link_closed(self, link: Link, *, closed: bool) -> None:
+        temporary = self.dynamic.pop(link, None)
+        if temporary is not None:
+            self.temporaries.delete(temporary)  # its lifetime is the link's (delete-on-close)
+        producer = self.producers.pop(link, None)
+        if producer is not None:
+            producer.closed = True
+        consumer = self.consumers.pop(link, None)
+        if consumer is not None:
+            consumer.close(remove=closed)
+
+    def delivery_updated(self, delivery: ProtonDelivery) -> None:
+        link = delivery.link
+        producer = self.producers.get(link)
+        if producer is not None:
+            producer.transfer(delivery)
+            return
+        consumer = self.consumers.get(link)
+        if consumer is not None:
+            consumer.disposition(delivery)
+
+    def connection_opened(self, container: str, desired: frozenset[str]) -> str | None:
+        """One client-id registry (DESIGN.md section 5): a JMS connection (one asking to be
+        the sole connection for its container id, as Qpid JMS does for an explicit client
+        id) is refused while that id is in use by an MQTT client or another such
+        connection."""
+        if SOLE_CONNECTION not in desired or not container:
+            return None
+        session = self.broker.sessions.get(container)
+        if container in self.sole_containers or (session is not None and session.link):
+            return f"client id {container!r} is in use"
+        self.sole_containers.add(container)
+        self.sole_container = container
+        return None
+
+    def connection_ended(self) -> None:
+        if self.sole_container is not None:
+            self.sole_containers.discard(self.sole_container)
+            self.sole_container = None
+        self.ended = True
+        self.coordinator.connection_ended()
+        for consumer in list(self.consumers.values()):
+            consumer.close(remove=False)  # a connection drop is a detach: durable ones stay
+        self.consumers.clear()
+        for producer in self.producers.values():
+            producer.closed = True
+        self.producers.clear()
+        self.temporaries.delete_owned(self.id)
+        self.dynamic.clear()
+
+    # -- attaching --------------------------------------------------------------------------
+
+    def _refuse(self, link: Link, condition: str, description: str) -> None:
+        log.info("amqp %s: link %r refused: %s", self.connection.peer, link.name, description)
+        link.condition = Condition(condition, description)
+        # A refused attach names no node (AMQP 1.0 section 2.6.3).
+        _set_address(link.target if link.is_receiver else link.source, None)
+        link.open()
+        link.close()
+
+    def _create_temporary(self, link: Link, request: NodeRequest) -> NodeRequest:
+        destination = self.temporaries.create(topic=_temporary_kind(request), owner=self.id)
+        self.dynamic[link] = destination
+        return NodeRequest(
+            destination.name,
+            request.kind,
+            dynamic=True,
+            temporary=True,
+            capabilities=request.capabilities,
+        )
+
+    def check_temporary(self, kind: NodeKind, name: str, *, consuming: bool) -> None:
+        """A temporary destination must exist, and only its owner may consume from it."""
+        if not self.temporaries.is_temporary(name):
+            return
+        destination = (
+            Destination.topic(name) if kind is NodeKind.TOPIC else Destination.queue(name)
+        )
+        owner = self.temporaries.owner(destination)
+        if owner is None:
+            raise TerminusError(f"temporary destination {name} does not exist", NOT_FOUND)
+        if consuming and owner != self.id:
+            raise TerminusError(
+                f"temporary destination {name} belongs to another connection", NOT_ALLOWED
+            )
+
+    def _open_producer(self, link: Link) -> None:
+        request = read_node(link.remote_target, source=False)
+        if request.coordinator:
+            self._open_coordinator(link, request)
+            return
+        if request.dynamic:
+            request = self._create_temporary(link, request)
+            _set_address(link.target, request.name)
+        else:
+            if request.name is not None:
+                _check_name(request)
+                self.check_temporary(request.kind, request.name, consuming=False)
+            _set_address(link.target, link.remote_target.address)
+        link.target.durability = link.remote_target.durability
+        link.target.expiry_policy = link.remote_target.expiry_policy
+        if request.capabilities:
+            set_capabilities(link.target, sorted(request.capabilities))
+        _set_address(link.source, link.remote_source.address)
+        # Settled as the client asks; the broker settles first (no second round trip).
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = Link.RCV_FIRST
+        link.max_message_size = self.connection.config.max_message_size
+        producer = ProducerLink(self, link, request)
+        self.producers[link] = producer
+        link.open()
+        link.flow(self.connection.config.link_credit)
+
+    def durable_client_id(self, link: Link) -> str:
+        """A durable subscription's session: client id (container id) + subscription name."""
+        container = self.connection.engine.remote_container or ""
+        return f"$durable/{container}/{subscription_name(link)}"
+
+    def _durable_source(self, link: Link) -> NodeRequest:
+        session = self.broker.sessions.get(self.durable_client_id(link))
+        if session is None or len(session.subscriptions) != 1:
+            raise TerminusError(f"no durable subscription {subscription_name(link)!r}", NOT_FOUND)
+        (topic,) = session.subscriptions
+        return NodeRequest(topic, NodeKind.TOPIC, durable=True)
+
+    def _open_coordinator(self, link: Link, request: NodeRequest) -> None:
+        link.target.type = Terminus.COORDINATOR
+        set_capabilities(link.target, ["amqp:local-transactions"])
+        _set_address(link.source, link.remote_source.address)
+        link.rcv_settle_mode = Link.RCV_FIRST
+        self.producers[link] = ProducerLink(self, link, request)
+        link.open()
+        link.flow(self.connection.config.link_credit)
+
+    def _open_consumer(self, link: Link) -> None:
+        request = read_node(link.remote_source, source=True)
+        lookup = False
+        if request.dynamic:
+            request = self._create_temporary(link, request)
+        elif request.name is None:
+            # No source: a durable subscription looked up by its name (Qpid JMS does this
+            # to unsubscribe), answered with the subscription's own source.
+            lookup = True
+            request = self._durable_source(link)
+        browse = link.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
+        selector: Selector | None = None
+        if request.selector is not None:
+            if request.kind is NodeKind.QUEUE and not browse:
+                raise TerminusError(
+                    "message selectors on queue consumers are not supported yet",
+                    NOT_IMPLEMENTED,
+                )
+            try:
+                selector = compile_selector(request.selector)
+            except InvalidSelector as exc:
+                raise TerminusError(f"invalid selector: {exc}", INVALID_FIELD) from None
+        if request.no_local and request.kind is NodeKind.QUEUE:
+            raise TerminusError("noLocal applies to topic subscriptions only", NOT_IMPLEMENTED)
+        if request.shared:
+            raise TerminusError("shared subscriptions are not supported yet", NOT_IMPLEMENTED)
+        if request.durable and request.kind is NodeKind.QUEUE:
+            request = NodeRequest(request.name, request.kind, capabilities=request.capabilities)
+        _check_name(request)
+        if not request.dynamic:
+            self.check_temporary(request.kind, request.name or "", consuming=True)
+        source = link.source
+        if request.dynamic or lookup:
+            _set_address(source, request.name)
+        else:
+            _set_address(source, link.remote_source.address)
+        if request.durable:
+            source.durability = Terminus.DELIVERIES
+            source.expiry_policy = Terminus.EXPIRE_NEVER
+        else:
+            source.durability = Terminus.NONDURABLE
+            source.expiry_policy = link.remote_source.expiry_policy
+        if request.capabilities:
+            set_capabilities(source, sorted(request.capabilities))
+        if request.selector is not None or request.no_local:
+            # The filters in force, echoed: Qpid JMS checks that the broker applies them.
+            copy_filter(link.remote_source, source)
+        _set_address(link.target, link.remote_target.address)
+        presettled = link.remote_snd_settle_mode == Link.SND_SETTLED
+        link.snd_settle_mode = Link.SND_SETTLED if presettled else Link.SND_UNSETTLED
+        link.rcv_settle_mode = Link.RCV_FIRST
+        consumer: ConsumerLink
+        if browse and request.kind is NodeKind.QUEUE:
+            source.distribution_mode = Terminus.DIST_MODE_COPY
+            consumer = BrowserLink(self, link, request.name or "", presettled)
+            consumer.selector = selector
+        elif request.kind is NodeKind.QUEUE:
+            consumer = QueueConsumerLink(self, link, request.name or "", presettled)
+        else:
+            consumer = TopicConsumerLink(self, link, request.name or "", presettled)
+            consumer.selector = selector
+            consumer.no_local = request.no_local
+            if request.durable:
+                consumer.client_id = self.durable_client_id(link)
+                consumer.durable = True
+        link.open()
+        if not consumer.start():
+            return
+        self.consumers[link] = consumer
+
+
+def _temporary_kind(request: NodeRequest) -> bool:
+    """Whether a dynamic node is to be a topic (capability temporary-topic or topic)."""
+    return request.kind is NodeKind.TOPIC
+
+
+def _set_address(terminus: Terminus, address: str | None) -> None:
+    terminus.address = address  # type: ignore[assignment]  # None is "no node"
+
+
+def _check_name(request: NodeRequest) -> None:
+    name = request.name or ""
+    if not name:
+        raise TerminusError("a node address must not be empty")
+    if request.kind is NodeKind.TOPIC and "\x00" in name:
+        raise TerminusError("a topic name must not contain NUL")
+
+
+# -- producers ----------------------------------------------------------------------------------
+
+
+class ProducerLink:
+    """A link from the client: each transfer becomes a core publication."""
+
+    def __init__(self, layer: LinkLayer, link: Link, request: NodeRequest) -> None:
+        self.layer = layer
+        self.link = link
+        self.request = request
+        self.closed = False
+        # Credit is topped up to this once it falls to half of it.
+        self.credit = layer.connection.config.link_credit
+
+    def transfer(self, delivery: ProtonDelivery) -> None:
+        if not delivery.readable or delivery.partial:
+            if delivery.pending > self.layer.connection.config.max_message_size:
+                self._reject(delivery, RESOURCE_LIMIT_EXCEEDED, "message too large")
+            return
+        link = self.link
+        data = link.recv(delivery.pending) or b""
+        link.advance()
+        if link.credit <= self.credit // 2:
+            link.flow(self.credit - link.credit)
+        if self.request.coordinator:
+            self.layer.coordinator.control(delivery, bytes(data))
+            self.layer.connection.wake()
+            return
+        try:
+            self._publish(delivery, bytes(data))
+        except MappingError as exc:
+            self._reject(delivery, exc.condition, str(exc))
+
+    def _publish(self, delivery: ProtonDelivery, data: bytes) -> None:
+        layer = self.layer
+        request = self.request
+        incoming = from_amqp(
+            data, topic=request.name or "", clocks=layer.clocks(), origin=layer.id
+        )
+        message = incoming.message
+        kind, name = request.kind, request.name
+        if name is None:
+            # An anonymous relay: the message names its destination.
+            if not incoming.to:
+                self._reject(delivery, "amqp:invalid-field", "the message names no destination")
+                return
+            name = incoming.to
+            kind = NodeKind.TOPIC if incoming.to_type in _TOPIC_TYPES else NodeKind.QUEUE
+            message.topic = name
+        presettled = delivery.settled  # settled by the client already
+        try:
+            layer.check_temporary(kind, name, consuming=False)
+        except TerminusError as exc:
+            self._reject(delivery, exc.condition, str(exc))
+            return
+        if presettled and not message.persistent:
+            message.qos = 0  # acknowledgements disabled: at most once (DESIGN.md section 2)
+        if delivery.remote_state == TRANSACTIONAL_STATE:
+            staged = layer.coordinator.find(delivery.remote.data)
+            if staged is None:
+                self._reject(delivery, UNKNOWN_ID, "the transfer names no declared transaction")
+                return
+            destination = (
+                Destination.topic(name) if kind is NodeKind.TOPIC else Destination.queue(name)
+            )
+            layer.coordinator.stage_send(delivery, staged, destination, message)
+            return
+        if kind is NodeKind.TOPIC:
+            try:
+                validate_topic_name(name)
+            except TopicError as exc:
+                self._reject(delivery, "amqp:invalid-field", f"not a valid topic name: {exc}")
+                return
+            if not layer.broker.authorizer.may_publish(name):
+                self._reject(delivery, "amqp:unauthorized-access", f"may not publish to {name}")
+                return
+            completion = layer.broker.publish(message)
+        else:
+            accepted, completion = layer.queues.send(name, message)
+            if not accepted:
+                self._reject(delivery, RESOURCE_LIMIT_EXCEEDED, f"queue {name} is full")
+                return
+        if presettled:
+            delivery.settle()
+            return
+        self._accept_when(delivery, completion)
+
+    def _accept_when(self, delivery: ProtonDelivery, completion: Completion) -> None:
+        if completion is None or completion.done():
+            self._answer(delivery, completion)
+            return
+        completion.add_done_callback(lambda done: self._answer(delivery, done))
+
+    def _answer(self, delivery: ProtonDelivery, completion: Completion) -> None:
+        if self.closed or self.layer.ended:
+            return
+        failed = completion is not None and (
+            completion.cancelled() or completion.exception() is not None
+        )
+        if failed:
+            # The store failed: the message is not safe, so it is not accepted.
+            delivery.local.condition = Condition(INTERNAL_ERROR, "the message could not be stored")
+            delivery.update(ProtonDelivery.REJECTED)
+        else:
+            delivery.update(ProtonDelivery.ACCEPTED)
+        delivery.settle()
+        self.layer.connection.wake()
+
+    def _reject(self, delivery: ProtonDelivery, condition: str, description: str) -> None:
+        log.info("amqp %s: transfer rejected: %s", self.layer.connection.peer, description)
+        delivery.local.condition = Condition(condition, description)
+        delivery.update(ProtonDelivery.REJECTED)
+        delivery.settle()
+
+
+_TOPIC_TYPES = (DestinationType.TOPIC, DestinationType.TEMPORARY_TOPIC)
+
+
+# -- consumers ----------------------------------------------------------------------------------
+
+
+class ConsumerLink:
+    """A link to the client: a core consumer whose credit is the link credit."""
+
+    destination_type = DestinationType.QUEUE
+
+    def __init__(self, layer: LinkLayer, link: Link, name: str, presettled: bool) -> None:
+        self.layer = layer
+        self.link = link
+        self.name = name
+        self.presettled = presettled
+        # Core deliveries in flight on this link, by their wire tag.
+        self.unsettled: dict[str, Delivery] = {}
+        self.consumer: Consumer | None = None
+        self.closed = False
+        self._settled_tags = 0
+
+    def start(self) -> bool:
+        raise NotImplementedError
+
+    def close(self, *, remove: bool) -> None:
+        raise NotImplementedError
+
+    def pump(self) -> None:
+        raise NotImplementedError
+
+    def pump_now(self) -> None:
+        raise NotImplementedError
+
+    def flow(self) -> None:
+        """The client's credit changed: the consumer's credit follows it."""
+        consumer = self.consumer
+        if consumer is None:
+            return
+        link = self.link
+        consumer.credit.available = max(0, link.credit)
+        if link.credit <= 0:
+            return
+        if not link.drain_mode:
+            self.pump()
+            return
+        # Drain: send what waits now, then the rest of the credit is used up.
+        self.pump_now()
+        if link.credit > 0:
+            link.drained()
+            consumer.credit.available = 0
+        self.layer.connection.wake()
+
+    # -- Receiver (the core's side) ----------------------------------------------------------
+
+    def deliver(self, delivery: Delivery) -> None:
+        """Send one attempt (the core spent one credit on it)."""
+        entry = delivery.entry
+        tag = str(delivery.id)
+        self._send(tag, delivery.view, entry.delivery_count)
+        if self.presettled:
+            # At most once: done as soon as it is sent.
+            self._settle_core(delivery, Settlement.ACCEPTED)
+            return
+        self.unsettled[tag] = delivery
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        """An at-most-once entry (spends no core credit; the link's credit still counts)."""
+        if self.link.credit <= 0:
+            return  # the client gave no credit: at most once means it is dropped
+        self._settled_tags += 1
+        self._send(f"s{self._settled_tags}", entry, entry.delivery_count)
+
+    def _send(self, tag: str, entry: QueuedMessage, delivery_count: int) -> None:
+        link = self.link
+        encoded = to_amqp(
+            entry.message,
+            durable=entry.persistent,
+            delivery_count=delivery_count,
+            clocks=self.layer.clocks(),
+            destination_type=self.destination_type,
+            retained=entry.retain,
+        )
+        wire = link.delivery(tag)
+        link.send(encoded)
+        link.advance()
+        if self.presettled or entry.qos == 0:
+            wire.settle()
+        self.layer.connection.wake()
+
+    # -- the client's side -------------------------------------------------------------------
+
+    def disposition(self, wire: ProtonDelivery) -> None:
+        """The client settled, or gave an outcome for, a delivery."""
+        state = wire.remote_state
+        if state == TRANSACTIONAL_STATE:
+            self._transactional(wire)
+            return
+        if not wire.settled and state not in _TERMINAL:
+            return  # only a received state, or nothing yet
+        delivery = self.unsettled.pop(wire.tag, None)
+        wire.settle()
+        if delivery is None:
+            return
+        remote = wire.remote
+        if state == ProtonDelivery.ACCEPTED:
+            settlement = Settlement.ACCEPTED
+        elif state == ProtonDelivery.REJECTED:
+            settlement = Settlement.REJECTED
+        elif state == ProtonDelivery.MODIFIED and remote.failed:
+            settlement = Settlement.MODIFIED
+        elif state == ProtonDelivery.MODIFIED or state == ProtonDelivery.RELEASED:
+            settlement = Settlement.RELEASED
+        else:
+            # Settled with no outcome: the client leaves it to the broker (the source's
+            # default outcome, which is modified: it may have been seen).
+            settlement = Settlement.MODIFIED
+        undeliverable = state == ProtonDelivery.MODIFIED and bool(remote.undeliverable)
+        self._settle_core(delivery, settlement, undeliverable)
+
+    def _transactional(self, wire: ProtonDelivery) -> None:
+        """An outcome under a transaction: staged there; the core settles it on commit."""
+        coordinator = self.layer.coordinator
+        data = wire.remote.data
+        staged = coordinator.find(data)
+        settlement = transactional_outcome(data)
+        if staged is None or settlement is None:
+            return  # not (yet) an outcome of a transaction we know: wait for one
+        delivery = self.unsettled.pop(wire.tag, None)
+        wire.settle()
+        if delivery is not None:
+            coordinator.stage_settlement(staged, delivery, settlement)
+
+    def _settle_core(
+        self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
+    ) -> None:
+        raise NotImplementedError
+
+
+_TERMINAL = (
+    ProtonDelivery.ACCEPTED,
+    ProtonDelivery.REJECTED,
+    ProtonDelivery.RELEASED,
+    ProtonDelivery.MODIFIED,
+)
+
+
+class QueueConsumerLink(ConsumerLink):
+    """A consumer on a queue destination, competing with its other consumers."""
+
+    def start(self) -> bool:
+        self.consumer = Consumer(self, credit=0, name=f"{self.layer.id}/{self.link.name}")
+        self.layer.queues.attach(self.name, self.consumer)
+        self.flow()
+        return True
+
+    def pump(self) -> None:
+        if self.consumer is not None and self.consumer.queue is not None:
+            self.layer.queues.pump_soon(self.consumer.queue)
+
+    def pump_now(self) -> None:
+        if self.consumer is not None and self.consumer.queue is not None:
+            self.layer.queues.pump(self.consumer.queue)
+
+    def close(self, *, remove: bool) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        consumer = self.consumer
+        if consumer is not None:
+            consumer.receiver = None
+            self.layer.queues.detach(consumer)
+        self.unsettled.clear()
+
+    def deliver(self, delivery: Delivery) -> None:
+        self.layer.queues.mark_sent(delivery)
+        super().deliver(delivery)
+
+    def _settle_core(
+        self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
+    ) -> None:
+        self.layer.queues.settle(delivery, settlement, undeliverable_here=undeliverable)
+
+
+class BrowserLink(ConsumerLink):
+    """A queue browser (source distribution-mode copy): sends what the queue holds when the
+    link attaches, in the order consumers would get it, selected by its selector, and takes
+    nothing; settling a browsed message changes nothing."""
+
+    def __init__(self, layer: LinkLayer, link: Link, name: str, presettled: bool) -> None:
+        super().__init__(layer, link, name, presettled)
+        self.selector: Selector | None = None
+        self.snapshot: list[QueuedMessage] = []
+        self.position = 0
+
+    def start(self) -> bool:
+        queue = self.layer.queues.queue(self.name)
+        selector = self.selector
+        rows = queue.browse(self.layer.broker.clock.now())
+        self.snapshot = [
+            row.entry
+            for row in rows
+            if row.state is not EntryState.DELAYED
+            and (selector is None or selector.matches(EntrySubject(row.entry, jms_headers)))
+        ]
+        self.consumer = Consumer(None, credit=0, name=f"{self.layer.id}/{self.link.name}")
+        self.flow()
+        return True
+
+    def pump(self) -> None:
+        self.pump_now()
+
+    def pump_now(self) -> None:
+        link = self.link
+        while link.credit > 0 and self.position < len(self.snapshot):
+            entry = self.snapshot[self.position]
+            self.position += 1
+            self._send(f"b{self.position}", entry, entry.delivery_count)
+
+    def disposition(self, wire: ProtonDelivery) -> None:
+        wire.settle()  # a browsed message stays where it is, whatever the outcome
+
+    def close(self, *, remove: bool) -> None:
+        self.closed = True
+        self.snapshot = []
+
+    def _settle_core(
+        self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
+    ) -> None:
+        """Never called: a browser has no core deliveries."""
+
+
+class TopicConsumerLink(ConsumerLink):
+    """A non-durable topic subscription: a core session of its own with one subscription
+    (the MQTT topic filter it names), its consumer's credit the link credit."""
+
+    destination_type = DestinationType.TOPIC
+
+    def __init__(self, layer: LinkLayer, link: Link, name: str, presettled: bool) -> None:
+        super().__init__(layer, link, name, presettled)
+        self.session: Session | None = None
+        self.client_id = f"{layer.id}/{link.name}"
+        self.selector: Selector | None = None
+        self.no_local = False
+        self.durable = False
+
+    def start(self) -> bool:
+        broker = self.layer.broker
+        existing = broker.sessions.get(self.client_id)
+        if existing is not None and existing.link is not None:
+            return self._refuse(
+                "amqp:resource-locked", "the subscription has an active consumer already"
+            )
+        # Re-subscribing a durable subscription to another topic replaces it (JMS).
+        replace = existing is not None and self.name not in existing.subscriptions
+        connected = broker.connect(
+            self.client_id,
+            self,
+            clean_start=not self.durable or replace,
+            expiry_interval=NEVER_EXPIRES if self.durable else 0,
+            window=1,
+        )
+        session = self.session = connected.session
+        # Link credit, not a window: spent by deliveries, topped up only by the client. None
+        # until the filters are in place (below).
+        session.consumer.credit = Credit(available=0)
+        self.consumer = session.consumer
+        subscribed: Subscribed | None = None
+        if self.name not in session.subscriptions:
+            options = SubscriptionOptions(max_qos=0 if self.presettled else 2)
+            result = broker.subscribe(session, self.name, options)
+            if isinstance(result, SubscribeRefusal):
+                self.close(remove=True)
+                condition = (
+                    "amqp:unauthorized-access"
+                    if result is SubscribeRefusal.NOT_AUTHORIZED
+                    else NOT_ALLOWED
+                )
+                return self._refuse(condition, f"cannot subscribe: {result.value}")
+            subscribed = result
+        broker.start_delivery(session)  # what was in flight goes out again, nothing new yet
+        if self.selector is not None or self.no_local:
+            # Applied where the subscription's own queue hands entries over (see
+            # broker.subscription_filters).
+            receiver = session.consumer.receiver
+            session.consumer.receiver = FilteringReceiver(
+                receiver if receiver is not None else self,
+                selector=self.selector,
+                no_local_origin=self.layer.id if self.no_local else None,
+                protocol_headers=jms_headers,
+            )
+        if subscribed is not None and subscribed.new:
+            # Retained messages: for a durable subscription only when it is created.
+            broker.send_retained(subscribed)
+        self.flow()
+        return True
+
+    def _refuse(self, condition: str, description: str) -> bool:
+        self.link.condition = Condition(condition, description)
+        self.link.close()
+        return False
+
+    def pump(self) -> None:
+        if self.session is not None:
+            self.layer.broker.pump_soon(self.session)
+
+    def pump_now(self) -> None:
+        if self.session is not None:
+            self.layer.broker.pump(self.session)
+
+    def close(self, *, remove: bool) -> None:
+        """End the subscription, or, for a durable one merely detached, only its link (the
+        subscription keeps collecting messages)."""
+        if self.closed:
+            return
+        self.closed = True
+        session = self.session
+        if session is not None and session.link is self:
+            broker = self.layer.broker
+            if remove and self.durable:
+                broker.set_session_expiry(session, 0)  # unsubscribed: it ends now
+            broker.disconnect(session, publish_will=False)
+        self.unsettled.clear()
+
+    # SessionLink
+    def tag(self, delivery: Delivery) -> int:
+        if not delivery.tag:
+            delivery.tag = delivery.id
+        return delivery.tag
+
+    def taken_over(self) -> None:
+        """Its session was taken (cannot happen: the id is this link's own)."""
+
+    def _settle_core(
+        self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
+    ) -> None:
+        session = self.session
+        if session is None:
+            return
+        broker = self.layer.broker
+        if settlement is Settlement.ACCEPTED:
+            broker.acknowledge(session, delivery)
+            return
+        queue = delivery.consumer.queue
+        if queue is not None and queue.settle(
+            delivery, settlement, undeliverable_here=undeliverable
+        ):
+            broker.pump_soon(session)
+
+
+def link_layer_factory(
+    broker: Broker, queues: QueueDestinations, temporaries: TemporaryDestinations
+) -> Callable[[AMQPConnection], LinkLayer]:
+    """What the AMQP server calls for each new connection."""
+
+    sole_containers: set[str] = set()
+
+    def make(connection: AMQPConnection) -> LinkLayer:
+        return LinkLayer(connection, broker, queues, temporaries, sole_containers)
+
+    return make

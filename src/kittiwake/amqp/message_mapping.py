@@ -1,0 +1,508 @@
+"""AMQP 1.0 messages to core messages and back, following the AMQP JMS mapping as Qpid JMS
+speaks it (message annotations x-opt-jms-msg-type, x-opt-jms-dest, x-opt-jms-reply-to,
+x-opt-delivery-time, x-opt-delivery-delay; header durable/priority/ttl/delivery-count;
+properties; typed application properties; data, amqp-value and amqp-sequence bodies).
+
+Pure code over bytes and objects: no socket, no engine state, no broker calls, no delivery
+rule. An AMQP message keeps its annotations, bare message and footer as received (the spec
+forbids intermediaries to change the bare message), in ``Message.encoded``; the core reads the
+fields it routes and filters by, and other protocols get the body as bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from proton import (
+    Data,
+    Described,
+    byte,
+    char,
+    float32,
+    int32,
+    short,
+    symbol,
+    timestamp,
+    ubyte,
+    uint,
+    ulong,
+    ushort,
+)
+from proton import Message as ProtonMessage
+
+from kittiwake.broker.message import (
+    DEFAULT_PRIORITY,
+    Message,
+    MessageProperties,
+    PropertyType,
+    PropertyValue,
+)
+
+# Where a message from AMQP keeps its sections after the header, as received; also where a
+# message from elsewhere keeps them once built (a fan-out encodes them once).
+SECTIONS_KEY = "amqp-sections"
+
+# Section descriptors (AMQP 1.0 section 3.2).
+HEADER = 0x70
+DELIVERY_ANNOTATIONS = 0x71
+MESSAGE_ANNOTATIONS = 0x72
+PROPERTIES = 0x73
+APPLICATION_PROPERTIES = 0x74
+DATA = 0x75
+AMQP_SEQUENCE = 0x76
+AMQP_VALUE = 0x77
+FOOTER = 0x78
+
+JMS_MSG_TYPE = symbol("x-opt-jms-msg-type")
+JMS_DEST = symbol("x-opt-jms-dest")
+JMS_REPLY_TO = symbol("x-opt-jms-reply-to")
+DELIVERY_TIME = symbol("x-opt-delivery-time")
+DELIVERY_DELAY = symbol("x-opt-delivery-delay")
+
+OCTET_STREAM = symbol("application/octet-stream")
+SERIALIZED_JAVA_OBJECT = "application/x-java-serialized-object"
+
+# The JMS property that retains a message (DESIGN.md section 2).
+RETAIN_PROPERTY = "JMS_IBM_Retain"
+
+
+class JMSMessageType(IntEnum):
+    """x-opt-jms-msg-type values."""
+
+    MESSAGE = 0
+    OBJECT = 1
+    MAP = 2
+    BYTES = 3
+    STREAM = 4
+    TEXT = 5
+
+
+class DestinationType(IntEnum):
+    """x-opt-jms-dest and x-opt-jms-reply-to values."""
+
+    QUEUE = 0
+    TOPIC = 1
+    TEMPORARY_QUEUE = 2
+    TEMPORARY_TOPIC = 3
+
+
+class MappingError(ValueError):
+    """The message cannot be taken (undecodable, or a field out of range); the link rejects
+    it with amqp:decode-error or amqp:invalid-field and this text."""
+
+    def __init__(self, description: str, condition: str = "amqp:decode-error") -> None:
+        super().__init__(description)
+        self.condition = condition
+
+
+@dataclass(slots=True)
+class Incoming:
+    """A received AMQP message as the core sees it, with what only the front end needs."""
+
+    message: Message
+    # The "to" address (an anonymous-relay sender names its destination here) and its
+    # x-opt-jms-dest type, when given.
+    to: str | None
+    to_type: DestinationType | None
+    durable: bool
+
+
+@dataclass(slots=True, frozen=True)
+class Clocks:
+    """The two readings a translation needs: the core clock (expiry and delivery times are
+    clock times) and the wall clock (AMQP times are milliseconds since the epoch)."""
+
+    now: float
+    wall_ms: int
+
+    def to_clock(self, wall_ms: float) -> float:
+        return self.now + (wall_ms - self.wall_ms) / 1000.0
+
+    def to_wall_ms(self, clock_time: float) -> int:
+        return round(self.wall_ms + (clock_time - self.now) * 1000.0)
+
+
+# -- AMQP to core ------------------------------------------------------------------------------
+
+
+def split_sections(encoded: bytes) -> list[tuple[int, bytes]]:
+    """The sections of an encoded message: (descriptor code, the section's bytes)."""
+    data = Data()
+    sections: list[tuple[int, bytes]] = []
+    position = 0
+    view = memoryview(encoded)
+    while position < len(encoded):
+        data.clear()
+        try:
+            size = data.decode(bytes(view[position:]))
+        except Exception as exc:
+            raise MappingError(f"undecodable message section: {exc}") from None
+        data.rewind()
+        if not data.next() or data.type() != Data.DESCRIBED:
+            raise MappingError("a message section must be a described value")
+        data.enter()
+        data.next()
+        descriptor = data.get_object()
+        data.exit()
+        if isinstance(descriptor, symbol):
+            code = _SYMBOLIC_SECTIONS.get(str(descriptor), -1)
+        elif isinstance(descriptor, int):
+            code = int(descriptor)
+        else:
+            code = -1
+        if not HEADER <= code <= FOOTER:
+            raise MappingError(f"unknown message section {descriptor!r}")
+        sections.append((code, bytes(view[position : position + size])))
+        position += size
+    return sections
+
+
+_SYMBOLIC_SECTIONS = {
+    "amqp:header:list": HEADER,
+    "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    "amqp:message-annotations:map": MESSAGE_ANNOTATIONS,
+    "amqp:properties:list": PROPERTIES,
+    "amqp:application-properties:map": APPLICATION_PROPERTIES,
+    "amqp:data:binary": DATA,
+    "amqp:amqp-sequence:list": AMQP_SEQUENCE,
+    "amqp:amqp-value:*": AMQP_VALUE,
+    "amqp:footer:map": FOOTER,
+}
+
+
+def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None) -> Incoming:
+    """The core message for an AMQP message received on a link to ``topic`` (the link's
+    address; the caller replaces it with ``to`` for an anonymous relay)."""
+    sections = split_sections(encoded)
+    decoded = ProtonMessage()
+    try:
+        decoded.decode(encoded)
+    except Exception as exc:
+        raise MappingError(f"undecodable message: {exc}") from None
+    annotations: dict[Any, Any] = dict(decoded.annotations or {})
+    durable = bool(decoded.durable)
+    # AMQP's default priority is JMS's (4); AMQP allows 0-255, JMS 0-9.
+    priority = min(int(decoded.priority if decoded.priority is not None else DEFAULT_PRIORITY), 9)
+    expiry: float | None = None
+    if decoded.expiry_time:
+        expiry = clocks.to_clock(decoded.expiry_time * 1000.0)
+    elif decoded.ttl:
+        expiry = clocks.now + float(decoded.ttl)
+    delivery_time: float | None = None
+    at = annotations.get(DELIVERY_TIME)
+    delay = annotations.get(DELIVERY_DELAY)
+    if isinstance(at, (int, float)) and not isinstance(at, bool):
+        if at > clocks.wall_ms:
+            delivery_time = clocks.to_clock(float(at))
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay > 0:
+        delivery_time = clocks.now + delay / 1000.0
+    properties = typed_properties(decoded.properties)
+    retain = properties is not None and properties.get(RETAIN_PROPERTY) == 1
+    kept = b"".join(s for code, s in sections if code not in (HEADER, DELIVERY_ANNOTATIONS))
+    message = Message(
+        topic=topic,
+        payload=body_bytes(decoded, sections),
+        qos=2 if durable else 1,
+        retain=retain,
+        persistent=durable,
+        priority=priority,
+        expiry=expiry,
+        delivery_time=delivery_time,
+        created=clocks.now,
+        timestamp=round(decoded.creation_time * 1000) if decoded.creation_time else 0,
+        origin=origin,
+        properties=properties,
+        encoded={SECTIONS_KEY: kept},
+    )
+    to_type = annotations.get(JMS_DEST)
+    return Incoming(
+        message,
+        to=decoded.address or None,
+        to_type=_destination_type(to_type),
+        durable=durable,
+    )
+
+
+def _destination_type(value: object) -> DestinationType | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return DestinationType(int(value))
+        except ValueError:
+            return None
+    return None
+
+
+def typed_properties(values: dict[Any, Any] | None) -> MessageProperties | None:
+    """Application properties with their AMQP types mapped onto the core's (JMS) types.
+
+    The JMS types map one to one; the unsigned AMQP types take the smallest signed JMS type
+    that holds every value (ubyte -> short, ushort -> int, uint and ulong -> long), symbols and
+    chars become strings, timestamps longs. Other values (binary, lists, maps, uuids) have no
+    JMS property type: they are left out of the core's properties (an AMQP consumer still
+    gets them, in the message as sent).
+    """
+    if not values:
+        return None
+    properties = MessageProperties()
+    for name, value in values.items():
+        typed = _property(value)
+        if typed is not None:
+            try:
+                properties.set(str(name), typed[0], typed[1])
+            except (TypeError, ValueError):
+                continue  # a ulong beyond a long: not representable in JMS
+    return properties or None
+
+
+def _property(value: object) -> tuple[PropertyValue, PropertyType] | None:
+    # Order matters: proton's typed ints are int subclasses, and bool is an int too.
+    if isinstance(value, bool):
+        return value, PropertyType.BOOLEAN
+    if isinstance(value, byte):
+        return int(value), PropertyType.BYTE
+    if isinstance(value, short):
+        return int(value), PropertyType.SHORT
+    if isinstance(value, int32):
+        return int(value), PropertyType.INT
+    if isinstance(value, ubyte):
+        return int(value), PropertyType.SHORT
+    if isinstance(value, ushort):
+        return int(value), PropertyType.INT
+    if isinstance(value, (uint, ulong)):
+        return int(value), PropertyType.LONG
+    if isinstance(value, timestamp):
+        return int(value), PropertyType.LONG
+    if isinstance(value, int):
+        return int(value), PropertyType.LONG
+    if isinstance(value, float32):
+        return float(value), PropertyType.FLOAT
+    if isinstance(value, float):
+        return float(value), PropertyType.DOUBLE
+    if isinstance(value, (symbol, char)):
+        return str(value), PropertyType.STRING
+    if isinstance(value, str):
+        return value, PropertyType.STRING
+    return None
+
+
+def body_bytes(decoded: ProtonMessage, sections: list[tuple[int, bytes]]) -> bytes:
+    """The body as bytes for the core (and so for MQTT subscribers): data sections as they
+    are, a string value as UTF-8, a binary value as it is, anything else (a map, a list, a
+    sequence) as its AMQP encoding."""
+    data = [s for code, s in sections if code == DATA]
+    if data:
+        chunks = []
+        for section in data:
+            holder = Data()
+            holder.decode(section)
+            holder.rewind()
+            holder.next()
+            holder.enter()
+            holder.next()
+            holder.next()
+            chunks.append(bytes(holder.get_binary()))
+        return b"".join(chunks)
+    body = decoded.body
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, (bytes, memoryview)):
+        return bytes(body)
+    if body is None:
+        return b""
+    values = [s for code, s in sections if code in (AMQP_VALUE, AMQP_SEQUENCE)]
+    return b"".join(values)
+
+
+# -- core to AMQP ------------------------------------------------------------------------------
+
+
+def to_amqp(
+    message: Message,
+    *,
+    durable: bool,
+    delivery_count: int,
+    clocks: Clocks,
+    destination_type: DestinationType = DestinationType.TOPIC,
+    retained: bool | None = None,
+) -> bytes:
+    """The encoded AMQP message for one delivery: a header of this delivery's own, then the
+    message's sections (kept as received from AMQP, or built once from the core fields)."""
+    encoded = message.encoded
+    sections = encoded.get(SECTIONS_KEY) if encoded is not None else None
+    if sections is None:
+        sections = build_sections(message, clocks, destination_type)
+        if encoded is None:
+            encoded = message.encoded = {SECTIONS_KEY: sections}
+        else:
+            encoded[SECTIONS_KEY] = sections
+    if message.retain and retained is not None:
+        # JMS_IBM_Retain says how this copy arrives: 1 retained, 0 live (DESIGN.md section 2).
+        key = (SECTIONS_KEY, retained)
+        assert encoded is not None
+        variant = encoded.get(key)
+        if variant is None:
+            variant = encoded[key] = with_property(sections, RETAIN_PROPERTY, int32(retained))
+        sections = variant
+    return header_section(message, durable, delivery_count, clocks) + sections
+
+
+def with_property(sections: bytes, name: str, value: object) -> bytes:
+    """``sections`` with one application property set (the section added if missing)."""
+    parts = split_sections(sections)
+    properties: dict[Any, Any] = {}
+    for code, section in parts:
+        if code == APPLICATION_PROPERTIES:
+            holder = Data()
+            holder.decode(section)
+            holder.rewind()
+            holder.next()
+            described = holder.get_object()
+            if isinstance(described, Described) and isinstance(described.value, dict):
+                properties = dict(described.value)
+    properties[name] = value
+    data = Data()
+    data.put_object(Described(ulong(APPLICATION_PROPERTIES), properties))
+    replacement = bytes(data.encode())
+    out = []
+    placed = False
+    for code, section in parts:
+        if code == APPLICATION_PROPERTIES:
+            out.append(replacement)
+            placed = True
+            continue
+        if not placed and code > APPLICATION_PROPERTIES:
+            out.append(replacement)
+            placed = True
+        out.append(section)
+    if not placed:
+        out.append(replacement)
+    return b"".join(out)
+
+
+def header_section(
+    message: Message, durable: bool, delivery_count: int, clocks: Clocks
+) -> bytes:
+    """The header (durable, priority, ttl, first-acquirer, delivery-count); ttl is what is
+    left of the message's life."""
+    ttl: uint | None = None
+    if message.expiry is not None:
+        ttl = uint(max(1, min(0xFFFFFFFF, round((message.expiry - clocks.now) * 1000))))
+    fields: list[Any] = [
+        durable,
+        ubyte(message.priority),
+        ttl,
+        False,
+        uint(delivery_count),
+    ]
+    data = Data()
+    data.put_object(Described(ulong(HEADER), fields))
+    return bytes(data.encode())
+
+
+def build_sections(message: Message, clocks: Clocks, destination_type: DestinationType) -> bytes:
+    """The sections of a message that did not come from AMQP (MQTT's): a BytesMessage to its
+    topic, typed properties, the MQTT 5 fields where AMQP has a place for them."""
+    annotations: dict[Any, Any] = {
+        JMS_MSG_TYPE: byte(JMSMessageType.BYTES),
+        JMS_DEST: byte(destination_type),
+    }
+    mqtt5 = message.mqtt5
+    reply_to = None
+    correlation_id: object = None
+    content_type: symbol | None = None
+    if mqtt5 is not None:
+        if mqtt5.response_topic is not None:
+            reply_to = mqtt5.response_topic
+            annotations[JMS_REPLY_TO] = byte(DestinationType.TOPIC)
+        if mqtt5.correlation_data is not None:
+            correlation_id = mqtt5.correlation_data
+        if mqtt5.content_type is not None:
+            content_type = symbol(mqtt5.content_type)
+    if message.delivery_time is not None:
+        annotations[DELIVERY_TIME] = timestamp(clocks.to_wall_ms(message.delivery_time))
+    expiry = None
+    if message.expiry is not None:
+        expiry = timestamp(clocks.to_wall_ms(message.expiry))
+    created = message.timestamp or clocks.to_wall_ms(message.created)
+    properties: list[Any] = [
+        None,  # message-id
+        None,  # user-id
+        message.topic,  # to
+        None,  # subject
+        reply_to,
+        correlation_id,
+        content_type,
+        None,  # content-encoding
+        expiry,
+        timestamp(created),
+    ]
+    data = Data()
+    data.put_object(Described(ulong(MESSAGE_ANNOTATIONS), annotations))
+    data.put_object(Described(ulong(PROPERTIES), properties))
+    application = amqp_properties(message.properties, mqtt5)
+    if application:
+        data.put_object(Described(ulong(APPLICATION_PROPERTIES), application))
+    data.put_object(Described(ulong(DATA), message.payload))
+    return bytes(data.encode())
+
+
+def amqp_properties(
+    properties: MessageProperties | None, mqtt5: Any = None
+) -> dict[Any, Any]:
+    """Typed core properties as AMQP values of the same type; MQTT 5 user properties as
+    strings (the last value of a repeated name wins: AMQP keys are unique)."""
+    out: dict[Any, Any] = {}
+    if mqtt5 is not None:
+        for name, value in mqtt5.user_properties:
+            out[name] = value
+    if properties:
+        for name, value, kind in properties.typed_items():
+            out[name] = _AMQP_TYPES[kind](value)
+    return out
+
+
+_AMQP_TYPES: dict[PropertyType, Any] = {
+    PropertyType.BOOLEAN: bool,
+    PropertyType.BYTE: byte,
+    PropertyType.SHORT: short,
+    PropertyType.INT: int32,
+    PropertyType.LONG: int,
+    PropertyType.FLOAT: float32,
+    PropertyType.DOUBLE: float,
+    PropertyType.STRING: str,
+}
+
+
+def decode(encoded: bytes) -> ProtonMessage:
+    """An encoded AMQP message as proton's Message (for tests and the selector's headers)."""
+    message = ProtonMessage()
+    message.decode(encoded)
+    return message
+
+
+def jms_headers(message: Message) -> dict[str, object]:
+    """JMSMessageID, JMSCorrelationID and JMSType of a message received over AMQP (from its
+    properties section: message-id, correlation-id, subject), for selectors; empty for
+    others. Decoded on demand: only selectors that name these headers pay for it."""
+    encoded = message.encoded
+    sections = encoded.get(SECTIONS_KEY) if encoded is not None else None
+    if sections is None:
+        return {}
+    decoded = ProtonMessage()
+    try:
+        decoded.decode(sections)
+    except Exception:
+        return {}
+    headers: dict[str, object] = {}
+    for name, value in (
+        ("JMSMessageID", decoded.id),
+        ("JMSCorrelationID", decoded.correlation_id),
+        ("JMSType", decoded.subject),
+    ):
+        if isinstance(value, str):
+            headers[name] = value
+        elif value is not None and not isinstance(value, (bytes, memoryview)):
+            headers[name] = str(value)
+    return headers

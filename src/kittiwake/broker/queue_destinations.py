@@ -1,0 +1,316 @@
+"""Queue destinations (JMS queues, point to point): named queues created on first use, fed by
+senders, drained by competing consumers that pull by credit; what a queue gives up on moves
+to the dead-letter or expiry queue (DESIGN.md section 5). Persistent entries are stored and
+a sender's completion is their commit. Knows no protocol: front ends attach consumers and
+settle their deliveries here.
+
+Not yet here: configured (declared) queues, admin deletion, the crash rule for entries whose
+lazily written in-flight mark was lost (they come back counted as not delivered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+
+from kittiwake.broker.broker import Broker
+from kittiwake.broker.completion import Completion, all_of
+from kittiwake.broker.consumers import Consumer, Delivery, Settlement
+from kittiwake.broker.dead_letters import DeadLetters
+from kittiwake.broker.destinations import Destination
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import Queue, QueuedMessage, Removal
+from kittiwake.broker.routing import Router
+from kittiwake.broker.store import RecoveredState
+from kittiwake.broker.transactions import Transaction
+
+log = logging.getLogger(__name__)
+
+
+class QueueDestinations:
+    """Every queue destination of one broker, and the pumping that moves their entries to
+    consumers."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store = broker.store
+        self.clock = broker.clock
+        self.router = Router(self._new_queue)
+        queues = broker.config.queues
+        self.dead_letters = DeadLetters(
+            self.router,
+            dead_letter_queue=queues.dead_letter_queue,
+            expiry_queue=queues.expiry_queue,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: dict[Queue, None] = {}
+        broker.recovery_hooks.append(self.recover)
+        # Stored entries the commit in progress enqueued, to hold until the store commit.
+        self._committing: list[tuple[Queue, Message]] = []
+
+    # -- queues -----------------------------------------------------------------------------
+
+    def queue(self, name: str) -> Queue:
+        """The queue of this name, created on first use."""
+        return self.router.queue(name)
+
+    def _new_queue(self, name: str) -> Queue:
+        limits = self.broker.config.limits
+        return Queue(
+            name,
+            max_messages=limits.max_queued_messages,
+            max_bytes=limits.max_queued_bytes,
+            policy=limits.queue_full_policy,
+            # JMS: higher priority first, FIFO within a priority.
+            ordering="priority",
+            max_delivery_attempts=self.broker.config.queues.max_delivery_attempts,
+            durable=True,
+            on_removed=self._removed,
+            destination=Destination.queue(name),
+        )
+
+    def delete(self, name: str) -> bool:
+        """Delete a queue and what waits in it (a temporary queue's end, an admin command);
+        its consumers are detached, their unsettled entries dropped with it."""
+        queue = self.router.delete_queue(name)
+        if queue is None:
+            return False
+        for consumer in list(queue.consumers):
+            consumer.receiver = None
+            queue.detach(consumer)
+        for entry in queue.drain():
+            self._forget(queue, entry)
+        return True
+
+    def _forget(self, queue: Queue, entry: QueuedMessage) -> None:
+        if entry.persistent:
+            self.store.remove(queue.name, entry.message.message_id)
+
+    def recover(self, state: RecoveredState) -> None:
+        """Rebuild queue destinations from the store (the broker's recovery calls this).
+
+        Names starting with ``$`` are the broker's own queues (sessions, shared groups). An
+        entry marked in flight comes back counted as possibly delivered (its stored count
+        includes that attempt)."""
+        recovered = 0
+        for record in state.queued:
+            if record.queue.startswith("$"):
+                continue
+            message = state.messages.get(record.message_id)
+            if message is None:
+                continue
+            entry = QueuedMessage(
+                message, record.qos, True, record.retain, record.subscription_ids,
+                record.delivery_count,
+            )
+            self.queue(record.queue).push(entry)
+            recovered += 1
+        if recovered:
+            log.info("recovered %d queue destination entries", recovered)
+
+    def mark_sent(self, delivery: Delivery) -> None:
+        """A stored entry went out: its mark (written lazily) lets a restart count the attempt."""
+        entry = delivery.entry
+        queue = delivery.consumer.queue
+        if entry.persistent and queue is not None:
+            self.store.mark_delivery(
+                queue.name, entry.message.message_id, delivery.id, "sent", lazy=True
+            )
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def send(self, name: str, message: Message) -> tuple[bool, Completion]:
+        """Put a message on a queue: (accepted, completion). Refused when the queue is full
+        (its policy said so); the completion is the commit that stores a persistent one."""
+        if not message.created:
+            message.created = self.clock.now()
+        stats = self.broker.stats
+        stats.messages_received += 1
+        queue = self.queue(name)
+        entry = QueuedMessage.of(message, 2)
+        if not queue.push(entry)[0]:
+            stats.messages_dropped += 1
+            return False, None
+        if entry.persistent:
+            if not message.message_id:
+                self.store.journal(message)
+            self.store.enqueue(queue.name, entry)
+            commit = self.store.commit()
+            if commit is not None:
+                # Persist -> acknowledge -> dispatch: the entry waits for its commit.
+                message.awaiting_commit = True
+                commit.add_done_callback(lambda done: self._committed(done, queue, message))
+                return True, commit
+        self.pump_soon(queue)
+        return True, None
+
+    def _after(self, queue: Queue, message: Message, done: asyncio.Future[None]) -> None:
+        self._committed(done, queue, message)
+
+    def _committed(self, done: asyncio.Future[None], queue: Queue, message: Message) -> None:
+        message.awaiting_commit = False
+        if done.cancelled() or done.exception() is not None:
+            # Not stored, and its sender is told so: it must not be delivered.
+            queue.remove_message(message)
+            return
+        self.pump_soon(queue)
+
+    # -- consuming --------------------------------------------------------------------------
+
+    def attach(self, name: str, consumer: Consumer) -> Queue:
+        queue = self.queue(name)
+        queue.attach(consumer)
+        self.pump_soon(queue)
+        return queue
+
+    def detach(self, consumer: Consumer) -> None:
+        """The consumer is gone: what it did not settle comes back, possibly delivered."""
+        queue = consumer.queue
+        if queue is None:
+            return
+        queue.detach(consumer)
+        if queue.count:
+            self.pump_soon(queue)
+
+    def settle(
+        self, delivery: Delivery, settlement: Settlement, *, undeliverable_here: bool = False
+    ) -> Completion:
+        """End a delivery attempt; the completion says when a removal is durable."""
+        queue = delivery.consumer.queue
+        if queue is None or not queue.settle(
+            delivery, settlement, undeliverable_here=undeliverable_here
+        ):
+            return None
+        if queue.count:
+            self.pump_soon(queue)
+        if delivery.entry.persistent and settlement is not Settlement.RELEASED:
+            return self.store.commit()
+        return None
+
+    def _removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
+        """An entry left its queue for good: the store forgets it; dead letters and expired
+        entries move on."""
+        if reason is not Removal.ACCEPTED:
+            self.broker.stats.messages_dropped += 1
+        self._forget(queue, entry)
+        if self.router.queues.get(queue.name) is not queue:
+            return  # a deleted queue's entries go nowhere
+        moved = self.dead_letters(queue, entry, reason)
+        if moved is None:
+            return
+        target, copy = moved
+        if copy.persistent:
+            self.store.journal(copy.message)
+            self.store.enqueue(target.name, copy)
+        self.pump_soon(target)
+
+    # -- transactions ---------------------------------------------------------------------
+
+    def begin(self) -> Transaction:
+        """A new local transaction: sends and settlements staged until commit."""
+        return Transaction(self.router, on_enqueued=self._enqueued_by_commit)
+
+    def commit(self, transaction: Transaction) -> Completion:
+        """Apply a transaction in this loop turn, so in one store commit: its queue sends and
+        staged settlements through the core Transaction, its topic sends through the broker's
+        publish. Raises TransactionRolledBack (having rolled back) when it cannot apply all.
+        Entries it enqueues are dispatched only after the commit (transactions keep the
+        strict order)."""
+        topic_sends = [(d, m) for d, m in transaction.sends if d.is_topic]
+        transaction.sends[:] = [(d, m) for d, m in transaction.sends if not d.is_topic]
+        now = self.clock.now()
+        for _, message in transaction.sends:
+            if not message.created:
+                message.created = now
+        self._committing = []
+        try:
+            touched = transaction.commit()
+        finally:
+            staged, self._committing = self._committing, []
+        completion: Completion = None
+        for _, message in topic_sends:
+            completion = all_of(completion, self.broker.publish(message))
+        commit = self.store.commit()
+        if commit is not None and staged:
+            for queue, message in staged:
+                message.awaiting_commit = True
+                commit.add_done_callback(functools.partial(self._after, queue, message))
+        for queue in touched:
+            self.pump_soon(queue)
+        return all_of(commit, completion)
+
+    def rollback(self, transaction: Transaction) -> None:
+        """Drop the staged sends; staged settlements' entries come back, possibly seen."""
+        for queue in transaction.rollback():
+            self.pump_soon(queue)
+
+    def _enqueued_by_commit(self, queue: Queue, entry: QueuedMessage) -> None:
+        self.broker.stats.messages_received += 1
+        if entry.persistent:
+            message = entry.message
+            if not message.message_id:
+                self.store.journal(message)
+            self.store.enqueue(queue.name, entry)
+            self._committing.append((queue, message))
+
+    # -- pumping ----------------------------------------------------------------------------
+
+    def pump(self, queue: Queue) -> int:
+        if not queue.count:
+            return 0
+        sent = queue.dispatch(self.clock.now())
+        self.broker.stats.messages_sent += sent
+        return sent
+
+    def pump_soon(self, queue: Queue) -> None:
+        """Pump once the current loop turn has done its reading (one pump per turn)."""
+        if self._loop is None:
+            self.pump(queue)
+            return
+        if not self._pending:
+            self._loop.call_soon(self._run_pumps)
+        self._pending[queue] = None
+
+    def _run_pumps(self) -> None:
+        queues = list(self._pending)
+        self._pending.clear()
+        for queue in queues:
+            self.pump(queue)
+
+    def tick(self) -> None:
+        """Make due delayed entries visible and sweep expired ones."""
+        now = self.clock.now()
+        for queue in list(self.router.queues.values()):
+            if not queue.count:
+                continue
+            due = queue.next_visible_time()
+            if due is not None and due <= now:
+                self.pump(queue)
+            if not queue.consumers:
+                queue.expire(now)
+
+    def schedule_ticks(
+        self, loop: asyncio.AbstractEventLoop, interval: float = 0.5
+    ) -> Callable[[], None]:
+        """Run :meth:`tick` every ``interval`` seconds and batch pumps per loop turn from now
+        on; returns a canceller."""
+        self._loop = loop
+        handle: asyncio.TimerHandle | None = None
+
+        def run() -> None:
+            nonlocal handle
+            try:
+                self.tick()
+            except Exception:
+                log.exception("queue destinations tick failed")
+            handle = loop.call_later(interval, run)
+
+        handle = loop.call_later(interval, run)
+
+        def cancel() -> None:
+            if handle is not None:
+                handle.cancel()
+
+        return cancel

@@ -1,0 +1,98 @@
+"""Selectors and noLocal for a subscription that has a queue of its own (a JMS topic
+subscription): applied where that queue hands an entry to its consumer, so an entry the filter
+refuses is accepted unseen, as if it had never been queued for it. Knows no protocol.
+
+Only right for a queue nobody else consumes: on a shared queue (a JMS queue, a shared
+subscription) a refused entry must stay for the other consumers, which needs the queue's own
+dispatch to skip it (not done yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from kittiwake.broker.consumers import Delivery, Receiver, Settlement
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import QueuedMessage
+from kittiwake.selector import Selector
+
+# Header fields a protocol keeps in its own form (JMSMessageID, JMSCorrelationID, JMSType):
+# the front end that received the message reads them for the selector.
+ProtocolHeaders = Callable[[Message], Mapping[str, object]]
+
+
+class EntrySubject:
+    """One queued entry as a selector sees it (:class:`kittiwake.selector.SelectorSubject`)."""
+
+    __slots__ = ("_protocol", "_protocol_headers", "entry")
+
+    def __init__(self, entry: QueuedMessage, protocol_headers: ProtocolHeaders | None) -> None:
+        self.entry = entry
+        self._protocol_headers = protocol_headers
+        self._protocol: Mapping[str, object] | None = None
+
+    def get_header(self, name: str) -> object:
+        entry = self.entry
+        message = entry.message
+        if name == "JMSPriority":
+            return message.priority
+        if name == "JMSDeliveryMode":
+            return "PERSISTENT" if message.persistent else "NON_PERSISTENT"
+        if name == "JMSTimestamp":
+            return message.timestamp or None
+        if name == "JMSXDeliveryCount":
+            return entry.delivery_count + 1
+        if self._protocol_headers is None:
+            return None
+        if self._protocol is None:
+            self._protocol = self._protocol_headers(message)
+        return self._protocol.get(name)
+
+    def get_property(self, name: str) -> object:
+        properties = self.entry.message.properties
+        return None if properties is None else properties.get(name)
+
+
+class FilteringReceiver:
+    """Wraps a consumer's receiver: entries its selector or noLocal refuses are accepted
+    without being sent, and the credit they took is given back."""
+
+    __slots__ = ("inner", "no_local_origin", "protocol_headers", "selector")
+
+    def __init__(
+        self,
+        inner: Receiver,
+        *,
+        selector: Selector | None = None,
+        no_local_origin: str | None = None,
+        protocol_headers: ProtocolHeaders | None = None,
+    ) -> None:
+        self.inner = inner
+        self.selector = selector
+        # noLocal: messages published by this origin (the subscriber's connection) are refused.
+        self.no_local_origin = no_local_origin
+        self.protocol_headers = protocol_headers
+
+    def accepts(self, entry: QueuedMessage) -> bool:
+        origin = self.no_local_origin
+        # noLocal does not filter retained messages (DESIGN.md section 2).
+        if origin is not None and entry.message.origin == origin and not entry.retain:
+            return False
+        selector = self.selector
+        if selector is None or selector.selects_everything:
+            return True
+        return selector.matches(EntrySubject(entry, self.protocol_headers))
+
+    def deliver(self, delivery: Delivery) -> None:
+        if self.accepts(delivery.view):
+            self.inner.deliver(delivery)
+            return
+        consumer = delivery.consumer
+        queue = consumer.queue
+        settled = queue is not None and queue.settle(delivery, Settlement.ACCEPTED)
+        if settled and consumer.credit.window is None:
+            consumer.credit.available += 1  # link credit: the entry never used it
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        if self.accepts(entry):
+            self.inner.deliver_settled(entry)

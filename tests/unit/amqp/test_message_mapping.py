@@ -1,0 +1,249 @@
+"""The AMQP JMS mapping, both ways, with proton-encoded messages as Qpid JMS sends them."""
+
+from __future__ import annotations
+
+import pytest
+from proton import Message as ProtonMessage
+from proton import byte, char, float32, int32, short, symbol, timestamp, ubyte, uint, ulong
+
+from kittiwake.amqp.message_mapping import (
+    JMS_DEST,
+    JMS_MSG_TYPE,
+    SECTIONS_KEY,
+    Clocks,
+    DestinationType,
+    JMSMessageType,
+    MappingError,
+    from_amqp,
+    split_sections,
+    to_amqp,
+)
+from kittiwake.broker.message import Message as CoreMessage
+from kittiwake.broker.message import MessageProperties, MQTT5Fields, PropertyType
+
+CLOCKS = Clocks(now=1000.0, wall_ms=1_700_000_000_000)
+
+
+def encode(message: ProtonMessage) -> bytes:
+    return bytes(message.encode())
+
+
+def jms(body: object, msg_type: JMSMessageType, **fields: object) -> ProtonMessage:
+    message = ProtonMessage(body=body, **fields)  # type: ignore[arg-type]
+    message.annotations = {JMS_MSG_TYPE: byte(msg_type), JMS_DEST: byte(DestinationType.QUEUE)}
+    return message
+
+
+def test_text_message_persistent_with_priority() -> None:
+    sent = jms("hello", JMSMessageType.TEXT, durable=True, priority=7, address="orders")
+    incoming = from_amqp(encode(sent), topic="orders", clocks=CLOCKS, origin="c1")
+    message = incoming.message
+    assert (message.payload, message.persistent, message.qos, message.priority) == (
+        b"hello",
+        True,
+        2,
+        7,
+    )
+    assert message.origin == "c1"
+    assert incoming.to == "orders" and incoming.to_type is DestinationType.QUEUE
+    assert incoming.durable
+
+
+def test_non_persistent_is_never_stored() -> None:
+    sent = jms("x", JMSMessageType.TEXT, durable=False)
+    message = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message
+    assert not message.persistent and message.qos == 1
+
+
+def test_bytes_message_data_section() -> None:
+    sent = jms(b"\x00\x01\xff", JMSMessageType.BYTES, inferred=True)
+    sent.content_type = "application/octet-stream"
+    message = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message
+    assert message.payload == b"\x00\x01\xff"
+
+
+def test_map_and_stream_bodies_keep_their_amqp_encoding() -> None:
+    for body, kind, inferred in (
+        ({"a": 1}, JMSMessageType.MAP, False),
+        ([1, "two"], JMSMessageType.STREAM, True),
+    ):
+        sent = jms(body, kind, inferred=inferred)
+        encoded = encode(sent)
+        message = from_amqp(encoded, topic="t", clocks=CLOCKS, origin=None).message
+        # The payload other protocols see is the body section's encoding...
+        assert message.payload and message.payload in encoded
+        # ...and an AMQP consumer gets the body exactly as sent.
+        out = ProtonMessage()
+        out.decode(to_amqp(message, durable=False, delivery_count=0, clocks=CLOCKS))
+        assert out.body == body
+
+
+def test_typed_application_properties_keep_their_types() -> None:
+    sent = jms("x", JMSMessageType.TEXT)
+    sent.properties = {
+        "b": byte(-1),
+        "s": short(300),
+        "i": int32(70000),
+        "l": 2**40,
+        "f": float32(1.5),
+        "d": 2.25,
+        "t": True,
+        "str": "text",
+        "sym": symbol("abc"),
+        "ub": ubyte(200),
+        "ui": uint(4_000_000_000),
+        "ch": char("z"),
+        "bin": b"not a JMS type",
+    }
+    properties = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message.properties
+    assert properties is not None
+    assert {name: (value, kind) for name, value, kind in properties.typed_items()} == {
+        "b": (-1, PropertyType.BYTE),
+        "s": (300, PropertyType.SHORT),
+        "i": (70000, PropertyType.INT),
+        "l": (2**40, PropertyType.LONG),
+        "f": (1.5, PropertyType.FLOAT),
+        "d": (2.25, PropertyType.DOUBLE),
+        "t": (True, PropertyType.BOOLEAN),
+        "str": ("text", PropertyType.STRING),
+        "sym": ("abc", PropertyType.STRING),
+        "ub": (200, PropertyType.SHORT),
+        "ui": (4_000_000_000, PropertyType.LONG),
+        "ch": ("z", PropertyType.STRING),
+    }
+
+
+def test_ttl_and_absolute_expiry_become_clock_times() -> None:
+    sent = jms("x", JMSMessageType.TEXT, ttl=30.0)
+    message = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message
+    assert message.expiry == pytest.approx(CLOCKS.now + 30.0)
+    sent = jms("x", JMSMessageType.TEXT)
+    sent.expiry_time = (CLOCKS.wall_ms + 5_000) / 1000.0
+    message = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message
+    assert message.expiry == pytest.approx(CLOCKS.now + 5.0)
+
+
+def test_delivery_time_and_delay() -> None:
+    sent = jms("x", JMSMessageType.TEXT)
+    sent.annotations[symbol("x-opt-delivery-time")] = timestamp(CLOCKS.wall_ms + 2_000)
+    message = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message
+    assert message.delivery_time == pytest.approx(CLOCKS.now + 2.0)
+    sent = jms("x", JMSMessageType.TEXT)
+    sent.annotations[symbol("x-opt-delivery-delay")] = 1500
+    message = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message
+    assert message.delivery_time == pytest.approx(CLOCKS.now + 1.5)
+
+
+def test_creation_time_is_the_timestamp() -> None:
+    sent = jms("x", JMSMessageType.TEXT)
+    sent.creation_time = 1_700_000_123.456
+    message = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message
+    assert message.timestamp == 1_700_000_123_456
+
+
+def test_retain_property() -> None:
+    sent = jms("x", JMSMessageType.TEXT)
+    sent.properties = {"JMS_IBM_Retain": int32(1)}
+    assert from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message.retain
+
+
+def test_amqp_to_amqp_keeps_the_message_and_gets_a_new_header() -> None:
+    sent = jms("hello", JMSMessageType.TEXT, durable=True, priority=2, id="ID:1")
+    sent.correlation_id = "corr"
+    sent.subject = "type-a"
+    sent.group_id = "group-1"
+    sent.properties = {"k": int32(5)}
+    message = from_amqp(encode(sent), topic="q", clocks=CLOCKS, origin=None).message
+    out = ProtonMessage()
+    out.decode(to_amqp(message, durable=True, delivery_count=3, clocks=CLOCKS))
+    assert (out.body, out.id, out.correlation_id, out.subject, out.group_id) == (
+        "hello",
+        "ID:1",
+        "corr",
+        "type-a",
+        "group-1",
+    )
+    assert (out.durable, out.priority, out.delivery_count) == (True, 2, 3)
+    assert out.annotations[JMS_MSG_TYPE] == JMSMessageType.TEXT
+    assert out.properties == {"k": 5} and isinstance(out.properties["k"], int32)
+
+
+def test_mqtt_message_arrives_as_bytes_message() -> None:
+    properties = MessageProperties()
+    properties.set("n", 7, PropertyType.SHORT)
+    message = CoreMessage(
+        topic="sensors/1",
+        payload=b"21.5",
+        qos=1,
+        properties=properties,
+        mqtt5=MQTT5Fields(
+            content_type="text/plain",
+            response_topic="replies/1",
+            correlation_data=b"c1",
+            user_properties=[("unit", "C")],
+        ),
+        created=CLOCKS.now,
+    )
+    encoded = to_amqp(message, durable=True, delivery_count=0, clocks=CLOCKS)
+    out = ProtonMessage()
+    out.decode(encoded)
+    assert bytes(out.body) == b"21.5"
+    assert out.annotations[JMS_MSG_TYPE] == JMSMessageType.BYTES
+    assert out.annotations[JMS_DEST] == DestinationType.TOPIC
+    assert (out.address, out.reply_to, bytes(out.correlation_id)) == (
+        "sensors/1",
+        "replies/1",
+        b"c1",
+    )
+    assert out.content_type == "text/plain"
+    assert out.properties == {"unit": "C", "n": 7} and isinstance(out.properties["n"], short)
+    assert out.durable
+    assert out.creation_time == pytest.approx(CLOCKS.wall_ms / 1000.0)
+    # Built once: a fan-out reuses the sections.
+    assert message.encoded is not None and SECTIONS_KEY in message.encoded
+
+
+def test_ttl_on_the_way_out_is_what_is_left() -> None:
+    message = CoreMessage(topic="t", payload=b"", expiry=CLOCKS.now + 2.5)
+    out = ProtonMessage()
+    out.decode(to_amqp(message, durable=False, delivery_count=0, clocks=CLOCKS))
+    assert out.ttl == pytest.approx(2.5)
+
+
+def test_garbage_is_a_mapping_error() -> None:
+    for garbage in (b"\x00Sp\xff", b"hello", b"\x00\xa3\x03abc\x45"):
+        with pytest.raises(MappingError):
+            from_amqp(garbage, topic="t", clocks=CLOCKS, origin=None)
+
+
+def test_split_sections_names_each_section() -> None:
+    sent = jms("x", JMSMessageType.TEXT, durable=True)
+    sent.properties = {"a": 1}
+    codes = [code for code, _ in split_sections(encode(sent))]
+    assert codes == [0x70, 0x72, 0x73, 0x74, 0x77]
+
+
+def test_ulong_beyond_long_is_left_out() -> None:
+    sent = jms("x", JMSMessageType.TEXT)
+    sent.properties = {"big": ulong(2**64 - 1), "ok": 1}
+    properties = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message.properties
+    assert properties is not None and dict(properties) == {"ok": 1}
+
+
+def test_jms_ibm_retain_says_retained_or_live() -> None:
+    sent = jms("r", JMSMessageType.TEXT)
+    sent.properties = {"JMS_IBM_Retain": int32(1), "k": "v"}
+    message = from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None).message
+    assert message.retain
+    for retained, expected in ((True, 1), (False, 0)):
+        out = ProtonMessage()
+        out.decode(
+            to_amqp(message, durable=False, delivery_count=0, clocks=CLOCKS, retained=retained)
+        )
+        assert out.properties == {"JMS_IBM_Retain": expected, "k": "v"}
+        assert out.body == "r"
+    # An MQTT retained message without properties gains the section.
+    mqtt = CoreMessage(topic="t", payload=b"x", retain=True, created=CLOCKS.now)
+    out = ProtonMessage()
+    out.decode(to_amqp(mqtt, durable=False, delivery_count=0, clocks=CLOCKS, retained=True))
+    assert out.properties == {"JMS_IBM_Retain": 1} and bytes(out.body) == b"x"
