@@ -1,0 +1,1437 @@
+"""The asyncio core of kittiwake.jms: connections, sessions, producers, consumers, browsers
+and transactions over one AMQP connection each, with every acknowledgement mode's rule in one
+place (``Session._hand_over`` and ``Session._after_listener``). Everything here runs on one
+event loop; the blocking API (``kittiwake.jms``) drives it from other threads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from types import TracebackType
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from proton import Delivery, Described, Link, Receiver, Sender, Terminus, symbol, ulong
+from proton import Message as ProtonMessage
+
+from kittiwake.jms import messages as codec
+from kittiwake.jms.destinations import (
+    Destination,
+    Queue,
+    TemporaryQueue,
+    TemporaryTopic,
+    Topic,
+)
+from kittiwake.jms.engine import EngineConnection, LinkEndpoint, put_symbols
+from kittiwake.jms.exceptions import (
+    IllegalStateException,
+    InvalidDestinationException,
+    InvalidSelectorException,
+    JMSException,
+    TransactionRolledBackException,
+    from_condition,
+)
+from kittiwake.jms.messages import (
+    BytesMessage,
+    DeliveryMode,
+    MapMessage,
+    Message,
+    ObjectMessage,
+    StreamMessage,
+    TextMessage,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFETCH = 1000
+DEFAULT_PORT = 5672
+ACCEPTED_OUTCOME = 0x24
+DECLARED = 0x33
+TRANSACTIONAL_STATE = 0x34
+SELECTOR_FILTER = symbol("apache.org:selector-filter:string")
+NO_LOCAL_FILTER = symbol("apache.org:no-local-filter:list")
+
+
+class AcknowledgeMode(IntEnum):
+    """javax.jms.Session's constants, and Qpid JMS's extensions (same numbers)."""
+
+    SESSION_TRANSACTED = 0
+    AUTO_ACKNOWLEDGE = 1
+    CLIENT_ACKNOWLEDGE = 2
+    DUPS_OK_ACKNOWLEDGE = 3
+    INDIVIDUAL_ACKNOWLEDGE = 101
+    NO_ACKNOWLEDGE = 100
+    PRE_ACKNOWLEDGE = 102
+
+
+class ConnectionState(IntEnum):
+    """What a state listener is told (reconnection makes it observable)."""
+
+    CONNECTED = 1
+    RECONNECTING = 2
+    FAILED = 3
+    CLOSED = 4
+
+
+AsyncListener = Callable[[Message], Awaitable[None]]
+CompletionListener = Callable[[Message, JMSException | None], None]
+
+
+class ConnectionFactory:
+    """Where and how to connect: ``amqp://host:port``; ``disable_ack`` makes every transfer
+    presettled both ways (fire and forget); ``prefetch`` is each consumer's link credit."""
+
+    def __init__(
+        self,
+        url: str = "amqp://127.0.0.1:5672",
+        client_id: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        disable_ack: bool = False,
+        prefetch: int = DEFAULT_PREFETCH,
+        *,
+        allow_pickle: bool = False,
+        timeout: float = 15.0,
+        reconnect: bool = False,
+        reconnect_attempts: int = 20,
+        reconnect_delay: float = 0.1,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("amqp", ""):
+            raise JMSException(f"unsupported URL scheme {parts.scheme!r} (use amqp://)")
+        if prefetch < 0:
+            raise ValueError("prefetch must be 0 or more")
+        self.url = url
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or DEFAULT_PORT
+        self.client_id = client_id
+        self.username = (
+            username
+            if username is not None
+            else (unquote(parts.username) if parts.username else None)
+        )
+        self.password = (
+            password
+            if password is not None
+            else (unquote(parts.password) if parts.password else None)
+        )
+        self.disable_ack = disable_ack
+        self.prefetch = prefetch
+        self.allow_pickle = allow_pickle
+        self.timeout = timeout
+        # Reconnect: reopen the connection, its sessions and links after a failure, waiting
+        # ``reconnect_delay`` (doubling, at most 2 s) between at most ``reconnect_attempts``.
+        self.reconnect = reconnect
+        self.reconnect_attempts = reconnect_attempts
+        self.reconnect_delay = reconnect_delay
+
+    async def create_connection(
+        self, username: str | None = None, password: str | None = None
+    ) -> Connection:
+        explicit = self.client_id is not None
+        container = self.client_id if explicit else f"ID:{uuid.uuid4()}"
+        user = username if username is not None else self.username
+        secret = password if password is not None else self.password
+
+        async def open_engine() -> EngineConnection:
+            return await EngineConnection.open(
+                self.host,
+                self.port,
+                container_id=container or "",
+                sole=explicit,
+                username=user,
+                password=secret,
+                timeout=self.timeout,
+            )
+
+        connection = Connection(self, await open_engine(), self.client_id)
+        connection.open_engine = open_engine
+        return connection
+
+    async def create_context(
+        self, session_mode: AcknowledgeMode = AcknowledgeMode.AUTO_ACKNOWLEDGE
+    ) -> JMSContext:
+        connection = await self.create_connection()
+        try:
+            session = await connection.create_session(
+                session_mode == AcknowledgeMode.SESSION_TRANSACTED, session_mode
+            )
+        except BaseException:
+            await connection.close()
+            raise
+        return JMSContext(connection, session)
+
+
+class Connection:
+    """One AMQP connection. Messages flow to consumers only between ``start()`` and
+    ``stop()``; ``close()`` closes every session and deletes its temporary destinations."""
+
+    def __init__(
+        self, factory: ConnectionFactory, engine: EngineConnection, client_id: str | None
+    ) -> None:
+        self.factory = factory
+        self.engine = engine
+        self.client_id = client_id
+        self.sessions: list[Session] = []
+        self.started = False
+        self.closed = False
+        self.exception_listener: Callable[[JMSException], None] | None = None
+        self.state = ConnectionState.CONNECTED
+        self.state_listener: Callable[[ConnectionState], None] | None = None
+        self.open_engine: Callable[[], Awaitable[EngineConnection]] | None = None
+        self._reconnected = asyncio.Event()
+        self._reconnected.set()
+        self._reconnect_task: asyncio.Task[None] | None = None
+        engine.on_failure = self._failed
+
+    def set_state_listener(self, listener: Callable[[ConnectionState], None] | None) -> None:
+        self.state_listener = listener
+
+    def _set_state(self, state: ConnectionState) -> None:
+        self.state = state
+        if self.state_listener is not None:
+            try:
+                self.state_listener(state)
+            except Exception:
+                log.exception("connection state listener failed")
+
+    def _failed(self, error: JMSException) -> None:
+        if self.closed:
+            return
+        if self.factory.reconnect and self.open_engine is not None:
+            self._reconnected.clear()
+            self._set_state(ConnectionState.RECONNECTING)
+            for session in self.sessions:
+                session._connection_lost()
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect(error))
+            return
+        self._set_state(ConnectionState.FAILED)
+        if self.exception_listener is not None:
+            self.exception_listener(error)
+
+    async def _reconnect(self, error: JMSException) -> None:
+        """Reopen the connection, then every session, producer and consumer on it."""
+        assert self.open_engine is not None
+        delay = self.factory.reconnect_delay
+        for _attempt in range(self.factory.reconnect_attempts):
+            await asyncio.sleep(delay)  # back-off between attempts, not synchronisation
+            delay = min(delay * 2, 2.0)
+            if self.closed:
+                return
+            try:
+                engine = await self.open_engine()
+            except JMSException as exc:
+                error = exc
+                continue
+            self.engine = engine
+            engine.on_failure = self._failed
+            try:
+                for session in list(self.sessions):
+                    await session._reopen(engine)
+            except JMSException as exc:
+                error = exc
+                await engine.abort()
+                if self.engine is not engine or self.state != ConnectionState.RECONNECTING:
+                    return  # the abort started another round
+                continue
+            self._set_state(ConnectionState.CONNECTED)
+            self._reconnected.set()
+            for session in self.sessions:
+                for consumer in session.consumers:
+                    consumer._wake()
+            return
+        self._set_state(ConnectionState.FAILED)
+        self._reconnected.set()
+        if self.exception_listener is not None:
+            self.exception_listener(error)
+
+    async def _ready(self) -> None:
+        """Wait while reconnecting (operations resume on the new connection)."""
+        if not self._reconnected.is_set():
+            await self._reconnected.wait()
+
+    def get_client_id(self) -> str | None:
+        return self.client_id
+
+    def set_exception_listener(self, listener: Callable[[JMSException], None] | None) -> None:
+        self.exception_listener = listener
+
+    def _check(self) -> None:
+        if self.closed:
+            raise IllegalStateException("the connection is closed")
+        if self.state == ConnectionState.RECONNECTING:
+            return  # operations wait for the new connection (``_ready``)
+        self.engine.check()
+
+    async def create_session(
+        self,
+        transacted: bool = False,
+        acknowledge_mode: AcknowledgeMode = AcknowledgeMode.AUTO_ACKNOWLEDGE,
+    ) -> Session:
+        self._check()
+        mode = (
+            AcknowledgeMode.SESSION_TRANSACTED if transacted else AcknowledgeMode(acknowledge_mode)
+        )
+        if mode == AcknowledgeMode.SESSION_TRANSACTED and not transacted:
+            transacted = True
+        session = Session(self, mode)
+        await session._open()
+        self.sessions.append(session)
+        return session
+
+    async def start(self) -> None:
+        self._check()
+        self.started = True
+        for session in self.sessions:
+            for consumer in session.consumers:
+                consumer._wake()
+
+    async def stop(self) -> None:
+        """Holds deliveries back; returns once no listener is running (JMS)."""
+        self._check()
+        self.started = False
+        for session in self.sessions:
+            for consumer in session.consumers:
+                if consumer._listener_task is not asyncio.current_task():
+                    await consumer._idle.wait()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        task = self._reconnect_task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for session in list(self.sessions):
+            with contextlib.suppress(JMSException):
+                await session.close()
+        self.closed = True
+        await self.engine.close()
+        self.state = ConnectionState.CLOSED
+        self._reconnected.set()
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+@dataclass(slots=True)
+class Received:
+    """A message the broker delivered to a consumer, with its wire delivery."""
+
+    consumer: MessageConsumer
+    delivery: Delivery
+    message: Message
+
+
+class Session:
+    """A JMS session: its consumers, producers, and (transacted) its current transaction."""
+
+    def __init__(self, connection: Connection, mode: AcknowledgeMode) -> None:
+        self.connection = connection
+        self.engine = connection.engine
+        self.mode = mode
+        self.transacted = mode == AcknowledgeMode.SESSION_TRANSACTED
+        self.presettled = connection.factory.disable_ack or mode == AcknowledgeMode.NO_ACKNOWLEDGE
+        self.proton_session = self.engine.session()
+        self.consumers: list[MessageConsumer] = []
+        self.producers: list[MessageProducer] = []
+        self.unacked: list[Received] = []  # delivered to the application, not yet acknowledged
+        self.lazy: list[Received] = []  # DUPS_OK acknowledgements not yet sent
+        self.coordinator: LinkEndpoint | None = None
+        self.txn_id: Any = None
+        self.closed = False
+        self._tags = itertools.count(1)
+        self.loop = asyncio.get_running_loop()
+        self._transaction_lost = False
+
+    async def _open(self) -> None:
+        if not self.transacted:
+            return
+        sender = self.engine.sender(self.proton_session, "txn")
+        sender.target.type = Terminus.COORDINATOR
+        put_symbols(sender.target.capabilities, ["amqp:local-transactions"])
+        sender.source.address = f"txn-{uuid.uuid4()}"
+        self.coordinator = await self.engine.attach(sender)
+        await self._declare()
+
+    def _check(self) -> None:
+        if self.closed:
+            raise IllegalStateException("the session is closed")
+        self.connection._check()
+
+    def _connection_lost(self) -> None:
+        """Deliveries of the lost connection cannot be acknowledged any more: the broker
+        delivers them again (redelivered); a transaction in progress is lost."""
+        self.unacked.clear()
+        self.lazy.clear()
+        if self.transacted:
+            self._transaction_lost = True
+        for consumer in self.consumers:
+            consumer.buffer.clear()
+            consumer.outstanding = 0
+
+    async def _reopen(self, engine: EngineConnection) -> None:
+        self.engine = engine
+        self.proton_session = engine.session()
+        if self.transacted:
+            await self._open()
+        for producer in list(self.producers):
+            await producer._reattach()
+        for consumer in list(self.consumers):
+            await consumer._reattach()
+
+    def get_acknowledge_mode(self) -> AcknowledgeMode:
+        return self.mode
+
+    def get_transacted(self) -> bool:
+        return self.transacted
+
+    # -- message factories --------------------------------------------------------------------
+
+    def create_message(self) -> Message:
+        return Message()
+
+    def create_text_message(self, text: str | None = None) -> TextMessage:
+        return TextMessage(text)
+
+    def create_bytes_message(self) -> BytesMessage:
+        return BytesMessage()
+
+    def create_map_message(self) -> MapMessage:
+        return MapMessage()
+
+    def create_stream_message(self) -> StreamMessage:
+        return StreamMessage()
+
+    def create_object_message(self, value: Any = None) -> ObjectMessage:
+        return ObjectMessage(value, allow_pickle=self.connection.factory.allow_pickle)
+
+    def create_queue(self, name: str) -> Queue:
+        return Queue(name)
+
+    def create_topic(self, name: str) -> Topic:
+        return Topic(name)
+
+    # -- endpoints ----------------------------------------------------------------------------
+
+    async def create_producer(self, destination: Destination | None = None) -> MessageProducer:
+        self._check()
+
+        def build() -> Link:
+            sender = self.engine.sender(self.proton_session)
+            if destination is not None:
+                sender.target.address = destination.name
+                put_symbols(sender.target.capabilities, [destination.capability])
+            sender.source.address = sender.name
+            if self.connection.factory.disable_ack:
+                sender.snd_settle_mode = Link.SND_SETTLED
+            return sender
+
+        endpoint = await self.engine.attach(build())
+        producer = MessageProducer(self, endpoint, destination)
+        producer.build = build
+        self.producers.append(producer)
+        return producer
+
+    async def create_consumer(
+        self,
+        destination: Destination,
+        message_selector: str | None = None,
+        no_local: bool = False,
+    ) -> MessageConsumer:
+        return await self._consumer(destination, message_selector, no_local)
+
+    async def create_durable_consumer(
+        self,
+        topic: Topic,
+        name: str,
+        message_selector: str | None = None,
+        no_local: bool = False,
+    ) -> MessageConsumer:
+        if self.connection.client_id is None:
+            raise IllegalStateException("a durable subscription needs a client id")
+        return await self._consumer(topic, message_selector, no_local, durable_name=name)
+
+    create_durable_subscriber = create_durable_consumer
+
+    async def create_shared_consumer(
+        self, topic: Topic, name: str, message_selector: str | None = None
+    ) -> MessageConsumer:
+        """JMS 2.0 shared non-durable subscription (consumers with the same name share it)."""
+        return await self._consumer(topic, message_selector, False, shared_name=name)
+
+    async def create_shared_durable_consumer(
+        self, topic: Topic, name: str, message_selector: str | None = None
+    ) -> MessageConsumer:
+        return await self._consumer(
+            topic, message_selector, False, durable_name=name, shared_name=name
+        )
+
+    async def create_browser(
+        self, queue: Queue, message_selector: str | None = None
+    ) -> QueueBrowser:
+        consumer = await self._consumer(queue, message_selector, False, browse=True)
+        return QueueBrowser(consumer)
+
+    async def _consumer(
+        self,
+        destination: Destination,
+        selector: str | None,
+        no_local: bool,
+        *,
+        durable_name: str | None = None,
+        shared_name: str | None = None,
+        browse: bool = False,
+    ) -> MessageConsumer:
+        self._check()
+        if not isinstance(destination, Destination):
+            raise InvalidDestinationException("a consumer needs a Queue or a Topic")
+        capabilities = [destination.capability]
+        link_name = durable_name
+        if shared_name is not None:
+            # Qpid JMS's naming: the subscription name, "|global" without a client id,
+            # "|volatileN" for a non-durable shared subscription.
+            capabilities.append("shared")
+            link_name = shared_name
+            if self.connection.client_id is None:
+                capabilities.append("global")
+                link_name += "|global"
+            if durable_name is None:
+                link_name += f"|volatile{next(self._tags)}"
+
+        def build() -> Link:
+            receiver = self.engine.receiver(self.proton_session, link_name)
+            source = receiver.source
+            source.address = destination.name
+            put_symbols(source.capabilities, capabilities)
+            filters: dict[symbol, Any] = {}
+            if selector is not None and selector.strip():
+                filters[symbol("jms-selector")] = Described(SELECTOR_FILTER, selector)
+            if no_local:
+                filters[symbol("no-local")] = Described(NO_LOCAL_FILTER, [])
+            if filters:
+                source.filter.put_object(filters)
+            if durable_name is not None:
+                source.durability = Terminus.DELIVERIES
+                source.expiry_policy = Terminus.EXPIRE_NEVER
+            else:
+                source.expiry_policy = Terminus.EXPIRE_WITH_LINK
+            if browse:
+                source.distribution_mode = Terminus.DIST_MODE_COPY
+            receiver.target.address = receiver.name
+            if self.presettled and not browse:
+                receiver.snd_settle_mode = Link.SND_SETTLED
+            return receiver
+
+        try:
+            endpoint = await self.engine.attach(build())
+        except JMSException as exc:
+            if selector is not None and "selector" in str(exc):
+                raise InvalidSelectorException(str(exc), exc.error_code) from None
+            raise
+        consumer = MessageConsumer(
+            self, endpoint, destination, browse=browse, durable=durable_name is not None
+        )
+        consumer.build = build
+        consumer.selector = selector
+        self.consumers.append(consumer)
+        consumer._top_up()
+        return consumer
+
+    async def unsubscribe(self, name: str) -> None:
+        """Remove a durable subscription (as Qpid JMS: attach by name alone, then close)."""
+        self._check()
+        receiver = self.engine.receiver(self.proton_session, name)
+        receiver.source.address = None  # type: ignore[assignment]
+        receiver.target.address = receiver.name
+        for consumer in self.consumers:
+            if consumer.link.name == name and not consumer.closed:
+                raise IllegalStateException(f"subscription {name!r} has an active consumer")
+        try:
+            endpoint = await self.engine.attach(receiver)
+        except JMSException as exc:
+            raise InvalidDestinationException(f"no durable subscription {name!r}: {exc}") from None
+        await endpoint.close()
+
+    async def create_temporary_queue(self) -> TemporaryQueue:
+        name, deleter = await self._temporary("temporary-queue")
+        return TemporaryQueue(name, deleter)
+
+    async def create_temporary_topic(self) -> TemporaryTopic:
+        name, deleter = await self._temporary("temporary-topic")
+        return TemporaryTopic(name, deleter)
+
+    async def _temporary(self, capability: str) -> tuple[str, Callable[[], Awaitable[None]]]:
+        """A dynamic node; it lives while this link (or the connection) does."""
+        self._check()
+        sender = self.engine.sender(self.proton_session, "temporary")
+        sender.target.dynamic = True
+        sender.target.expiry_policy = Terminus.EXPIRE_WITH_LINK
+        put_symbols(sender.target.capabilities, [capability])
+        sender.source.address = sender.name
+        endpoint = await self.engine.attach(sender)
+        name = sender.remote_target.address
+        if not name:
+            raise JMSException("the broker named no temporary destination")
+        return name, endpoint.close
+
+    # -- acknowledgement ----------------------------------------------------------------------
+
+    def _settle(self, received: Received, state: int, failed: bool = False) -> None:
+        delivery = received.delivery
+        if not delivery.settled:
+            if state == Delivery.MODIFIED:
+                delivery.local.failed = failed
+            delivery.update(state)
+            delivery.settle()
+        received.consumer._settled()
+
+    def _transactional_accept(self, received: Received) -> None:
+        delivery = received.delivery
+        if not delivery.settled:
+            delivery.local.data = [self.txn_id, Described(ulong(ACCEPTED_OUTCOME), [])]  # type: ignore[list-item]
+            delivery.update(TRANSACTIONAL_STATE)
+            delivery.settle()
+        received.consumer._settled()
+
+    def _hand_over(self, received: Received, *, listener: bool) -> None:
+        """The acknowledgement rule of this session's mode at the moment the application gets
+        a message (``listener``: before the listener runs, else as receive() returns)."""
+        mode = self.mode
+        message = received.message
+        if received.delivery.settled or received.consumer.browse:
+            if received.consumer.browse:
+                self._settle(received, Delivery.ACCEPTED)
+            else:
+                received.consumer._settled()  # presettled: nothing to acknowledge
+        elif mode == AcknowledgeMode.SESSION_TRANSACTED:
+            self._transactional_accept(received)
+        elif mode == AcknowledgeMode.PRE_ACKNOWLEDGE:
+            self._settle(received, Delivery.ACCEPTED)
+        elif mode in (AcknowledgeMode.CLIENT_ACKNOWLEDGE, AcknowledgeMode.INDIVIDUAL_ACKNOWLEDGE):
+            self.unacked.append(received)
+            message._acknowledger = self._acknowledger(received)
+        elif not listener:
+            self._acknowledged_by_return(received)
+        self.engine.flush()
+
+    def _acknowledged_by_return(self, received: Received) -> None:
+        if received.delivery.settled:
+            return
+        if self.mode == AcknowledgeMode.DUPS_OK_ACKNOWLEDGE:
+            self.lazy.append(received)
+            if len(self.lazy) >= max(1, received.consumer.prefetch // 2):
+                self._flush_lazy()
+        elif self.mode == AcknowledgeMode.AUTO_ACKNOWLEDGE:
+            self._settle(received, Delivery.ACCEPTED)
+
+    def _after_listener(self, received: Received, ok: bool) -> None:
+        if self.mode not in (AcknowledgeMode.AUTO_ACKNOWLEDGE, AcknowledgeMode.DUPS_OK_ACKNOWLEDGE):
+            return
+        if received.delivery.settled:
+            return
+        if ok:
+            self._acknowledged_by_return(received)
+        else:
+            # The listener failed: the broker delivers it again, counted (modified, failed).
+            self._settle(received, Delivery.MODIFIED, failed=True)
+        self.engine.flush()
+
+    def _flush_lazy(self) -> None:
+        lazy, self.lazy = self.lazy, []
+        for received in lazy:
+            self._settle(received, Delivery.ACCEPTED)
+        self.engine.flush()
+
+    def _acknowledger(self, received: Received) -> Callable[[Message], None]:
+        def acknowledge_here() -> None:
+            if self.closed:
+                raise IllegalStateException("the session is closed")
+            if self.mode == AcknowledgeMode.INDIVIDUAL_ACKNOWLEDGE:
+                if received in self.unacked:
+                    self.unacked.remove(received)
+                    self._settle(received, Delivery.ACCEPTED)
+            else:
+                self.acknowledge()
+            self.engine.flush()
+
+        def acknowledge(message: Message) -> None:
+            # The engine belongs to the loop: from another thread (the blocking API, a
+            # listener thread) the acknowledgement runs there and this call waits for it.
+            try:
+                running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is self.loop:
+                acknowledge_here()
+                return
+
+            async def on_loop() -> None:
+                acknowledge_here()
+
+            asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result()
+
+        return acknowledge
+
+    def acknowledge(self) -> None:
+        """CLIENT_ACKNOWLEDGE: every message the session delivered so far."""
+        unacked, self.unacked = self.unacked, []
+        for received in unacked:
+            self._settle(received, Delivery.ACCEPTED)
+        self.engine.flush()
+
+    async def recover(self) -> None:
+        """Redeliver every unacknowledged message (count +1), in order."""
+        self._check()
+        if self.transacted:
+            raise IllegalStateException("recover() on a transacted session (use rollback())")
+        self._release_buffered()
+        unacked, self.unacked = self.unacked, []
+        for received in unacked:
+            self._settle(received, Delivery.MODIFIED, failed=True)
+        self._refill()
+
+    def _release_buffered(self) -> None:
+        """Return prefetched, undelivered messages so redelivered ones keep their order."""
+        for consumer in self.consumers:
+            while consumer.buffer:
+                received = consumer.buffer.popleft()
+                self._settle(received, Delivery.RELEASED)
+
+    def _refill(self) -> None:
+        for consumer in self.consumers:
+            consumer._top_up()
+        self.engine.flush()
+
+    # -- transactions -------------------------------------------------------------------------
+
+    async def _control(self, body: Described) -> tuple[int, Delivery]:
+        assert self.coordinator is not None
+        endpoint = self.coordinator
+        link = endpoint.link
+        await _wait_credit(endpoint)
+        tag = str(next(self._tags))
+        delivery = link.delivery(tag)
+        future: asyncio.Future[tuple[int, Delivery]] = asyncio.get_running_loop().create_future()
+        endpoint.outcomes[tag] = future
+        link.send(ProtonMessage(body=body).encode())
+        link.advance()
+        self.engine.flush()
+        del delivery
+        return await asyncio.wait_for(future, self.engine.timeout)
+
+    async def _declare(self) -> None:
+        state, delivery = await self._control(Described(symbol("amqp:declare:list"), [None]))
+        if state != DECLARED:
+            raise _outcome_error(state, delivery, "the broker refused to declare a transaction")
+        self.txn_id = delivery.remote.data[0]  # type: ignore[index]
+
+    async def _discharge(self, fail: bool) -> tuple[int, Delivery]:
+        return await self._control(Described(symbol("amqp:discharge:list"), [self.txn_id, fail]))
+
+    async def commit(self) -> None:
+        self._check()
+        if not self.transacted:
+            raise IllegalStateException("commit() on a session that is not transacted")
+        if self._transaction_lost:
+            self._transaction_lost = False
+            raise TransactionRolledBackException(
+                "the connection failed during the transaction; it was rolled back"
+            )
+        state, delivery = await self._discharge(False)
+        await self._declare()
+        if state != Delivery.ACCEPTED:
+            self._release_buffered()
+            self._refill()
+            raise _outcome_error(
+                state, delivery, "the transaction was rolled back", TransactionRolledBackException
+            )
+
+    async def rollback(self) -> None:
+        self._check()
+        if not self.transacted:
+            raise IllegalStateException("rollback() on a session that is not transacted")
+        if self._transaction_lost:
+            self._transaction_lost = False  # already rolled back with the old connection
+            return
+        self._release_buffered()
+        state, delivery = await self._discharge(True)
+        await self._declare()
+        self._refill()
+        if state != Delivery.ACCEPTED:
+            raise _outcome_error(state, delivery, "rollback failed")
+
+    async def close(self) -> None:
+        """Close consumers (waiting for a running listener) and producers; a transacted
+        session's open transaction is rolled back."""
+        if self.closed:
+            return
+        for consumer in list(self.consumers):
+            await consumer.close()
+        if self.lazy and not self.engine.dead:
+            self._flush_lazy()
+        for producer in list(self.producers):
+            await producer.close()
+        if self.transacted and self.txn_id is not None and not self.engine.dead:
+            with contextlib.suppress(JMSException, TimeoutError):
+                await self._discharge(True)
+        if self.coordinator is not None:
+            await self.coordinator.close()
+        self.closed = True
+        if not self.engine.dead:
+            self.proton_session.close()
+            self.engine.flush()
+        with contextlib.suppress(ValueError):
+            self.connection.sessions.remove(self)
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def transaction(self) -> Transaction:
+        """``async with session.transaction():`` commits on success, rolls back on error."""
+        if not self.transacted:
+            raise IllegalStateException("transaction() on a session that is not transacted")
+        return Transaction(self)
+
+
+class Transaction:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    async def __aenter__(self) -> Session:
+        return self.session
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if kind is None:
+            await self.session.commit()
+        else:
+            await self.session.rollback()
+
+
+def _outcome_error(
+    state: int, delivery: Delivery, default: str, kind: type[JMSException] = JMSException
+) -> JMSException:
+    condition = delivery.remote.condition
+    if condition is not None:
+        error = from_condition(condition.name, condition.description, kind)
+        if kind is TransactionRolledBackException and not isinstance(error, kind):
+            return kind(str(error), error.error_code)
+        return error
+    return kind(f"{default} (outcome {state})")
+
+
+async def _wait_credit(endpoint: LinkEndpoint) -> None:
+    link = endpoint.link
+    while link.credit <= 0:
+        endpoint.check()
+        endpoint.engine.check()
+        endpoint.changed.clear()
+        await endpoint.changed.wait()
+    endpoint.check()
+
+
+class MessageProducer:
+    """Sends with the JMS message headers: PERSISTENT sends wait for the broker's
+    acceptance (synchronous), NON_PERSISTENT ones do not; all are presettled under
+    disable_ack."""
+
+    def __init__(
+        self, session: Session, endpoint: LinkEndpoint, destination: Destination | None
+    ) -> None:
+        self.session = session
+        self.endpoint = endpoint
+        self.link: Sender = endpoint.link  # type: ignore[assignment]
+        self.destination = destination
+        self.delivery_mode = DeliveryMode.PERSISTENT
+        self.priority = codec.DEFAULT_PRIORITY
+        self.time_to_live = 0  # milliseconds, 0 = never expires
+        self.delivery_delay = 0  # milliseconds
+        self.disable_message_id = False
+        self.disable_message_timestamp = False
+        self.closed = False
+        self._tags = itertools.count(1)
+        self._pending: set[asyncio.Future[Any]] = set()
+        self.build: Callable[[], Link] | None = None
+
+    async def _reattach(self) -> None:
+        if self.closed or self.build is None:
+            return
+        self.endpoint = await self.session.engine.attach(self.build())
+        self.link = self.endpoint.link  # type: ignore[assignment]
+
+    def get_destination(self) -> Destination | None:
+        return self.destination
+
+    def set_delivery_mode(self, mode: DeliveryMode) -> None:
+        self.delivery_mode = DeliveryMode(mode)
+
+    def set_priority(self, priority: int) -> None:
+        if not 0 <= priority <= 9:
+            raise JMSException("priority is 0-9")
+        self.priority = priority
+
+    def set_time_to_live(self, milliseconds: int) -> None:
+        self.time_to_live = milliseconds
+
+    def set_delivery_delay(self, milliseconds: int) -> None:
+        self.delivery_delay = milliseconds
+
+    def set_disable_message_id(self, value: bool) -> None:
+        self.disable_message_id = value
+
+    def set_disable_message_timestamp(self, value: bool) -> None:
+        self.disable_message_timestamp = value
+
+    async def send(
+        self,
+        message: Message,
+        destination: Destination | None = None,
+        *,
+        delivery_mode: DeliveryMode | None = None,
+        priority: int | None = None,
+        time_to_live: int | None = None,
+        completion_listener: CompletionListener | None = None,
+    ) -> None:
+        if self.closed:
+            raise IllegalStateException("the producer is closed")
+        session = self.session
+        await session.connection._ready()
+        session._check()
+        if self.destination is not None:
+            if destination is not None and destination != self.destination:
+                raise ValueError("this producer has a destination; send(message) only")
+            target = self.destination
+        elif destination is None:
+            raise InvalidDestinationException("an anonymous producer needs a destination")
+        else:
+            target = destination
+        if isinstance(target, (TemporaryQueue, TemporaryTopic)) and target.deleter is None:
+            pass
+        mode = DeliveryMode(delivery_mode if delivery_mode is not None else self.delivery_mode)
+        ttl = self.time_to_live if time_to_live is None else time_to_live
+        now = codec.now_ms()
+        message.jms_destination = target
+        message.jms_delivery_mode = mode
+        message.jms_priority = self.priority if priority is None else priority
+        message.jms_timestamp = 0 if self.disable_message_timestamp else now
+        message.jms_expiration = now + ttl if ttl > 0 else 0
+        message.jms_delivery_time = now + self.delivery_delay
+        message.jms_message_id = None if self.disable_message_id else codec.new_message_id()
+        if ttl > 0 and self.disable_message_timestamp:
+            message.jms_timestamp = now  # the expiry is computed from it
+        data = codec.encode(
+            message,
+            address=target.name,
+            destination=target,
+            delivery_delay_ms=self.delivery_delay,
+            allow_pickle=session.connection.factory.allow_pickle,
+        )
+        if self.disable_message_timestamp:
+            message.jms_timestamp = 0
+        await _wait_credit(self.endpoint)
+        link = self.link
+        tag = str(next(self._tags))
+        delivery = link.delivery(tag)
+        link.send(data)
+        if session.transacted:
+            delivery.local.data = [session.txn_id]
+            delivery.update(TRANSACTIONAL_STATE)
+        link.advance()
+        if link.snd_settle_mode == Link.SND_SETTLED:
+            delivery.settle()
+            session.engine.flush()
+            if completion_listener is not None:
+                completion_listener(message, None)
+            return
+        future: asyncio.Future[tuple[int, Delivery]] = asyncio.get_running_loop().create_future()
+        self.endpoint.outcomes[tag] = future
+        session.engine.flush()
+        if completion_listener is not None:
+            future.add_done_callback(lambda f: completion_listener(message, _send_error(f)))
+            self._track(future)
+            return
+        if mode == DeliveryMode.PERSISTENT or session.transacted:
+            try:
+                outcome = await future
+            except JMSException:
+                connection = session.connection
+                if connection.state != ConnectionState.RECONNECTING or session.transacted:
+                    raise
+                # In doubt: send again on the new connection (at least once, as Qpid JMS).
+                await connection._ready()
+                await self.send(
+                    message,
+                    destination,
+                    delivery_mode=delivery_mode,
+                    priority=priority,
+                    time_to_live=time_to_live,
+                )
+                return
+            error = _send_error(outcome)
+            if error is not None:
+                raise error
+        else:
+            self._track(future)
+
+    def _track(self, future: asyncio.Future[Any]) -> None:
+        self._pending.add(future)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self._pending.discard(f)
+            error = _send_error(f)
+            if error is not None:
+                log.warning("an asynchronous send failed: %s", error)
+
+        future.add_done_callback(done)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._pending:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(list(self._pending), timeout=self.session.engine.timeout)
+        await self.endpoint.close()
+        with contextlib.suppress(ValueError):
+            self.session.producers.remove(self)
+
+
+def _send_error(result: Any) -> JMSException | None:
+    if isinstance(result, asyncio.Future):
+        if result.cancelled():
+            return JMSException("the send was cancelled")
+        exc = result.exception()
+        if exc is not None:
+            return exc if isinstance(exc, JMSException) else JMSException(str(exc))
+        result = result.result()
+    state, delivery = result
+    if state == Delivery.ACCEPTED:
+        return None
+    if state == TRANSACTIONAL_STATE:
+        data = delivery.remote.data
+        outcome = data[1] if isinstance(data, list) and len(data) > 1 else None
+        if isinstance(outcome, Described) and outcome.descriptor in (
+            ulong(ACCEPTED_OUTCOME),
+            symbol("amqp:accepted:list"),
+        ):
+            return None
+        return TransactionRolledBackException("the transactional send was not accepted")
+    condition = delivery.remote.condition
+    if condition is not None:
+        return from_condition(condition.name, condition.description)
+    return JMSException(f"the broker did not accept the message (outcome {state})")
+
+
+class MessageConsumer:
+    """Receives from one destination; prefetch is the link's credit (0: one pull per
+    receive, drained when it times out)."""
+
+    def __init__(
+        self,
+        session: Session,
+        endpoint: LinkEndpoint,
+        destination: Destination,
+        *,
+        browse: bool = False,
+        durable: bool = False,
+    ) -> None:
+        self.session = session
+        self.endpoint = endpoint
+        self.link: Receiver = endpoint.link  # type: ignore[assignment]
+        self.destination = destination
+        self.browse = browse
+        self.durable = durable
+        self.prefetch = session.connection.factory.prefetch
+        self.buffer: deque[Received] = deque()
+        self.outstanding = 0  # received and not yet settled: counts against the prefetch
+        self.closed = False
+        self.listener: AsyncListener | None = None
+        self._listener_task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()  # clear while the listener runs
+        self._idle.set()
+        self.build: Callable[[], Link] | None = None
+        self.selector: str | None = None
+        endpoint.on_delivery = self._arrived
+
+    async def _reattach(self) -> None:
+        if self.closed or self.build is None:
+            return
+        self.buffer.clear()
+        self.outstanding = 0
+        self.endpoint = await self.session.engine.attach(self.build())
+        self.link = self.endpoint.link  # type: ignore[assignment]
+        self.endpoint.on_delivery = self._arrived
+        self._top_up()
+
+    def _arrived(self, delivery: Delivery) -> None:
+        link = self.link
+        data = link.recv(delivery.pending)
+        link.advance()
+        factory = self.session.connection.factory
+        try:
+            message = codec.decode(
+                data or b"", fallback=self.destination, allow_pickle=factory.allow_pickle
+            )
+        except Exception as exc:
+            log.warning("undecodable message rejected: %s", exc)
+            delivery.update(Delivery.REJECTED)
+            delivery.settle()
+            return
+        self.outstanding += 1
+        self.buffer.append(Received(self, delivery, message))
+        self.endpoint.changed.set()
+
+    def _settled(self) -> None:
+        self.outstanding = max(0, self.outstanding - 1)
+        self._top_up()
+
+    def _top_up(self) -> None:
+        if self.closed or self.prefetch == 0 or self.link.drain_mode:
+            return
+        want = self.prefetch - self.link.credit - self.outstanding
+        if want > 0 and (want >= max(1, self.prefetch // 4) or self.link.credit == 0):
+            self.link.flow(want)
+            self.session.engine.flush()
+
+    def _wake(self) -> None:
+        self.endpoint.changed.set()
+
+    def get_message_selector(self) -> str | None:
+        return self.selector
+
+    async def _next(self, timeout: float | None, *, no_wait: bool = False) -> Received | None:
+        """The next buffered delivery, pulling when prefetch is 0; None on timeout or close."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        connection = self.session.connection
+        pulled = False
+        while True:
+            if self.closed:
+                return None
+            if not connection._reconnected.is_set():
+                await connection._ready()
+                continue
+            try:
+                self.endpoint.check()
+            except JMSException:
+                if connection.state == ConnectionState.RECONNECTING:
+                    continue
+                raise
+            if self.buffer and connection.started:
+                received = self.buffer.popleft()
+                if self._expired(received):
+                    continue
+                return received
+            if no_wait and connection.started:
+                if not await self._drain():
+                    return None
+                continue
+            if connection.started and self.prefetch == 0 and not pulled and self.link.credit == 0:
+                self.link.flow(1)
+                self.session.engine.flush()
+                pulled = True
+            self.endpoint.changed.clear()
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                if connection.started and self.prefetch == 0 and self.link.credit > 0:
+                    await self._drain()
+                    if self.buffer:
+                        continue
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.endpoint.changed.wait(), remaining)
+
+    def _expired(self, received: Received) -> bool:
+        """A prefetched message that expired while buffered is not delivered (JMS); it goes
+        back as undeliverable here, as Qpid JMS does, and the broker expires it."""
+        expiration = received.message.jms_expiration
+        if not expiration or codec.now_ms() < expiration or self.browse:
+            return False
+        delivery = received.delivery
+        if not delivery.settled:
+            delivery.local.undeliverable = True
+            self.session._settle(received, Delivery.MODIFIED, failed=True)
+        else:
+            self._settled()
+        self.session.engine.flush()
+        return True
+
+    async def _drain(self) -> bool:
+        """Ask the broker for what it has now (drain); True when something arrived."""
+        link = self.link
+        before = len(self.buffer)
+        if self.prefetch == 0 and link.credit == 0:
+            link.drain(1)
+        else:
+            link.drain(0)
+        self.session.engine.flush()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.session.engine.timeout
+        while link.draining() and len(self.buffer) == before:
+            self.endpoint.check()
+            self.endpoint.changed.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise JMSException("the broker did not answer a drain")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.endpoint.changed.wait(), remaining)
+        link.drain_mode = False
+        arrived = len(self.buffer) > before
+        self._top_up()
+        self.session.engine.flush()
+        return arrived
+
+    def _check_receive(self) -> None:
+        if self.listener is not None:
+            raise IllegalStateException("this consumer has a message listener")
+        self.session._check()
+
+    async def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message; waits at most ``timeout`` seconds (None: until one comes or
+        the consumer closes)."""
+        self._check_receive()
+        received = await self._next(timeout)
+        if received is None:
+            return None
+        self.session._hand_over(received, listener=False)
+        return received.message
+
+    async def receive_no_wait(self) -> Message | None:
+        self._check_receive()
+        received = await self._next(0, no_wait=True)
+        if received is None:
+            return None
+        self.session._hand_over(received, listener=False)
+        return received.message
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Message]:
+        while True:
+            message = await self.receive()
+            if message is None:
+                return
+            yield message
+
+    def set_message_listener(self, listener: AsyncListener | None) -> None:
+        """Run ``listener`` for each message, one at a time, acknowledging per the session's
+        mode (AUTO: after it returns; a listener that raises gets the message again)."""
+        self.session._check()
+        self.listener = listener
+        if listener is not None and self._listener_task is None:
+            self._listener_task = asyncio.get_running_loop().create_task(self._listen())
+        self._wake()
+
+    async def _listen(self) -> None:
+        session = self.session
+        while not self.closed:
+            listener = self.listener
+            if listener is None:
+                return
+            try:
+                received = await self._next(None)
+            except JMSException:
+                return
+            if received is None:
+                return
+            session._hand_over(received, listener=True)
+            ok = True
+            self._idle.clear()
+            try:
+                await listener(received.message)
+            except Exception:
+                log.exception("message listener failed on %s", received.message.jms_message_id)
+                ok = False
+            finally:
+                self._idle.set()
+            if not session.engine.dead:
+                session._after_listener(received, ok)
+
+    async def close(self) -> None:
+        """Waits for a running listener to return; unconsumed prefetched messages go back."""
+        if self.closed:
+            return
+        self.closed = True
+        self._wake()
+        task = self._listener_task
+        if task is not None and task is not asyncio.current_task():
+            with contextlib.suppress(Exception):
+                await task
+        if not self.session.engine.dead:
+            while self.buffer:
+                received = self.buffer.popleft()
+                self.session._settle(received, Delivery.RELEASED)
+            if self.session.lazy:
+                self.session._flush_lazy()
+            await self.endpoint.close(detach=self.durable)
+        with contextlib.suppress(ValueError):
+            self.session.consumers.remove(self)
+
+
+class QueueBrowser:
+    """Looks at a queue's messages without consuming them (a copy-mode link)."""
+
+    def __init__(self, consumer: MessageConsumer) -> None:
+        self.consumer = consumer
+
+    def get_queue(self) -> Destination:
+        return self.consumer.destination
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._enumerate()
+
+    async def _enumerate(self) -> AsyncIterator[Message]:
+        consumer = self.consumer
+        while True:
+            if not consumer.buffer and not await consumer._drain():
+                return
+            while consumer.buffer:
+                received = consumer.buffer.popleft()
+                consumer.session._hand_over(received, listener=False)
+                yield received.message
+
+    async def get_enumeration(self) -> list[Message]:
+        return [message async for message in self]
+
+    async def close(self) -> None:
+        await self.consumer.close()
+
+
+class JMSContext:
+    """JMS 2.0's simplified API: one connection and one session, started on first consume."""
+
+    def __init__(self, connection: Connection, session: Session) -> None:
+        self.connection = connection
+        self.session = session
+        self.auto_start = True
+        self._producer: MessageProducer | None = None
+
+    async def create_producer(self) -> JMSProducer:
+        if self._producer is None:
+            self._producer = await self.session.create_producer(None)
+        return JMSProducer(self, self._producer)
+
+    async def create_consumer(
+        self, destination: Destination, message_selector: str | None = None, no_local: bool = False
+    ) -> MessageConsumer:
+        consumer = await self.session.create_consumer(destination, message_selector, no_local)
+        if self.auto_start:
+            await self.connection.start()
+        return consumer
+
+    def create_text_message(self, text: str | None = None) -> TextMessage:
+        return TextMessage(text)
+
+    def create_queue(self, name: str) -> Queue:
+        return Queue(name)
+
+    def create_topic(self, name: str) -> Topic:
+        return Topic(name)
+
+    async def create_temporary_queue(self) -> TemporaryQueue:
+        return await self.session.create_temporary_queue()
+
+    async def commit(self) -> None:
+        await self.session.commit()
+
+    async def rollback(self) -> None:
+        await self.session.rollback()
+
+    def acknowledge(self) -> None:
+        self.session.acknowledge()
+
+    async def close(self) -> None:
+        await self.connection.close()
+
+    async def __aenter__(self) -> JMSContext:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class JMSProducer:
+    """JMS 2.0's producer: settings chain, and ``send(destination, body)`` takes a message,
+    a str (TextMessage), bytes (BytesMessage) or a dict (MapMessage)."""
+
+    def __init__(self, context: JMSContext, producer: MessageProducer) -> None:
+        self.context = context
+        self.producer = producer
+        self.delivery_mode = DeliveryMode.PERSISTENT
+        self.priority = codec.DEFAULT_PRIORITY
+        self.time_to_live = 0
+        self.delivery_delay = 0
+        self.properties: dict[str, Any] = {}
+
+    def set_delivery_mode(self, mode: DeliveryMode) -> JMSProducer:
+        self.delivery_mode = mode
+        return self
+
+    def set_priority(self, priority: int) -> JMSProducer:
+        self.priority = priority
+        return self
+
+    def set_time_to_live(self, milliseconds: int) -> JMSProducer:
+        self.time_to_live = milliseconds
+        return self
+
+    def set_delivery_delay(self, milliseconds: int) -> JMSProducer:
+        self.delivery_delay = milliseconds
+        return self
+
+    def set_property(self, name: str, value: Any) -> JMSProducer:
+        self.properties[name] = value
+        return self
+
+    async def send(
+        self, destination: Destination, body: Message | str | bytes | dict[str, Any] | None
+    ) -> JMSProducer:
+        message: Message
+        if isinstance(body, Message):
+            message = body
+        elif isinstance(body, str):
+            message = TextMessage(body)
+        elif isinstance(body, bytes):
+            message = BytesMessage(body)
+        elif isinstance(body, dict):
+            message = MapMessage(body)
+        else:
+            message = Message()
+        for name, value in self.properties.items():
+            message.set_object_property(name, value)
+        self.producer.delivery_delay = self.delivery_delay
+        await self.producer.send(
+            message,
+            destination,
+            delivery_mode=self.delivery_mode,
+            priority=self.priority,
+            time_to_live=self.time_to_live,
+        )
+        return self
+
+
+_ = time  # the clock used by callers through codec.now_ms

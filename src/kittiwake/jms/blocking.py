@@ -1,0 +1,637 @@
+"""The blocking JMS API: a thin layer that runs the asyncio core (``kittiwake.jms.aio``) on
+one I/O thread per connection and keeps JMS's threading rules: a session's listeners run one
+at a time on that session's own thread; ``close()`` may be called from any thread and waits
+for a running listener (from the listener itself it is refused, as JMS 2.0 says). Never does
+I/O itself."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from types import TracebackType
+from typing import Any, TypeVar
+
+from kittiwake.jms import aio
+from kittiwake.jms.aio import AcknowledgeMode, CompletionListener, ConnectionState
+from kittiwake.jms.destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
+from kittiwake.jms.exceptions import (
+    IllegalStateException,
+    JMSException,
+    JMSRuntimeException,
+)
+from kittiwake.jms.messages import (
+    BytesMessage,
+    DeliveryMode,
+    MapMessage,
+    Message,
+    ObjectMessage,
+    StreamMessage,
+    TextMessage,
+)
+
+T = TypeVar("T")
+MessageListener = Callable[[Message], None]
+
+
+class _IOThread:
+    """The connection's event loop on its own daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="kittiwake-jms-io", daemon=True
+        )
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self.thread:
+            coroutine.close()
+            raise IllegalStateException("a blocking JMS call on the connection's I/O thread")
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def call(self, function: Callable[[], T]) -> T:
+        """Run plain engine-touching code on the loop (the engine is not thread-safe)."""
+
+        async def wrapper() -> T:
+            return function()
+
+        return self.run(wrapper())
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout=10)
+            self.loop.close()
+
+
+class ConnectionFactory:
+    """``ConnectionFactory("amqp://127.0.0.1:5672", client_id=..., disable_ack=...,
+    prefetch=...)``. ``allow_pickle`` enables ObjectMessage (pickle: unsafe with untrusted
+    peers)."""
+
+    def __init__(
+        self,
+        url: str = "amqp://127.0.0.1:5672",
+        client_id: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        disable_ack: bool = False,
+        prefetch: int = aio.DEFAULT_PREFETCH,
+        *,
+        allow_pickle: bool = False,
+        timeout: float = 15.0,
+        reconnect: bool = False,
+        reconnect_attempts: int = 20,
+        reconnect_delay: float = 0.1,
+    ) -> None:
+        self.core = aio.ConnectionFactory(
+            url,
+            client_id,
+            username,
+            password,
+            disable_ack,
+            prefetch,
+            allow_pickle=allow_pickle,
+            timeout=timeout,
+            reconnect=reconnect,
+            reconnect_attempts=reconnect_attempts,
+            reconnect_delay=reconnect_delay,
+        )
+
+    def create_connection(
+        self, username: str | None = None, password: str | None = None
+    ) -> Connection:
+        io = _IOThread()
+        try:
+            core = io.run(self.core.create_connection(username, password))
+        except BaseException:
+            io.stop()
+            raise
+        return Connection(io, core)
+
+    def create_context(
+        self, session_mode: AcknowledgeMode = AcknowledgeMode.AUTO_ACKNOWLEDGE
+    ) -> JMSContext:
+        try:
+            connection = self.create_connection()
+        except JMSException as exc:
+            raise JMSRuntimeException(str(exc), exc.error_code) from exc
+        try:
+            session = connection.create_session(
+                session_mode == AcknowledgeMode.SESSION_TRANSACTED, session_mode
+            )
+        except BaseException:
+            connection.close()
+            raise
+        return JMSContext(connection, session)
+
+
+class Connection:
+    def __init__(self, io: _IOThread, core: aio.Connection) -> None:
+        self.io = io
+        self.core = core
+        self.sessions: list[Session] = []
+
+    def get_client_id(self) -> str | None:
+        return self.core.client_id
+
+    def get_state(self) -> ConnectionState:
+        return self.core.state
+
+    def set_state_listener(self, listener: Callable[[ConnectionState], None] | None) -> None:
+        """Told of every state change (CONNECTED, RECONNECTING, FAILED), on the I/O thread:
+        it must not block."""
+        self.core.set_state_listener(listener)
+
+    def set_exception_listener(self, listener: Callable[[JMSException], None] | None) -> None:
+        """Called on a thread of its own when the connection fails."""
+
+        def notify(error: JMSException) -> None:
+            if listener is not None:
+                threading.Thread(target=listener, args=(error,), daemon=True).start()
+
+        self.core.set_exception_listener(notify if listener is not None else None)
+
+    def create_session(
+        self,
+        transacted: bool = False,
+        acknowledge_mode: AcknowledgeMode = AcknowledgeMode.AUTO_ACKNOWLEDGE,
+    ) -> Session:
+        session = Session(self, self.io.run(self.core.create_session(transacted, acknowledge_mode)))
+        self.sessions.append(session)
+        return session
+
+    def start(self) -> None:
+        self.io.run(self.core.start())
+
+    def stop(self) -> None:
+        """Returns once no listener is running; refused from a listener (JMS 2.0)."""
+        for session in self.sessions:
+            session._refuse_from_listener("Connection.stop()")
+        self.io.run(self.core.stop())
+
+    def close(self) -> None:
+        for session in self.sessions:
+            session._refuse_from_listener("Connection.close()")
+        if not self.io.loop.is_closed():
+            self.io.run(self.core.close())
+        for session in self.sessions:
+            session._shutdown()
+        self.io.stop()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Session:
+    """Single-threaded, as in JMS; its listeners run one at a time on its own thread."""
+
+    def __init__(self, connection: Connection, core: aio.Session) -> None:
+        self.connection = connection
+        self.io = connection.io
+        self.core = core
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._listener_thread: int | None = None
+
+    def _listener_executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="kittiwake-jms-listener"
+            )
+        return self._executor
+
+    def _in_listener(self) -> bool:
+        return self._listener_thread == threading.get_ident()
+
+    def _refuse_from_listener(self, what: str) -> None:
+        if self._in_listener():
+            raise IllegalStateException(f"{what} from this session's own message listener")
+
+    def _shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    def get_acknowledge_mode(self) -> AcknowledgeMode:
+        return self.core.mode
+
+    def get_transacted(self) -> bool:
+        return self.core.transacted
+
+    def create_message(self) -> Message:
+        return Message()
+
+    def create_text_message(self, text: str | None = None) -> TextMessage:
+        return TextMessage(text)
+
+    def create_bytes_message(self) -> BytesMessage:
+        return BytesMessage()
+
+    def create_map_message(self) -> MapMessage:
+        return MapMessage()
+
+    def create_stream_message(self) -> StreamMessage:
+        return StreamMessage()
+
+    def create_object_message(self, value: Any = None) -> ObjectMessage:
+        return self.core.create_object_message(value)
+
+    def create_queue(self, name: str) -> Queue:
+        return Queue(name)
+
+    def create_topic(self, name: str) -> Topic:
+        return Topic(name)
+
+    def create_producer(self, destination: Destination | None = None) -> MessageProducer:
+        return MessageProducer(self, self.io.run(self.core.create_producer(destination)))
+
+    def create_consumer(
+        self,
+        destination: Destination,
+        message_selector: str | None = None,
+        no_local: bool = False,
+    ) -> MessageConsumer:
+        core = self.io.run(self.core.create_consumer(destination, message_selector, no_local))
+        return MessageConsumer(self, core)
+
+    def create_durable_consumer(
+        self,
+        topic: Topic,
+        name: str,
+        message_selector: str | None = None,
+        no_local: bool = False,
+    ) -> MessageConsumer:
+        core = self.io.run(
+            self.core.create_durable_consumer(topic, name, message_selector, no_local)
+        )
+        return MessageConsumer(self, core)
+
+    create_durable_subscriber = create_durable_consumer
+
+    def create_shared_consumer(
+        self, topic: Topic, name: str, message_selector: str | None = None
+    ) -> MessageConsumer:
+        core = self.io.run(self.core.create_shared_consumer(topic, name, message_selector))
+        return MessageConsumer(self, core)
+
+    def create_shared_durable_consumer(
+        self, topic: Topic, name: str, message_selector: str | None = None
+    ) -> MessageConsumer:
+        core = self.io.run(self.core.create_shared_durable_consumer(topic, name, message_selector))
+        return MessageConsumer(self, core)
+
+    def create_browser(self, queue: Queue, message_selector: str | None = None) -> QueueBrowser:
+        return QueueBrowser(self, self.io.run(self.core.create_browser(queue, message_selector)))
+
+    def create_temporary_queue(self) -> TemporaryQueue:
+        return self.io.run(self.core.create_temporary_queue())
+
+    def create_temporary_topic(self) -> TemporaryTopic:
+        return self.io.run(self.core.create_temporary_topic())
+
+    def delete_temporary(self, destination: TemporaryQueue | TemporaryTopic) -> None:
+        """TemporaryQueue.delete() / TemporaryTopic.delete()."""
+        if destination.deleter is not None:
+            self.io.run(_awaited(destination.deleter))
+
+    def unsubscribe(self, name: str) -> None:
+        self.io.run(self.core.unsubscribe(name))
+
+    def commit(self) -> None:
+        self.io.run(self.core.commit())
+
+    def rollback(self) -> None:
+        self.io.run(self.core.rollback())
+
+    def recover(self) -> None:
+        self.io.run(self.core.recover())
+
+    def acknowledge(self) -> None:
+        self.io.call(self.core.acknowledge)
+
+    def close(self) -> None:
+        self._refuse_from_listener("Session.close()")
+        if not self.io.loop.is_closed():
+            self.io.run(self.core.close())
+        self._shutdown()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+async def _awaited(function: Callable[[], Any]) -> None:
+    result = function()
+    if asyncio.iscoroutine(result):
+        await result
+
+
+class MessageProducer:
+    def __init__(self, session: Session, core: aio.MessageProducer) -> None:
+        self.session = session
+        self.core = core
+
+    def get_destination(self) -> Destination | None:
+        return self.core.destination
+
+    def set_delivery_mode(self, mode: DeliveryMode) -> None:
+        self.core.set_delivery_mode(mode)
+
+    def get_delivery_mode(self) -> DeliveryMode:
+        return self.core.delivery_mode
+
+    def set_priority(self, priority: int) -> None:
+        self.core.set_priority(priority)
+
+    def get_priority(self) -> int:
+        return self.core.priority
+
+    def set_time_to_live(self, milliseconds: int) -> None:
+        self.core.set_time_to_live(milliseconds)
+
+    def get_time_to_live(self) -> int:
+        return self.core.time_to_live
+
+    def set_delivery_delay(self, milliseconds: int) -> None:
+        self.core.set_delivery_delay(milliseconds)
+
+    def get_delivery_delay(self) -> int:
+        return self.core.delivery_delay
+
+    def set_disable_message_id(self, value: bool) -> None:
+        self.core.set_disable_message_id(value)
+
+    def set_disable_message_timestamp(self, value: bool) -> None:
+        self.core.set_disable_message_timestamp(value)
+
+    def send(
+        self,
+        message: Message,
+        destination: Destination | None = None,
+        *,
+        delivery_mode: DeliveryMode | None = None,
+        priority: int | None = None,
+        time_to_live: int | None = None,
+        completion_listener: CompletionListener | None = None,
+    ) -> None:
+        """Returns once the broker has accepted a PERSISTENT message; with a
+        ``completion_listener`` it returns at once and the listener is told later (on the
+        I/O thread: it must not block)."""
+        self.io_run(
+            self.core.send(
+                message,
+                destination,
+                delivery_mode=delivery_mode,
+                priority=priority,
+                time_to_live=time_to_live,
+                completion_listener=completion_listener,
+            )
+        )
+
+    def io_run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return self.session.io.run(coroutine)
+
+    def close(self) -> None:
+        self.io_run(self.core.close())
+
+
+class MessageConsumer:
+    """``receive(timeout)`` takes seconds (Python's unit; JMS's is milliseconds)."""
+
+    def __init__(self, session: Session, core: aio.MessageConsumer) -> None:
+        self.session = session
+        self.core = core
+        self.listener: MessageListener | None = None
+
+    def get_message_selector(self) -> str | None:
+        return self.core.get_message_selector()
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        return self.session.io.run(self.core.receive(timeout))
+
+    def receive_no_wait(self) -> Message | None:
+        return self.session.io.run(self.core.receive_no_wait())
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            message = self.receive()
+            if message is None:
+                return
+            yield message
+
+    def get_message_listener(self) -> MessageListener | None:
+        return self.listener
+
+    def set_message_listener(self, listener: MessageListener | None) -> None:
+        """The listener runs on the session's listener thread; AUTO_ACKNOWLEDGE acknowledges
+        after it returns, and a listener that raises gets the message again."""
+        self.listener = listener
+        session = self.session
+        loop = session.io.loop
+        if listener is None:
+            session.io.call(lambda: self.core.set_message_listener(None))
+            return
+        executor = session._listener_executor()
+
+        def run(message: Message) -> None:
+            session._listener_thread = threading.get_ident()
+            listener(message)
+
+        async def on_message(message: Message) -> None:
+            await loop.run_in_executor(executor, run, message)
+
+        session.io.call(lambda: self.core.set_message_listener(on_message))
+
+    def close(self) -> None:
+        """Waits for a running listener; from the listener itself it closes once it returns."""
+        if self.session._in_listener():
+            asyncio.run_coroutine_threadsafe(self.core.close(), self.session.io.loop)
+            return
+        self.session.io.run(self.core.close())
+
+
+class QueueBrowser:
+    def __init__(self, session: Session, core: aio.QueueBrowser) -> None:
+        self.session = session
+        self.core = core
+
+    def get_queue(self) -> Destination:
+        return self.core.get_queue()
+
+    def get_enumeration(self) -> list[Message]:
+        return self.session.io.run(self.core.get_enumeration())
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.get_enumeration())
+
+    def close(self) -> None:
+        self.session.io.run(self.core.close())
+
+
+def _runtime(function: Callable[[], T]) -> T:
+    try:
+        return function()
+    except JMSException as exc:
+        raise JMSRuntimeException(str(exc), exc.error_code) from exc
+
+
+class JMSContext:
+    """JMS 2.0's simplified API; its methods raise JMSRuntimeException."""
+
+    def __init__(self, connection: Connection, session: Session) -> None:
+        self.connection = connection
+        self.session = session
+        self.auto_start = True
+        self._producer: MessageProducer | None = None
+
+    def create_producer(self) -> JMSProducer:
+        if self._producer is None:
+            self._producer = _runtime(lambda: self.session.create_producer(None))
+        return JMSProducer(self._producer)
+
+    def create_consumer(
+        self, destination: Destination, message_selector: str | None = None, no_local: bool = False
+    ) -> JMSConsumer:
+        consumer = _runtime(
+            lambda: self.session.create_consumer(destination, message_selector, no_local)
+        )
+        if self.auto_start:
+            _runtime(self.connection.start)
+        return JMSConsumer(consumer)
+
+    def create_browser(self, queue: Queue, message_selector: str | None = None) -> QueueBrowser:
+        return _runtime(lambda: self.session.create_browser(queue, message_selector))
+
+    def create_text_message(self, text: str | None = None) -> TextMessage:
+        return TextMessage(text)
+
+    def create_queue(self, name: str) -> Queue:
+        return Queue(name)
+
+    def create_topic(self, name: str) -> Topic:
+        return Topic(name)
+
+    def create_temporary_queue(self) -> TemporaryQueue:
+        return _runtime(self.session.create_temporary_queue)
+
+    def create_temporary_topic(self) -> TemporaryTopic:
+        return _runtime(self.session.create_temporary_topic)
+
+    def commit(self) -> None:
+        _runtime(self.session.commit)
+
+    def rollback(self) -> None:
+        _runtime(self.session.rollback)
+
+    def recover(self) -> None:
+        _runtime(self.session.recover)
+
+    def acknowledge(self) -> None:
+        _runtime(self.session.acknowledge)
+
+    def get_client_id(self) -> str | None:
+        return self.connection.get_client_id()
+
+    def close(self) -> None:
+        _runtime(self.connection.close)
+
+    def __enter__(self) -> JMSContext:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class JMSProducer:
+    """Settings chain; ``send(destination, body)`` takes a Message, str, bytes or dict."""
+
+    def __init__(self, producer: MessageProducer) -> None:
+        self.producer = producer
+        self.delivery_mode = DeliveryMode.PERSISTENT
+        self.priority = 4
+        self.time_to_live = 0
+        self.delivery_delay = 0
+        self.properties: dict[str, Any] = {}
+
+    def set_delivery_mode(self, mode: DeliveryMode) -> JMSProducer:
+        self.delivery_mode = mode
+        return self
+
+    def set_priority(self, priority: int) -> JMSProducer:
+        self.priority = priority
+        return self
+
+    def set_time_to_live(self, milliseconds: int) -> JMSProducer:
+        self.time_to_live = milliseconds
+        return self
+
+    def set_delivery_delay(self, milliseconds: int) -> JMSProducer:
+        self.delivery_delay = milliseconds
+        return self
+
+    def set_property(self, name: str, value: Any) -> JMSProducer:
+        self.properties[name] = value
+        return self
+
+    def send(
+        self, destination: Destination, body: Message | str | bytes | dict[str, Any] | None
+    ) -> JMSProducer:
+        message: Message
+        if isinstance(body, Message):
+            message = body
+        elif isinstance(body, str):
+            message = TextMessage(body)
+        elif isinstance(body, bytes):
+            message = BytesMessage(body)
+        elif isinstance(body, dict):
+            message = MapMessage(body)
+        else:
+            message = Message()
+        for name, value in self.properties.items():
+            message.set_object_property(name, value)
+        self.producer.set_delivery_delay(self.delivery_delay)
+        _runtime(
+            lambda: self.producer.send(
+                message,
+                destination,
+                delivery_mode=self.delivery_mode,
+                priority=self.priority,
+                time_to_live=self.time_to_live,
+            )
+        )
+        return self
+
+
+class JMSConsumer:
+    def __init__(self, consumer: MessageConsumer) -> None:
+        self.consumer = consumer
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        return _runtime(lambda: self.consumer.receive(timeout))
+
+    def receive_no_wait(self) -> Message | None:
+        return _runtime(self.consumer.receive_no_wait)
+
+    def receive_body(self, timeout: float | None = None) -> Any:
+        message = self.receive(timeout)
+        return None if message is None else message.get_body()
+
+    def set_message_listener(self, listener: MessageListener | None) -> None:
+        _runtime(lambda: self.consumer.set_message_listener(listener))
+
+    def close(self) -> None:
+        _runtime(self.consumer.close)

@@ -1,0 +1,332 @@
+"""kittiwake.jms through crashes at the worst moment: a consumer process killed with messages
+delivered but not acknowledged, and the broker killed with kill -9 while a consumer holds one.
+What comes back, with which redelivered flag and count (DESIGN.md section 2: a count is never
+under-counted; after a broker crash it may count one attempt too many)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from kittiwake.jms import (
+    AUTO_ACKNOWLEDGE,
+    CLIENT_ACKNOWLEDGE,
+    AcknowledgeMode,
+    ConnectionFactory,
+    ConnectionState,
+    JMSException,
+    Message,
+    Queue,
+    TextMessage,
+)
+from tests.integration.brokerproc import BrokerProcess
+from tests.integration.clients import unique
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A consumer process: receives ``count`` messages in ``mode``, acknowledging the first when
+# asked, reports each body, then waits to be killed.
+CONSUMER = """
+import sys, time
+from kittiwake.jms import ConnectionFactory, Queue, AcknowledgeMode
+url, queue, mode, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ack_first, prefetch = sys.argv[5] == "1", int(sys.argv[6])
+connection = ConnectionFactory(url, prefetch=prefetch).create_connection()
+connection.start()
+session = connection.create_session(mode == 0, AcknowledgeMode(mode))
+consumer = session.create_consumer(Queue(queue))
+for i in range(count):
+    message = consumer.receive(10)
+    if i == 0 and ack_first:
+        message.acknowledge()
+    print("got", message.get_body(), flush=True)
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+class ConsumerProcess:
+    """The consumer script in a child process; its stdout lines read by a thread."""
+
+    def __init__(self, *args: str) -> None:
+        env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CONSUMER, *args], stdout=subprocess.PIPE, env=env
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.decode().strip())
+
+    def read_line(self, timeout: float = 15.0) -> str:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError("the consumer process said nothing in time") from None
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def send(url: str, destination: Queue, *bodies: str) -> None:
+    connection = ConnectionFactory(url).create_connection()
+    session = connection.create_session()
+    producer = session.create_producer(destination)
+    for body in bodies:
+        producer.send(session.create_text_message(body))  # PERSISTENT: stored when it returns
+    connection.close()
+
+
+def take_all(url: str, destination: Queue) -> list[tuple[str | None, bool, int]]:
+    connection = ConnectionFactory(url).create_connection()
+    connection.start()
+    consumer = connection.create_session().create_consumer(destination)
+    got: list[tuple[str | None, bool, int]] = []
+    while (message := consumer.receive(1.0)) is not None:
+        body = message.get_body()
+        # A TextMessage stays a TextMessage across a restart.
+        assert isinstance(body, str), f"not a text body after the restart: {body!r}"
+        got.append((body, message.get_jms_redelivered(), message.delivery_count))
+    connection.close()
+    return got
+
+
+def run_consumer(
+    url: str,
+    destination: Queue,
+    mode: AcknowledgeMode,
+    count: int,
+    ack_first: bool,
+    prefetch: int = 1,
+) -> ConsumerProcess:
+    return ConsumerProcess(
+        url,
+        destination.name,
+        str(int(mode)),
+        str(count),
+        "1" if ack_first else "0",
+        str(prefetch),
+    )
+
+
+def test_consumer_killed_holding_unacknowledged_messages(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        queue = Queue(unique("crash-client"))
+        send(broker.amqp_url, queue, "1", "2", "3")
+        proc = run_consumer(broker.amqp_url, queue, CLIENT_ACKNOWLEDGE, 2, ack_first=True)
+        try:
+            assert [proc.read_line(), proc.read_line(), proc.read_line()] == [
+                "got 1",
+                "got 2",
+                "holding",
+            ]
+        finally:
+            proc.kill()
+        # 1 was acknowledged; 2 reached the dead consumer (redelivered, count 2); 3 never
+        # left the broker (prefetch 1 with one unacknowledged: no credit).
+        assert take_all(broker.amqp_url, queue) == [("2", True, 2), ("3", False, 1)]
+    finally:
+        broker.stop()
+
+
+def test_consumer_killed_after_auto_acknowledge(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        queue = Queue(unique("crash-auto"))
+        send(broker.amqp_url, queue, "1", "2")
+        proc = run_consumer(broker.amqp_url, queue, AUTO_ACKNOWLEDGE, 1, ack_first=False)
+        try:
+            assert [proc.read_line(), proc.read_line()] == ["got 1", "holding"]
+        finally:
+            proc.kill()
+        remaining = take_all(broker.amqp_url, queue)
+        assert [body for body, _, _ in remaining] == ["2"]  # 1 was acknowledged by receive()
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize(
+    ("mode", "prefetch", "expected"),
+    [
+        # Acknowledged as receive() returned: only the third is left, never delivered.
+        (AcknowledgeMode.AUTO_ACKNOWLEDGE, 0, [("3", False)]),
+        (AcknowledgeMode.PRE_ACKNOWLEDGE, 0, [("3", False)]),
+        # Presettled: the broker forgot them once sent.
+        (AcknowledgeMode.NO_ACKNOWLEDGE, 0, [("3", False)]),
+        # Never acknowledged / never committed: both come back as redeliveries.
+        (AcknowledgeMode.CLIENT_ACKNOWLEDGE, 0, [("1", True), ("2", True), ("3", False)]),
+        (AcknowledgeMode.INDIVIDUAL_ACKNOWLEDGE, 0, [("1", True), ("2", True), ("3", False)]),
+        (AcknowledgeMode.SESSION_TRANSACTED, 0, [("1", True), ("2", True), ("3", False)]),
+        # Lazy acknowledgements not yet sent: the duplicates DUPS_OK allows (the third was
+        # prefetched, or not: either way it is there).
+        (AcknowledgeMode.DUPS_OK_ACKNOWLEDGE, 10, [("1", True), ("2", True), ("3", None)]),
+    ],
+)
+def test_consumer_killed_in_every_mode(
+    tmp_path: Path,
+    mode: AcknowledgeMode,
+    prefetch: int,
+    expected: list[tuple[str, bool | None]],
+) -> None:
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique(f"crash-{mode.name.lower()}"))
+        send(broker.amqp_url, destination, "1", "2", "3")
+        proc = run_consumer(broker.amqp_url, destination, mode, 2, False, prefetch)
+        try:
+            assert [proc.read_line(), proc.read_line(), proc.read_line()] == [
+                "got 1",
+                "got 2",
+                "holding",
+            ]
+        finally:
+            proc.kill()
+        left = take_all(broker.amqp_url, destination)
+        assert [body for body, _, _ in left] == [body for body, _ in expected]
+        for (body, redelivered, count), (_, wanted) in zip(left, expected, strict=True):
+            if wanted is not None:
+                assert redelivered is wanted, body
+                assert count == (2 if wanted else 1), body
+    finally:
+        broker.stop()
+
+
+def crash_while_holding(tmp_path: Path) -> list[tuple[str | None, bool, int]]:
+    """Three stored messages, a CLIENT_ACKNOWLEDGE consumer holding the first, kill -9, restart:
+    what a new consumer gets."""
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique("crash-broker"))
+        send(broker.amqp_url, destination, "1", "2", "3")
+        connection = ConnectionFactory(broker.amqp_url, prefetch=1).create_connection()
+        lost = threading.Event()
+        errors: list[JMSException] = []
+
+        def on_failure(error: JMSException) -> None:
+            errors.append(error)
+            lost.set()
+
+        connection.set_exception_listener(on_failure)
+        connection.start()
+        session = connection.create_session(False, CLIENT_ACKNOWLEDGE)
+        held: Message | None = session.create_consumer(destination).receive(10)
+        assert held is not None and held.get_body() == "1"
+        broker.kill()
+        assert lost.wait(10), "the exception listener was not told"
+        assert isinstance(errors[0], JMSException)
+        connection.close()
+        broker.restart()
+        return take_all(broker.amqp_url, destination)
+    finally:
+        broker.stop()
+
+
+def test_broker_killed_while_a_consumer_holds_a_message(tmp_path: Path) -> None:
+    got = crash_while_holding(tmp_path)
+    # Every stored message survives, in order, and no count is under-counted.
+    assert [body for body, _, _ in got] == ["1", "2", "3"]
+    assert all(count >= 1 for _, _, count in got)
+
+
+def test_broker_crash_marks_the_held_message_redelivered(tmp_path: Path) -> None:
+    got = crash_while_holding(tmp_path)
+    assert got[0][0] == "1" and got[0][1] is True and got[0][2] >= 2
+
+
+def test_text_message_survives_a_restart_as_text(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique("restart-type"))
+        send(broker.amqp_url, destination, "hello")
+        broker.kill()
+        broker.restart()
+        connection = ConnectionFactory(broker.amqp_url).create_connection()
+        connection.start()
+        message = connection.create_session().create_consumer(destination).receive(10)
+        connection.close()
+        assert isinstance(message, TextMessage) and message.get_text() == "hello"
+    finally:
+        broker.stop()
+
+
+def test_broker_killed_inside_a_transaction(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique("crash-transaction"))
+        connection = ConnectionFactory(broker.amqp_url).create_connection()
+        session = connection.create_session(True)
+        producer = session.create_producer(destination)
+        producer.send(session.create_text_message("committed"))
+        session.commit()
+        producer.send(session.create_text_message("in flight"))
+        broker.kill()
+        # The transaction died with the broker: commit() cannot succeed.
+        with pytest.raises(JMSException):
+            session.commit()
+        connection.close()
+        broker.restart()
+        assert [body for body, _, _ in take_all(broker.amqp_url, destination)] == ["committed"]
+    finally:
+        broker.stop()
+
+
+def test_reconnect_resumes_producers_and_consumers_after_a_broker_crash(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique("reconnect"))
+        factory = ConnectionFactory(broker.amqp_url, reconnect=True, reconnect_delay=0.05)
+        connection = factory.create_connection()
+        states: list[ConnectionState] = []
+        reconnected = threading.Event()
+
+        def on_state(state: ConnectionState) -> None:
+            states.append(state)
+            if state == ConnectionState.CONNECTED:
+                reconnected.set()
+
+        connection.set_state_listener(on_state)
+        connection.start()
+        session = connection.create_session()
+        producer = session.create_producer(destination)
+        consumer = session.create_consumer(destination)
+        producer.send(session.create_text_message("before"))
+        first = consumer.receive(10)
+        assert first is not None and first.get_body() == "before"
+        broker.kill()
+        # A receive blocked across the crash gets what is sent after the reconnection.
+        bodies: list[str] = []
+
+        def receive_until_after() -> None:
+            while (message := consumer.receive(30)) is not None:
+                body = message.get_body()
+                assert isinstance(body, str), f"not a text body: {body!r}"
+                bodies.append(body)
+                if bodies[-1] == "after":
+                    return
+
+        waiter = threading.Thread(target=receive_until_after)
+        waiter.start()
+        broker.restart()
+        assert reconnected.wait(30), f"no reconnection: {states}"
+        assert states[0] == ConnectionState.RECONNECTING
+        assert connection.get_state() == ConnectionState.CONNECTED
+        producer.send(session.create_text_message("after"))  # the same producer object
+        waiter.join(30)
+        assert not waiter.is_alive()
+        # "before" may come again: its acknowledgement can die with the broker (at least once).
+        assert bodies[-1:] == ["after"] and set(bodies[:-1]) <= {"before"}
+        connection.close()
+    finally:
+        broker.stop()
