@@ -8,7 +8,7 @@ connections one encoded QoS 0 frame goes to), dropped with the plan. Never enque
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from kittiwake.broker.mqtt_subscriptions import SessionCopy, session_copies
 from kittiwake.broker.sessions import Session, Subscription
@@ -91,12 +91,18 @@ class RoutePlans:
         return list(self._cache) if self._cached_generation == self.generation else []
 
     def _build(self, topic: str) -> RoutePlan:
-        matches = self.tree.match(topic)
-        groups = tuple(m for m in matches if isinstance(m, SharedGroup))
-        subscriptions: Sequence[Subscription | SharedGroup] = (
-            [m for m in matches if not isinstance(m, SharedGroup)] if groups else matches
-        )
-        copies = tuple(session_copies(subscriptions))  # type: ignore[arg-type]
+        subscriptions: list[Subscription] = []
+        groups_found: list[SharedGroup] = []
+        for match in self.tree.match(topic):
+            if isinstance(match, SharedGroup):
+                groups_found.append(match)
+                continue
+            permissions = match.session.permissions
+            if permissions is not None and not permissions.may_read(topic):
+                continue  # a wildcard granted over denied topics: filtered here, once
+            subscriptions.append(match)
+        groups = tuple(groups_found)
+        copies = tuple(session_copies(subscriptions))
         direct: tuple[Session, ...] | None = None
         if not groups and not (self._journals_qos0 is not None and self._journals_qos0(topic)):
             # Offline sessions never queue QoS 0.

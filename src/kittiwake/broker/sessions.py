@@ -18,6 +18,7 @@ from kittiwake.broker.queues import Queue, QueuedMessage
 from kittiwake.broker.routing import Binding
 
 if TYPE_CHECKING:
+    from kittiwake.broker.authorization import Permissions
     from kittiwake.broker.mqtt_subscriptions import SessionCopy
     from kittiwake.broker.shared_groups import Member
 
@@ -106,6 +107,9 @@ class Session:
     # Clock times while disconnected: when the session ends, when the will is due.
     expires_at: float | None = None
     will_at: float | None = None
+    # What its client's principal may publish and receive; None until a connection or a
+    # subscription sets it (a session recovered from the store, until its client is back).
+    permissions: Permissions | None = None
 
     @property
     def persistent(self) -> bool:

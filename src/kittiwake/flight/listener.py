@@ -10,8 +10,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kittiwake.broker.authentication import Authentication
 from kittiwake.broker.authorization import Authorizer
-from kittiwake.flight.auth import AnonymousAuthenticator, Authenticator
+from kittiwake.config import TLSConfig
+from kittiwake.flight.auth import Authenticator, UsersAuthenticator
 from kittiwake.store.journal_reader import JournalReader
 from kittiwake.store.journal_selection import JournalSelection
 
@@ -43,16 +45,20 @@ class FlightListener:
         data_dir: str | Path,
         selection: JournalSelection,
         authorizer: Authorizer,
+        authentication: Authentication | None = None,
+        allow_anonymous: bool | None = None,
         authenticator: Authenticator | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         require_pyarrow()
         self.host = host
         self.port = port
         self._reader = JournalReader(data_dir, selection)
         self._authorizer = authorizer
-        self._authenticator = authenticator or AnonymousAuthenticator(
-            authorizer.allow_anonymous
+        self._authenticator = authenticator or UsersAuthenticator(
+            authentication or Authentication(), allow_anonymous
         )
+        self._tls = tls
         self._server: JournalFlightServer | None = None
 
     async def start(self) -> tuple[str, int]:
@@ -60,7 +66,12 @@ class FlightListener:
 
         def bind() -> JournalFlightServer:
             return JournalFlightServer(
-                self.host, self.port, self._reader, self._authenticator, self._authorizer
+                self.host,
+                self.port,
+                self._reader,
+                self._authenticator,
+                self._authorizer,
+                self._tls,
             )
 
         try:
@@ -68,7 +79,8 @@ class FlightListener:
         except Exception as exc:  # pyarrow reports a taken port as a generic error
             raise OSError(f"flight listener on {self.host}:{self.port}: {exc}") from exc
         self.port = int(self._server.port)
-        log.info("Flight listening on grpc://%s:%s", self.host, self.port)
+        scheme = "grpc+tls" if self._tls is not None and self._tls.enabled else "grpc"
+        log.info("Flight listening on %s://%s:%s", scheme, self.host, self.port)
         return self.host, self.port
 
     async def stop(self) -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow.flight as flight
 
 from kittiwake.broker.authorization import Authorizer
+from kittiwake.config import TLSConfig
 from kittiwake.flight.auth import (
     AuthenticationRefused,
     Authenticator,
@@ -70,13 +72,25 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         reader: JournalReader,
         authenticator: Authenticator,
         authorizer: Authorizer,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.reader = reader
         self._authorizer = authorizer
         address = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
+        options: dict[str, Any] = {}
+        scheme = "grpc"
+        if tls is not None and tls.enabled:
+            scheme = "grpc+tls"
+            certificate = Path(tls.certificate).read_bytes()
+            key = Path(tls.key).read_bytes() if tls.key else certificate
+            options["tls_certificates"] = [flight.CertKeyPair(certificate, key)]
+            if tls.ca:
+                options["root_certificates"] = Path(tls.ca).read_bytes()
+                options["verify_client"] = tls.require_client_certificate
         super().__init__(
-            f"grpc://{address}:{port}",
+            f"{scheme}://{address}:{port}",
             middleware={_AUTH_MIDDLEWARE: _AuthMiddlewareFactory(authenticator)},
+            **options,
         )
 
     # -- handlers (on gRPC threads) ----------------------------------------------------------

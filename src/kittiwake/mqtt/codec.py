@@ -14,6 +14,7 @@ from kittiwake.mqtt.errors import (
     MQTTProtocolError,
     PacketTooLargeError,
     UnsupportedProtocolVersionError,
+    quoted,
 )
 from kittiwake.mqtt.packets import (
     Auth,
@@ -120,7 +121,8 @@ class PacketDecoder:
 
         Raises an :class:`MQTTProtocolError` for the first invalid packet, and
         :class:`PacketTooLargeError` as soon as an oversized fixed header is readable, without
-        waiting for (or buffering) the body.
+        waiting for (or buffering) the body. The error's ``packets_before`` holds the packets
+        of ``data`` decoded before it, which are still to be acted on.
         """
         buf = self._buf
         src: bytes | bytearray
@@ -171,8 +173,12 @@ class PacketDecoder:
                 else:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
                 pos = end
-        except BaseException:
+        except MQTTProtocolError as error:
             self._buf = bytearray()  # the connection is dead; drop the tail with the error
+            error.packets_before = list(packets)
+            raise
+        except BaseException:
+            self._buf = bytearray()
             raise
         finally:
             mv.release()  # the bytearray cannot be resized while a view of it is alive
@@ -227,7 +233,9 @@ def _packet_id(body: memoryview, pos: int, end: int, name: str) -> int:
 
 def _check_topic_name(topic: str, what: str) -> None:
     if "+" in topic or "#" in topic:
-        raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"{what} {topic!r} has a wildcard")
+        raise MQTTProtocolError(
+            ReasonCode.TOPIC_NAME_INVALID, f"{what} {quoted(topic)} has a wildcard"
+        )
 
 
 def _decode_reserved(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
@@ -249,7 +257,7 @@ def _decode_connect(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
             raise UnsupportedProtocolVersionError(level)
     else:
         # 3.1.1 and 5.0 (3.1.2.1): an unknown name is not MQTT at all; the server just closes.
-        raise MalformedPacketError(f"unknown protocol name {name!r}")
+        raise MalformedPacketError(f"unknown protocol name {quoted(name)}")
     dec.protocol_version = level
     if pos + 3 > end:
         raise MalformedPacketError("CONNECT ends inside its variable header")
@@ -374,7 +382,9 @@ def _decode_publish_at(
     if "\x00" in topic:
         raise MalformedPacketError("PUBLISH topic contains U+0000")
     if "+" in topic or "#" in topic:
-        raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"topic {topic!r} has a wildcard")
+        raise MQTTProtocolError(
+            ReasonCode.TOPIC_NAME_INVALID, f"topic {quoted(topic)} has a wildcard"
+        )
     packet_id = None
     if qos:
         if pos + 2 > end:
