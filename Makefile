@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 CONFIG ?= kittiwake.toml
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test venv test-deps build-deps system-deps java lint typecheck bench bench-spark demo clean
+.PHONY: run test venv test-deps build-deps system-deps browser-deps java lint typecheck bench bench-spark demo clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import venv' 2>/dev/null && $(PYTHON) -m venv $(VENV) 2>/dev/null || \
@@ -36,6 +36,14 @@ system-deps: java
 	@command -v npm >/dev/null 2>&1 || { \
 	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nodejs npm; }
 
+# The browser test of MQTT over WebSockets: Debian's Chromium (headless) and MQTT.js from npm,
+# pinned by tests/browser/package-lock.json.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium nodejs npm; }
+	@[ -f tests/browser/node_modules/mqtt/dist/mqtt.min.js ] || \
+	  npm ci --prefix tests/browser --no-audit --no-fund
+
 # Spark 4 needs Java 17 or newer: checked with `java -version`, Debian's JRE 17 installed when
 # it is missing or older (the distribution's default JRE where 17 is not packaged).
 java:
@@ -50,7 +58,7 @@ java:
 run: venv
 	$(BIN)/kittiwake serve $(if $(wildcard $(CONFIG)),--config $(CONFIG),)
 
-test: test-deps
+test: test-deps browser-deps
 	$(BIN)/python -m pytest -q
 
 lint: test-deps

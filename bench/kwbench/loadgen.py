@@ -172,6 +172,34 @@ class _SubConn:
         self.next_sample = next_sample
 
 
+def _subscribe_fleet(sock: socket.socket, client_id: str, span: tuple[int, int], filters: int,
+                     qos: int) -> int:
+    """Subscribe filters [first, last) of a fleet, 100 per SUBSCRIBE, all sent before the
+    SUBACKs are read; returns the QoS granted."""
+    first, last = span
+    per_packet = 100
+    packets = []
+    answers = 0
+    for pid, start in enumerate(range(first, last, per_packet), 1):
+        names = [wire.fleet_filter(i, filters) for i in range(start, min(last, start + per_packet))]
+        packets.append(wire.subscribe_many(pid, names, qos))
+        answers += 4 + len(names)  # SUBACK: fixed header (2), packet id (2), one code each
+    sock.sendall(b"".join(packets))
+    subacks = _recv_exact(sock, answers)
+    i = 0
+    granted = qos
+    while i < len(subacks):
+        if subacks[i] != wire.SUBACK:
+            raise ConnectionError(f"{client_id}: bad SUBACK {subacks[i:i + 8].hex()}")
+        length = subacks[i + 1]
+        codes = subacks[i + 4:i + 2 + length]
+        if 0x80 in codes:
+            raise ConnectionError(f"{client_id}: a filter was refused")
+        granted = min(granted, min(codes))
+        i += 2 + length
+    return granted
+
+
 def _subscriber(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> None:
     host, port, qos = spec["host"], spec["port"], spec["qos"]
     expected = spec["expected_per_conn"]
@@ -184,18 +212,26 @@ def _subscriber(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> N
     sweep_s = 0.002
     conns: list[_SubConn] = []
     granted = []
-    for client_id in spec["client_ids"]:
+    ranges = spec.get("filter_ranges")
+    expected_each = spec.get("expected_list") or [expected] * len(spec["client_ids"])
+    subscribe_s = 0.0
+    for n, client_id in enumerate(spec["client_ids"]):
         sock = _mqtt_connect(host, port, client_id, clean=spec.get("clean", True), timeout=10)
-        sock.sendall(wire.subscribe(1, spec["topic"], qos))
-        suback = _recv_exact(sock, 5)
-        if suback[0] != wire.SUBACK or suback[4] == 0x80:
-            raise ConnectionError(f"{client_id}: bad SUBACK {suback.hex()}")
-        granted.append(suback[4])
+        if ranges:
+            started = time.monotonic()
+            granted.append(_subscribe_fleet(sock, client_id, ranges[n], spec["fleet_filters"], qos))
+            subscribe_s += time.monotonic() - started
+        else:
+            sock.sendall(wire.subscribe(1, spec["topic"], qos))
+            suback = _recv_exact(sock, 5)
+            if suback[0] != wire.SUBACK or suback[4] == 0x80:
+                raise ConnectionError(f"{client_id}: bad SUBACK {suback.hex()}")
+            granted.append(suback[4])
         sock.setblocking(False)
         if lowat:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
-        conns.append(_SubConn(sock, expected, stride))
-    ready_q.put(("ready", spec["id"], {"granted_qos": granted}))
+        conns.append(_SubConn(sock, expected_each[n], stride))
+    ready_q.put(("ready", spec["id"], {"granted_qos": granted, "subscribe_s": subscribe_s}))
     if not go.wait(spec["start_timeout_s"]):
         raise TimeoutError("no go signal")
     cpu0 = _cpu()
@@ -285,7 +321,7 @@ def _subscriber(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> N
     stats = {
         "kind": "sub",
         "received": sum(c.count for c in conns),
-        "expected": expected * len(conns),
+        "expected": sum(expected_each),
         "per_conn": [c.count for c in conns],
         "first_ns": min(firsts) if firsts else 0,
         "last_ns": max(lasts) if lasts else 0,
@@ -358,7 +394,12 @@ def _publisher(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> No
     conns: list[_PubConn] = []
     for client_id in spec["client_ids"]:
         sock = _mqtt_connect(host, port, client_id, clean=True, timeout=10)
-        conns.append(_PubConn(sock, wire.PublishRun(spec["topic"], qos, count)))
+        topics = None
+        if spec.get("fleet_filters"):
+            filters = spec["fleet_filters"]
+            topics = [wire.fleet_topic(i, filters)
+                      for i in wire.fleet_topic_indices(filters, spec["fleet_topics"])]
+        conns.append(_PubConn(sock, wire.PublishRun(spec["topic"], qos, count, topics)))
     ack_lowat = spec.get("ack_lowat", 0) if qos and not rate else 0
     for c in conns:
         c.sock.setblocking(False)

@@ -90,7 +90,14 @@ def workload_table(w: Workload, runs: dict[str, list[dict[str, Any]]], gen_cores
             _f(r.get("other_cpu_pct"), "{:.0f}"), saturated(r, gen_cores), ratio, ratio_cpu,
         ])
     title = f"### {w.name}: {w.title} ({w.deliveries:,} deliveries, 64-byte payloads)"
-    return title + "\n\n" + _table(header, rows)
+    table = title + "\n\n" + _table(header, rows)
+    if w.filters:
+        # Fleet runs: how fast the filters went in, and the broker's memory holding them.
+        extra = [[name, _f(r.get("filters_per_s")), _f((r.get("broker_rss_kb") or 0) / 1024,
+                  "{:.1f}"), _f((r.get("broker_rss_kb") or 0) * 1024 / w.filters, "{:,.0f}")]
+                 for name, r in chosen.items() if not r.get("skipped")]
+        table += "\n\n" + _table(["broker", "filters/s", "RSS MB", "RSS bytes/filter"], extra)
+    return table
 
 
 def _idle_table(w: Workload, runs: dict[str, list[dict[str, Any]]]) -> str:

@@ -10,7 +10,7 @@ import queue
 import time
 from typing import Any
 
-from kwbench import loadgen
+from kwbench import loadgen, wire
 from kwbench.brokers import CLK_TCK, Broker
 from kwbench.workloads import Workload
 
@@ -108,7 +108,24 @@ class _Workers:
 def run_flow(broker: Broker, w: Workload, opt: Options) -> dict[str, Any]:
     tag = f"r{next(_run_ids)}x{int(time.time() * 1000) % 100000}"
     topic = f"bench/{tag}/{w.name}"
-    sub_ids = [f"kwb-{tag}-s{i}" for i in range(w.subs)]
+    subs_count = w.subs
+    fleet: dict[str, dict[str, Any]] = {}
+    if w.filters:
+        # Fleet: connection n holds filters [n * per, (n + 1) * per) and expects the
+        # publications on the topics those match.
+        per = wire.FLEET_FILTERS_PER_CONN
+        subs_count = -(-w.filters // per)
+        matched = [0] * subs_count
+        indices = wire.fleet_topic_indices(w.filters, w.topics)
+        rounds, rest = divmod(w.count * w.pubs, len(indices))
+        for k, index in enumerate(indices):
+            matched[index // per] += rounds + (1 if k < rest else 0)
+        topic = wire.fleet_topic(indices[0], w.filters)
+    sub_ids = [f"kwb-{tag}-s{i}" for i in range(subs_count)]
+    if w.filters:
+        for n, client_id in enumerate(sub_ids):
+            fleet[client_id] = {"span": (n * per, min(w.filters, (n + 1) * per)),
+                                "expected": matched[n]}
     pub_ids = [f"kwb-{tag}-p{i}" for i in range(w.pubs)]
     deadline_s = opt.deadline_s
     common = {"host": "127.0.0.1", "port": broker.port, "qos": w.qos, "topic": topic,
@@ -124,15 +141,21 @@ def run_flow(broker: Broker, w: Workload, opt: Options) -> dict[str, Any]:
                       # in-flight window (QoS 1), not per TCP segment.
                       "rcvlowat": 0 if w.rate else 32768 if w.qos == 0
                       else 64 * max(1, opt.window // 4)})
+        if fleet:
+            specs[-1].update({"filter_ranges": [fleet[i]["span"] for i in ids],
+                              "expected_list": [fleet[i]["expected"] for i in ids],
+                              "fleet_filters": w.filters, "rcvlowat": 0})
     for n, ids in enumerate(_split(pub_ids, opt.gen_procs)):
         specs.append({**common, "id": f"pub{n}", "kind": "pub", "client_ids": ids,
                       "count_per_conn": w.count, "window": opt.window, "batch": opt.batch,
                       "rate": w.rate, "deadline_s": deadline_s,
                       # QoS 1 floods: wake the publisher per quarter window of PUBACKs.
                       "ack_lowat": 4 * max(1, opt.window // 4)})
+        if fleet:
+            specs[-1].update({"fleet_filters": w.filters, "fleet_topics": w.topics})
     broker.settle()
     result: dict[str, Any] = {"workload": w.name, "broker": broker.name, "kind": w.kind,
-                              "qos": w.qos, "pubs": w.pubs, "subs": w.subs,
+                              "qos": w.qos, "pubs": w.pubs, "subs": subs_count,
                               "count_per_pub": w.count, "rate": w.rate,
                               "expected": w.deliveries, "gen_procs": len(specs)}
     try:
@@ -141,7 +164,12 @@ def run_flow(broker: Broker, w: Workload, opt: Options) -> dict[str, Any]:
             if spec["kind"] == "sub":
                 workers.start(spec)
         subs = {s["id"] for s in specs if s["kind"] == "sub"}
-        _, errors = workers.collect(workers.ready_q, subs, ("ready",), 60)
+        ready, errors = workers.collect(workers.ready_q, subs, ("ready",),
+                                        60 + w.filters / 5000)
+        if w.filters and not errors:
+            # Subscribing ran in parallel over the generator's processes: the slowest one.
+            slowest = max(r.get("subscribe_s", 0.0) for r in ready.values())
+            result["filters_per_s"] = w.filters / slowest if slowest else None
         if not errors:
             for spec in specs:
                 if spec["kind"] == "pub":

@@ -62,6 +62,31 @@ def publish(topic: str, payload: bytes, qos: int, packet_id: int = 0) -> bytes:
     return packet(PUBLISH | (qos << 1), body)
 
 
+def subscribe_many(packet_id: int, topic_filters: list[str], qos: int) -> bytes:
+    body = struct.pack(">H", packet_id) + b"".join(utf8(f) + bytes([qos]) for f in topic_filters)
+    return packet(SUBSCRIBE | 0x02, body)
+
+
+# A fleet (issue 17): subscriber connections of FLEET_FILTERS_PER_CONN filters each, half exact
+# `s/<i>/v`, half `s/<i>/+`, and publications cycling over topics that each match one filter.
+# Device numbers are zero-padded so every topic has one length (PublishRun needs fixed frames).
+FLEET_FILTERS_PER_CONN = 5000
+
+
+def fleet_filter(i: int, filters: int) -> str:
+    return f"s/{i:07d}/v" if i < filters // 2 else f"s/{i:07d}/+"
+
+
+def fleet_topic_indices(filters: int, topics: int) -> list[int]:
+    """The filters the distinct topics match, spread over both halves."""
+    step = max(1, filters // topics)
+    return [i * step for i in range(min(topics, filters))]
+
+
+def fleet_topic(i: int, filters: int) -> str:
+    return f"s/{i:07d}/v" if i < filters // 2 else f"s/{i:07d}/w"
+
+
 def puback(packet_id: int) -> bytes:
     return b"\x40\x02" + struct.pack(">H", packet_id)
 
@@ -79,17 +104,25 @@ class PublishRun:
     Packet ids cycle 1..65535 (far larger than any in-flight window).
     """
 
-    def __init__(self, topic: str, qos: int, count: int) -> None:
+    def __init__(self, topic: str, qos: int, count: int, topics: list[str] | None = None) -> None:
+        """``topics``: cycle over these (all of one length) instead of ``topic``."""
         payload = filler_payload()
         first = publish(topic, payload, qos, 1)
         self.frame_len = len(first)
         self.ts_offset = self.frame_len - PAYLOAD_SIZE  # where the timestamp sits in a frame
         self.count = count
+        if topics:
+            frames = [publish(t, payload, qos, 1) for t in topics]
+            if {len(f) for f in frames} != {self.frame_len}:
+                raise ValueError("every topic of a run must have the topic's length")
+            whole = b"".join(frames[i % len(frames)] for i in range(count))
+        else:
+            whole = first * count
         if qos == 0:
-            self.buf = bytearray(first * count)
+            self.buf = bytearray(whole)
         else:
             pid_offset = self.ts_offset - 2
-            buf = bytearray(first * count)
+            buf = bytearray(whole)
             pack = struct.Struct(">H").pack_into
             for i in range(count):
                 pack(buf, i * self.frame_len + pid_offset, i % 65535 + 1)

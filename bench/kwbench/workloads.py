@@ -25,9 +25,16 @@ class Workload:
     conns: int = 0  # idle: connections to hold
     hold_s: float = 5.0  # idle: how long to hold them after all answered a PINGREQ
     pending: str = ""  # non-empty: skipped unless --include-pending, with this reason
+    # A fleet (see wire.fleet_filter): this many filters over subscriber connections of
+    # wire.FLEET_FILTERS_PER_CONN each, publications cycling over ``topics`` distinct topics
+    # that each match one filter (so ``subs`` is derived). 0 = one topic, ``subs`` subscribers.
+    filters: int = 0
+    topics: int = 0
 
     @property
     def deliveries(self) -> int:
+        if self.filters:
+            return self.pubs * self.count
         return self.pubs * self.count * self.subs
 
 
@@ -55,6 +62,15 @@ FULL: list[Workload] = [
     Workload("qos1-persistent-10to1",
              "QoS 1 fan-in, persistent sessions + durable store, 10 -> 1",
              qos=1, pubs=10, count=2_000, clean=False, durable=True),
+    # Issue 17's fleet: a cached route for each topic is not a given (10,000 and 100,000
+    # distinct topics), and a million filters report the broker's memory (broker_rss_kb).
+    Workload("topics-10k", "QoS 0 over 10,000 filters and as many topics, 1 publisher",
+             qos=0, count=200_000, filters=10_000, topics=10_000),
+    Workload("topics-100k", "QoS 0 over 100,000 filters and as many topics, 1 publisher",
+             qos=0, count=200_000, filters=100_000, topics=100_000),
+    Workload("topics-1m", "QoS 0 over 1,000,000 filters, 200,000 topics, 1 publisher",
+             qos=0, count=200_000, filters=1_000_000, topics=200_000,
+             pending="a million subscriptions take minutes per broker: name it to run it"),
     Workload("idle-conns", "idle connections with keepalive 60 s", kind="idle",
              conns=10_000, hold_s=5.0),
 ]
@@ -63,6 +79,7 @@ SMOKE_COUNTS = {
     "qos0-1to1": 300, "qos1-1to1": 300, "qos0-10to1": 30, "qos1-10to1": 30,
     "qos0-1to50": 6, "qos1-1to50": 6, "paced-qos0": 300, "paced-qos1": 300,
     "qos1-persistent-1to1": 300, "qos1-persistent-10to1": 30,
+    "topics-10k": 2_000, "topics-100k": 2_000, "topics-1m": 2_000,
 }
 
 
@@ -80,7 +97,8 @@ def select(names: list[str] | None, *, smoke: bool, scale: float, idle_conns: in
             continue
         if smoke:
             w = replace(w, count=SMOKE_COUNTS.get(w.name, w.count),
-                        conns=min(w.conns, 200) if w.kind == "idle" else 0, hold_s=0.5)
+                        conns=min(w.conns, 200) if w.kind == "idle" else 0, hold_s=0.5,
+                        filters=min(w.filters, 10_000), topics=min(w.topics, 10_000))
         elif w.kind == "flow":
             w = replace(w, count=max(1, int(w.count * scale)))
         if w.kind == "idle" and idle_conns is not None:

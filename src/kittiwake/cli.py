@@ -1,4 +1,5 @@
-"""The ``kittiwake`` command: ``kittiwake serve [--config FILE]`` and ``kittiwake --version``."""
+"""The ``kittiwake`` command: ``kittiwake serve [--config FILE]``, ``kittiwake passwd FILE
+USER`` (users and passwords) and ``kittiwake --version``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from kittiwake import __version__
+from kittiwake import __version__, passwd
 from kittiwake.app import serve
 from kittiwake.config import ConfigError, load_config
 from kittiwake.flight.listener import FlightUnavailable
@@ -22,7 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command")
     serve_parser = commands.add_parser("serve", help="run the broker")
     serve_parser.add_argument("--config", "-c", help="TOML configuration file")
+    passwd.add_arguments(
+        commands.add_parser(
+            "passwd",
+            help="add a user, change a password or delete a user (-D) in a password file",
+        )
+    )
     args = parser.parse_args(argv)
+    if args.command == "passwd":
+        return passwd.run(args)
     if args.command != "serve":
         parser.print_help()
         return 2
@@ -37,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         _run(serve(config), use_uvloop=config.uvloop)
-    except (OSError, StoreError, FlightUnavailable) as exc:
+    except (OSError, StoreError, FlightUnavailable, ConfigError) as exc:
         logging.getLogger("kittiwake").error("cannot start: %s", exc)
         return 1
     return 0

@@ -26,26 +26,63 @@ class ConfigError(ValueError):
     """The configuration file cannot be used; the message names the file and the key."""
 
 
-ListenerProtocol = Literal["mqtt", "amqp", "flight"]
-# The port a listener binds when its table names none: MQTT's and AMQP's registered ports, and
-# Arrow Flight's customary one (the Spark data source's executors connect there).
-DEFAULT_PORTS: dict[str, int] = {"mqtt": 1883, "amqp": 5672, "flight": 8815}
+ListenerProtocol = Literal["mqtt", "websockets", "amqp", "flight"]
+# The port a listener binds when its table names none: MQTT's and AMQP's registered ports
+# (plain and TLS), the customary ones of MQTT over WebSockets, and Arrow Flight's (the Spark
+# data source's executors connect there).
+DEFAULT_PORTS: dict[str, int] = {"mqtt": 1883, "websockets": 8080, "amqp": 5672, "flight": 8815}
+DEFAULT_TLS_PORTS: dict[str, int] = {
+    "mqtt": 8883,
+    "websockets": 8443,
+    "amqp": 5671,
+    "flight": 8815,
+}
 _PROTOCOL_DEFAULT_PORT = -1
+# Whether clients without credentials get in: "auto" = as the next level up says.
+AnonymousPolicy = Literal["auto", True, False]
+
+
+@dataclass(frozen=True, slots=True)
+class TLSConfig:
+    """TLS on a listener (``tls = { certificate = ..., key = ... }``); off without a
+    certificate. Paths are PEM files."""
+
+    # The server's certificate (chain), and its private key (may be in the same file).
+    certificate: str = ""
+    key: str = ""
+    # CA certificates that client certificates are checked against.
+    ca: str = ""
+    min_version: Literal["1.2", "1.3"] = "1.2"
+    # Refuse clients without a certificate the CA signed (otherwise one is only checked
+    # when a client offers it).
+    require_client_certificate: bool = False
+    # A client certificate names the user: its subject's common name ("cn") or its whole
+    # subject ("subject", RFC 4514, e.g. "CN=alice,O=Example"); "none" = it names no one.
+    certificate_user: Literal["none", "cn", "subject"] = "none"
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.certificate)
 
 
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
-    """One socket the broker accepts connections on: MQTT clients, AMQP 1.0 clients, or Arrow
-    Flight (the journal's range reads for Spark executors)."""
+    """One socket the broker accepts connections on: MQTT clients (over TCP or WebSockets),
+    AMQP 1.0 clients, or Arrow Flight (the journal's range reads for Spark executors)."""
 
     protocol: ListenerProtocol = "mqtt"
     host: str = "127.0.0.1"
-    # The protocol's default (DEFAULT_PORTS) unless given; 0 = any free port.
+    # The protocol's default (DEFAULT_PORTS, or DEFAULT_TLS_PORTS with TLS) unless given;
+    # 0 = any free port.
     port: int = _PROTOCOL_DEFAULT_PORT
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    # Clients without credentials on this listener: "auto" = as auth.allow_anonymous says.
+    allow_anonymous: AnonymousPolicy = "auto"
 
     def __post_init__(self) -> None:
         if self.port == _PROTOCOL_DEFAULT_PORT:
-            object.__setattr__(self, "port", DEFAULT_PORTS[self.protocol])
+            ports = DEFAULT_TLS_PORTS if self.tls.enabled else DEFAULT_PORTS
+            object.__setattr__(self, "port", ports[self.protocol])
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +141,46 @@ class SysConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class AuthConfig:
-    """The simple authorisation hook: topic allow/deny lists (MQTT filters)."""
+class GroupConfig:
+    """A named set of users that ACL rules can grant to at once."""
 
-    allow_anonymous: bool = True
+    name: str = ""
+    users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ACLRule:
+    """What the users, groups and client ids it names may do (naming none: everyone). Topic
+    filters may hold %u (the user name) and %c (the client id); a deny always wins."""
+
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    clients: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = ()
+    deny_publish: tuple[str, ...] = ()
+    deny_subscribe: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Users (who may connect) and the simple authorisation hook: topic allow/deny lists
+    (MQTT filters)."""
+
+    # "auto": clients without credentials are let in while no users are configured (a
+    # listener may say otherwise for itself).
+    allow_anonymous: AnonymousPolicy = "auto"
+    # The users: lines of "name:$scrypt$...", managed with `kittiwake passwd FILE USER`; read
+    # at start and again on SIGHUP. "" = no users.
+    password_file: str = ""
+    # Failed logins from one address within failed_login_window seconds, after which its
+    # logins are refused unchecked until the window ends; 0 = no limit.
+    max_failed_logins: int = 10
+    failed_login_window: float = 60.0
+    # Groups of users, and per user/group/client rules ([[auth.acl]]); once any rule exists,
+    # what no allow rule grants is denied.
+    groups: tuple[GroupConfig, ...] = ()
+    acl: tuple[ACLRule, ...] = ()
     # An empty allow list allows every topic; a deny entry always wins over an allow entry.
     publish_allow: tuple[str, ...] = ()
     publish_deny: tuple[str, ...] = ()
@@ -322,6 +395,29 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, f.name)}: must not be negative, got {value}")
     if isinstance(obj, ListenerConfig) and not 0 <= obj.port <= 65535:
         raise ConfigError(f"{_join(where, 'port')}: {obj.port} is not a TCP port")
+    if isinstance(obj, ACLRule):
+        for name in ("publish", "subscribe", "deny_publish", "deny_subscribe"):
+            for i, topic_filter in enumerate(getattr(obj, name)):
+                try:
+                    validate_topic_filter(topic_filter)
+                except TopicError as exc:
+                    raise ConfigError(f"{_join(where, name)}[{i}]: {exc}") from None
+    if isinstance(obj, AuthConfig):
+        for name in ("publish_allow", "publish_deny", "subscribe_allow", "subscribe_deny"):
+            for i, topic_filter in enumerate(getattr(obj, name)):
+                try:
+                    validate_topic_filter(topic_filter)
+                except TopicError as exc:
+                    raise ConfigError(f"{_join(where, name)}[{i}]: {exc}") from None
+    if isinstance(obj, TLSConfig):
+        needs_ca = obj.require_client_certificate or obj.certificate_user != "none"
+        if not obj.certificate and (obj.key or obj.ca or needs_ca):
+            raise ConfigError(f"{_join(where, 'certificate')}: TLS options need a certificate")
+        if needs_ca and not obj.ca:
+            raise ConfigError(
+                f"{_join(where, 'ca')}: client certificates are checked against a CA; name its "
+                "PEM file"
+            )
     if isinstance(obj, LimitsConfig):
         if not 1 <= obj.receive_maximum <= 65535:
             raise ConfigError(f"{_join(where, 'receive_maximum')}: must be 1..65535")

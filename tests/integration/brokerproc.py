@@ -62,6 +62,8 @@ def _toml_value(value: Any) -> str:
         return f'"{escaped}"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -102,6 +104,7 @@ class BrokerProcess:
         workdir: Path,
         *,
         flight: bool = False,
+        listener: dict[str, Any] | None = None,
         amqp: bool = False,
         **sections: dict[str, Any],
     ) -> None:
@@ -113,6 +116,8 @@ class BrokerProcess:
         # MQTT listener, so a broker that accepts MQTT connections serves Flight already).
         self.flight = flight
         self.flight_port = 0
+        # Extra keys of the MQTT listener's table (protocol, tls, allow_anonymous...).
+        self.listener = dict(listener or {})
         # With ``amqp``, an AMQP listener too, on ``amqp_port`` (bound before MQTT's, too).
         self.amqp = amqp
         self.amqp_port = 0
@@ -156,7 +161,9 @@ class BrokerProcess:
                 config[name] = values
             else:
                 config[name] = dict(values)
-        config["listeners"] = [{"protocol": "mqtt", "host": self.host, "port": self.port}]
+        config["listeners"] = [
+            {"protocol": "mqtt", **self.listener, "host": self.host, "port": self.port}
+        ]
         if self.amqp:
             if not same_ports:
                 self.amqp_port = free_port()

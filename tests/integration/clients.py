@@ -70,6 +70,7 @@ class PahoClient:
         protocol: int = MQTTv311,
         clean: bool = True,
         manual_ack: bool = False,
+        transport: str = "tcp",
     ) -> None:
         self.address = address
         self.protocol = protocol
@@ -83,6 +84,7 @@ class PahoClient:
             protocol=protocol,
             reconnect_on_failure=False,
             manual_ack=manual_ack,
+            transport=transport,  # "websockets": path /mqtt, subprotocol mqtt (paho's defaults)
             **kwargs,
         )
         self.client_id = client_id
@@ -148,12 +150,13 @@ class PahoClient:
         will: tuple[str, bytes, int, bool] | None = None,
         will_properties: PahoProperties | None = None,
         username: str | None = None,
+        password: str | None = None,
         expect_success: bool = True,
         timeout: float = 5.0,
     ) -> PahoClient:
         c = self.client
         if username is not None:
-            c.username_pw_set(username, None)
+            c.username_pw_set(username, password)
         if will is not None:
             topic, payload, qos, retain = will
             c.will_set(topic, payload, qos, retain, properties=will_properties)

@@ -35,8 +35,12 @@ class _BrokerFactory:
         self.base = base
         self.started: list[BrokerProcess] = []
 
-    def __call__(self, *, flight: bool = False, **sections: Any) -> BrokerProcess:
-        process = BrokerProcess(self.base / f"broker{len(self.started)}", flight=flight, **sections)
+    def __call__(
+        self, *, flight: bool = False, listener: dict[str, Any] | None = None, **sections: Any
+    ) -> BrokerProcess:
+        process = BrokerProcess(
+            self.base / f"broker{len(self.started)}", flight=flight, listener=listener, **sections
+        )
         self.started.append(process)
         return process.start()
 

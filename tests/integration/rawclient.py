@@ -164,6 +164,7 @@ class RawClient:
         properties: Properties | None = None,
         will: Will | None = None,
         username: str | None = None,
+        password: bytes | None = None,
         expect_success: bool = True,
     ) -> ConnAck:
         self.send(
@@ -174,6 +175,7 @@ class RawClient:
                 keepalive=keepalive,
                 will=will,
                 username=username,
+                password=password,
                 properties=properties or Properties(),
             )
         )

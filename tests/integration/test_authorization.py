@@ -58,10 +58,21 @@ def test_one_suback_grants_allowed_and_refuses_denied_filters(address, raw, vers
     assert (suback.packet_id, suback.reason_codes) == (9, [2, refusal, 0])
 
 
-@pytest.mark.parametrize("topic_filter", ["#", "+/plans", "secret/+", "+/+"])
-def test_wildcard_filter_that_could_reach_a_denied_topic_is_refused(address, paho, topic_filter):
-    """A filter is refused when it could match a denied topic (here anything under secret/),
-    so wildcards cannot be used to get around a deny rule."""
+@pytest.mark.parametrize("topic_filter", ["#", "+/plans", "+/+"])
+def test_a_wildcard_over_a_denied_topic_is_granted_and_filtered(address, paho, topic_filter):
+    """Tried as a new user would: a deny rule must not make wildcards unusable. A filter that
+    reaches beyond the denied topics is granted; the denied ones never arrive, live or
+    retained (DESIGN.md section 4, as Mosquitto and EMQX users expect)."""
+    topic = "auth/plans"
+    publisher = paho(address, protocol=MQTTv5)
+    client = paho(address, protocol=MQTTv5)
+    assert client.subscribe(topic_filter, 1) == [1]
+    publisher.publish(topic, b"visible", 1)
+    assert client.get().payload == b"visible"
+
+
+@pytest.mark.parametrize("topic_filter", ["secret/+", "secret/#", "secret/plans"])
+def test_a_filter_wholly_inside_a_deny_rule_is_refused(address, paho, topic_filter):
     client = paho(address, protocol=MQTTv5)
     assert client.subscribe(topic_filter, 0) == [0x87]
 
@@ -151,3 +162,25 @@ def test_publish_allow_list_limits_publications(closed_broker, paho):
     message = sub.get()
     assert (message.topic, message.payload) == ("open/topic", b"yes")
     sub.no_message(0.25)
+
+
+def test_the_reported_case_one_deny_rule_and_wildcards(broker, paho, mosquitto_sub):
+    """subscribe_deny = ["test/nosubscribe"]: '#' and '+/+' are granted (they were refused with
+    0x87), and test/nosubscribe never reaches them, retained or live."""
+    address = broker(auth={"subscribe_deny": ["test/nosubscribe"]})
+    publisher = paho(address)
+    publisher.publish("test/nosubscribe", b"retained secret", 1, retain=True)
+    publisher.publish("test/open", b"retained open", 1, retain=True)
+    everything = mosquitto_sub(address, ["#"], version="mqttv5", qos=1).wait_subscribed()
+    pairs = paho(address, protocol=MQTTv5)
+    assert pairs.subscribe("+/+", 1) == [1]
+    assert pairs.get().payload == b"retained open"
+    assert everything.get().payload == "retained open"
+    publisher.publish("test/nosubscribe", b"live secret", 1)
+    publisher.publish("test/open", b"live open", 1)
+    assert pairs.get().payload == b"live open"
+    assert everything.get().payload == "live open"
+    pairs.no_message(0.3)
+    everything.no_message(0.3)
+    refused = paho(address, protocol=MQTTv5)
+    assert refused.subscribe("test/nosubscribe", 1) == [0x87]

@@ -166,3 +166,26 @@ def test_fences_survive_a_broker_kill9(
     assert put(process.flight_url, request, rows(topic, ["a", "b"])).already_committed
     subscriber.no_message(within=0.3)
     assert journal(process.flight_url, topic) == [(topic, b"a"), (topic, b"b")]
+
+
+def test_a_put_is_checked_against_its_users_acls(
+    broker: Callable[..., BrokerProcess], tmp_path: Any
+) -> None:
+    """Basic credentials name the user whose ACL rules decide where its rows may go."""
+    from .test_users import kittiwake_passwd
+
+    users = tmp_path / "users"
+    kittiwake_passwd(users, "alice", "wonderland")
+    process = broker(
+        flight=True,
+        journal={"retention_seconds": 3600},
+        auth={"password_file": str(users), "acl": [{"users": ["alice"], "publish": ["alice/#"]}]},
+    )
+    options = {"url": process.flight_url, "username": "alice", "password": "wonderland"}
+    client = SinkClient(SinkOptions.parse(options))
+    assert not client.put(WriteRequest("q", 0, 0), [rows("alice/t", ["ok"])]).already_committed
+    with pytest.raises(flight.FlightUnauthorizedError, match="'bob/t' is not authorised"):
+        client.put(WriteRequest("q", 0, 1), [rows("bob/t", ["no"])])
+    wrong = SinkClient(SinkOptions.parse({**options, "password": "nope"}))
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        wrong.put(WriteRequest("q", 0, 2), [rows("alice/t", ["no"])])

@@ -7,6 +7,9 @@ MQTT 3.1.1 §4.8 / MQTT 5 §4.13 (handling errors), §1.5.5 (Variable Byte Integ
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 
 from kittiwake.mqtt.codec import encode, encode_remaining_length
@@ -15,10 +18,13 @@ from kittiwake.mqtt.packets import (
     Connect,
     Disconnect,
     Publish,
+    PubRec,
+    PubRel,
     Subscribe,
     SubscriptionRequest,
     Will,
 )
+from kittiwake.mqtt.properties import Properties
 
 from .clients import unique
 
@@ -220,3 +226,115 @@ def test_short_non_mqtt_greeting_is_closed_at_once(address, raw, bystander):
     client.send_raw(b"HELO")
     assert client.recv_until_closed(timeout=2.0) == []
     bystander.check()
+
+
+# -- answers that must fit, whatever the client sent (finds of a fuzzing run) -----------------
+
+
+def test_longest_client_id_with_response_information_gets_its_connack(address, raw, bystander):
+    """A 65,527-byte client id with Request Response Information = 1: the broker's Response
+    Information derived from the id no longer fitted a string field, so the client got
+    DISCONNECT 0x83 instead of a CONNACK. It must get a CONNACK with a short one."""
+    client = raw(address, 5)
+    connack = client.connect(
+        "i" * 65_527, properties=Properties(request_response_information=1)
+    )
+    info = connack.properties.response_information
+    assert info and len(info.encode()) <= 256
+    assert client.is_open()
+    bystander.check()
+
+
+def test_refused_topic_of_control_characters_is_answered_with_disconnect(
+    address, raw, bystander
+):
+    """A PUBLISH whose ~16 KB topic of U+0001 carries a wildcard: the reason string quoted the
+    topic's repr (four characters each) past 65,535 bytes and the transport died ("Fatal error
+    on transport") instead of sending DISCONNECT 0x90."""
+    client = raw(address, 5)
+    client.connect(unique("control-chars"))
+    client.send_raw(frame(0x30, publish_body("\x01" * 16_400 + "/+", b"x", 5)))
+    packets = client.recv_until_closed()
+    assert [type(p) for p in packets] == [Disconnect], packets
+    assert packets[0].reason_code == 0x90
+    reason = packets[0].properties.reason_string
+    assert reason is not None and len(reason.encode()) <= 256
+    bystander.check()
+
+
+def test_reason_string_left_out_when_the_client_maximum_packet_size_is_small(address, raw):
+    """MQTT-3.1.2-25 (and §3.1.2.11.4): a reason string that would take an answer past the
+    client's Maximum Packet Size is dropped; the reason code still arrives."""
+    client = raw(address, 5)
+    client.connect(unique("small-max"), properties=Properties(maximum_packet_size=24))
+    client.send_raw(frame(0x30, publish_body("a/+/long-enough-to-quote", b"x", 5)))
+    client.sock.settimeout(3)
+    data = b""
+    while True:  # the raw bytes, to measure the frame as the client's limit counts it
+        chunk = client.sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    assert data[0] == 0xE0 and len(data) <= 24, data
+    assert data == b"\xe0\x01\x90", data
+
+
+def _tcp_state(sock: socket.socket) -> int:
+    """The kernel's TCP state of ``sock`` (linux/tcp.h: 1 ESTABLISHED, 7 CLOSE, 8 CLOSE_WAIT)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+def _wait_for_state(sock: socket.socket, states: set[int], timeout: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (state := _tcp_state(sock)) not in states:
+        assert time.monotonic() < deadline, f"TCP state stayed {state}, not one of {states}"
+        time.sleep(0.005)
+    return state
+
+
+def test_client_still_sending_pubrels_reads_the_disconnect(broker, raw):
+    """After DISCONNECT 0x93 (receive maximum exceeded) the broker closes its write side and
+    keeps reading until the client is done: a client still sending PUBRELs for earlier PUBRECs
+    must be able to read the DISCONNECT, not get a broken pipe first (MQTT 5 §4.13)."""
+    address = broker(limits={"receive_maximum": 2})
+    client = raw(address, 5)
+    client.connect(unique("pubrel-sender"))
+    for packet_id in (1, 2, 3):
+        client.send(Publish("t/rm", b"x", 2, packet_id=packet_id))
+    # The broker has answered and half-closed (FIN received): CLOSE_WAIT here.
+    _wait_for_state(client.sock, {8})
+    for packet_id in (1, 2):
+        client.send(PubRel(packet_id))
+    # Whatever the broker did with them, our end must still be writable: a broker that closed
+    # outright answers the first PUBREL with a reset (state CLOSE) and the next send fails.
+    for _ in range(20):
+        client.send(PubRel(1))
+    packets = client.recv_until_closed()
+    kinds = [type(p) for p in packets]
+    assert kinds[-1] is Disconnect and packets[-1].reason_code == 0x93, packets
+    assert kinds.count(PubRec) == 2, packets
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_packets_before_a_malformed_one_in_the_same_read_are_handled(
+    address, raw, paho, version
+):
+    """A client that pipelines CONNECT, a QoS 1 PUBLISH and then a broken packet in one write
+    is answered packet by packet: CONNACK, PUBACK, and only then the close (v5: DISCONNECT
+    0x81). Found by the fuzzing harness: the whole read was dropped and a v5 client got a
+    refusing CONNACK for a CONNECT that was fine."""
+    topic = unique("pipelined")
+    watcher = paho(address)
+    watcher.subscribe(topic, 1)
+    client = raw(address, version)
+    client.send_raw(
+        encode(Connect(unique("pipeliner"), protocol_version=version), version)
+        + encode(Publish(topic, b"before the break", 1, packet_id=7), version)
+        + b"\x00\x00"  # reserved packet type 0
+    )
+    packets = client.recv_until_closed()
+    kinds = [type(p).__name__ for p in packets]
+    expected = ["ConnAck", "PubAck"] + (["Disconnect"] if version == 5 else [])
+    assert kinds == expected, packets
+    assert packets[0].reason_code == 0 and packets[1].packet_id == 7
+    assert watcher.get().payload == b"before the break"

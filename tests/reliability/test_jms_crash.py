@@ -95,10 +95,9 @@ def take_all(url: str, destination: Queue) -> list[tuple[str | None, bool, int]]
     got: list[tuple[str | None, bool, int]] = []
     while (message := consumer.receive(1.0)) is not None:
         body = message.get_body()
-        # A restart turns a TextMessage into a BytesMessage (broker gap, see the xfail below):
-        # the text is compared here, the type there.
-        text = bytes(body).decode() if isinstance(body, (bytes, memoryview)) else body
-        got.append((text, message.get_jms_redelivered(), message.delivery_count))
+        # A TextMessage stays a TextMessage across a restart.
+        assert isinstance(body, str), f"not a text body after the restart: {body!r}"
+        got.append((body, message.get_jms_redelivered(), message.delivery_count))
     connection.close()
     return got
 
@@ -241,25 +240,11 @@ def test_broker_killed_while_a_consumer_holds_a_message(tmp_path: Path) -> None:
     assert all(count >= 1 for _, _, count in got)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="broker gap: after kill -9 the message an AMQP consumer held comes back with "
-    "delivery-count 0 (JMSRedelivered false); DESIGN.md section 2 wants every entry that could "
-    "have been in flight marked as a redelivery after a crash",
-)
 def test_broker_crash_marks_the_held_message_redelivered(tmp_path: Path) -> None:
     got = crash_while_holding(tmp_path)
     assert got[0][0] == "1" and got[0][1] is True and got[0][2] >= 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="broker gap: a stored AMQP message loses its AMQP sections across a restart (the "
-    "'amqp-sections' protocol field is not persisted), so a TextMessage comes back as a "
-    "BytesMessage of its UTF-8 bytes (x-opt-jms-msg-type 3, data section)",
-)
 def test_text_message_survives_a_restart_as_text(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
     try:
@@ -326,8 +311,8 @@ def test_reconnect_resumes_producers_and_consumers_after_a_broker_crash(tmp_path
         def receive_until_after() -> None:
             while (message := consumer.receive(30)) is not None:
                 body = message.get_body()
-                # (A restart returns stored text as bytes: a broker gap, see the xfail above.)
-                bodies.append(body if isinstance(body, str) else bytes(body).decode())
+                assert isinstance(body, str), f"not a text body: {body!r}"
+                bodies.append(body)
                 if bodies[-1] == "after":
                     return
 

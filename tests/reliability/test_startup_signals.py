@@ -33,8 +33,8 @@ _CHILD = textwrap.dedent(
     if step == "listening":
         listen = MQTTServer.listen
 
-        async def listen_then_signal(self, host, port):
-            address = await listen(self, host, port)
+        async def listen_then_signal(self, host, port, **options):
+            address = await listen(self, host, port, **options)
             os.kill(os.getpid(), signum)
             return address
 

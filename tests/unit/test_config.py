@@ -54,7 +54,7 @@ def test_defaults() -> None:
     assert config.sessions.max_session_expiry == 7 * 24 * 3600
     assert config.sys.interval == 10.0
     assert config.auth == AuthConfig()
-    assert config.auth.publish_allow == () and config.auth.allow_anonymous is True
+    assert config.auth.publish_allow == () and config.auth.allow_anonymous == "auto"
     assert config.log_level == "info"
 
 

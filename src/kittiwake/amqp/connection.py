@@ -145,6 +145,11 @@ class AMQPConnection:
             self._receive(data)
         except FramingError as exc:
             self.fail(exc.condition, exc.description)
+        except UnicodeDecodeError:
+            # proton's binding decodes the peer's strings (container id, names) strictly when
+            # they are read: invalid UTF-8 is the peer's malformed input, not our bug.
+            log.info("amqp %s: a string in its frames is not valid UTF-8", self.peer)
+            self.fail("amqp:decode-error", "a string in the frames is not valid UTF-8")
         except Exception:  # an engine or handler bug must not escape to the loop
             log.exception("amqp %s: internal error", self.peer)
             self.fail("amqp:internal-error", "internal error in the broker")

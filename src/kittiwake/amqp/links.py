@@ -47,6 +47,11 @@ from kittiwake.amqp.message_mapping import (
     jms_headers,
     to_amqp,
 )
+from kittiwake.amqp.shared_subscriptions import (
+    GLOBAL_SCOPE,
+    SharedSubscription,
+    shared_client_id,
+)
 from kittiwake.amqp.terminus import (
     NodeKind,
     NodeRequest,
@@ -63,7 +68,7 @@ from kittiwake.broker.destinations import Destination
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import EntryState, QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
-from kittiwake.broker.subscription_filters import EntrySubject, FilteringReceiver
+from kittiwake.broker.subscription_filters import EntrySelector, EntrySubject, FilteringReceiver
 from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.broker.topics import TopicError, validate_topic_name
 from kittiwake.selector import InvalidSelector, Selector, compile_selector
@@ -89,6 +94,7 @@ class LinkLayer:
         queues: QueueDestinations,
         temporaries: TemporaryDestinations,
         sole_containers: set[str] | None = None,
+        shared: dict[str, SharedSubscription] | None = None,
     ) -> None:
         self.connection = connection
         self.broker = broker
@@ -103,6 +109,9 @@ class LinkLayer:
         # Container ids held by sole connections, shared by every connection of the server.
         self.sole_containers = sole_containers if sole_containers is not None else set()
         self.sole_container: str | None = None
+        # Shared subscriptions with a consumer, by session client id, shared by every
+        # connection of the server.
+        self.shared = shared if shared is not None else {}
         self.ended = False
 
     def clocks(self) -> Clocks:
@@ -239,9 +248,38 @@ class LinkLayer:
         link.flow(self.connection.config.link_credit)
 
     def durable_client_id(self, link: Link) -> str:
-        """A durable subscription's session: client id (container id) + subscription name."""
-        container = self.connection.engine.remote_container or ""
-        return f"$durable/{container}/{subscription_name(link)}"
+        """A durable subscription's session: client id (container id) + subscription name;
+        the name alone for a global one (Qpid JMS's ``|global`` link name suffix)."""
+        return shared_client_id(self._scope(link), subscription_name(link), durable=True)
+
+    def _scope(self, link: Link, global_: bool = False) -> str:
+        _, _, suffix = str(link.name).partition("|")
+        if global_ or suffix.startswith("global"):
+            return GLOBAL_SCOPE
+        return self.connection.engine.remote_container or ""
+
+    def _shared_consumer(
+        self, link: Link, request: NodeRequest, presettled: bool
+    ) -> SharedConsumerLink:
+        client_id = shared_client_id(
+            self._scope(link, request.global_), subscription_name(link), durable=request.durable
+        )
+        topic = request.name or ""
+        subscription = self.shared.get(client_id)
+        if subscription is not None and subscription.topic != topic:
+            raise TerminusError(
+                f"shared subscription {subscription_name(link)!r} has active consumers on "
+                f"another topic",
+                "amqp:resource-locked",
+            )
+        if subscription is None:
+            subscription = SharedSubscription(self.broker, client_id, topic, request.durable)
+            self.shared[client_id] = subscription
+        return SharedConsumerLink(self, link, topic, presettled, subscription)
+
+    def forget_shared(self, subscription: SharedSubscription) -> None:
+        if not subscription.consumers and self.shared.get(subscription.client_id) is subscription:
+            del self.shared[subscription.client_id]
 
     def _durable_source(self, link: Link) -> NodeRequest:
         session = self.broker.sessions.get(self.durable_client_id(link))
@@ -272,19 +310,12 @@ class LinkLayer:
         browse = link.remote_source.distribution_mode == Terminus.DIST_MODE_COPY
         selector: Selector | None = None
         if request.selector is not None:
-            if request.kind is NodeKind.QUEUE and not browse:
-                raise TerminusError(
-                    "message selectors on queue consumers are not supported yet",
-                    NOT_IMPLEMENTED,
-                )
             try:
                 selector = compile_selector(request.selector)
             except InvalidSelector as exc:
                 raise TerminusError(f"invalid selector: {exc}", INVALID_FIELD) from None
         if request.no_local and request.kind is NodeKind.QUEUE:
             raise TerminusError("noLocal applies to topic subscriptions only", NOT_IMPLEMENTED)
-        if request.shared:
-            raise TerminusError("shared subscriptions are not supported yet", NOT_IMPLEMENTED)
         if request.durable and request.kind is NodeKind.QUEUE:
             request = NodeRequest(request.name, request.kind, capabilities=request.capabilities)
         _check_name(request)
@@ -317,6 +348,11 @@ class LinkLayer:
             consumer.selector = selector
         elif request.kind is NodeKind.QUEUE:
             consumer = QueueConsumerLink(self, link, request.name or "", presettled)
+            consumer.selector = selector
+        elif request.shared:
+            consumer = self._shared_consumer(link, request, presettled)
+            consumer.selector = selector
+            consumer.no_local = request.no_local
         else:
             consumer = TopicConsumerLink(self, link, request.name or "", presettled)
             consumer.selector = selector
@@ -326,6 +362,8 @@ class LinkLayer:
                 consumer.durable = True
         link.open()
         if not consumer.start():
+            if isinstance(consumer, SharedConsumerLink):
+                self.forget_shared(consumer.subscription)
             return
         self.consumers[link] = consumer
 
@@ -610,10 +648,23 @@ _TERMINAL = (
 
 
 class QueueConsumerLink(ConsumerLink):
-    """A consumer on a queue destination, competing with its other consumers."""
+    """A consumer on a queue destination, competing with its other consumers; with a
+    selector, it takes only what its selector selects and leaves the rest for them."""
+
+    def __init__(self, layer: LinkLayer, link: Link, name: str, presettled: bool) -> None:
+        super().__init__(layer, link, name, presettled)
+        self.selector: Selector | None = None
 
     def start(self) -> bool:
-        self.consumer = Consumer(self, credit=0, name=f"{self.layer.id}/{self.link.name}")
+        selector = self.selector
+        selects = (
+            None
+            if selector is None or selector.selects_everything
+            else EntrySelector(selector, jms_headers)
+        )
+        self.consumer = Consumer(
+            self, credit=0, name=f"{self.layer.id}/{self.link.name}", selects=selects
+        )
         self.layer.queues.attach(self.name, self.consumer)
         self.flow()
         return True
@@ -812,14 +863,93 @@ class TopicConsumerLink(ConsumerLink):
             broker.pump_soon(session)
 
 
+class SharedConsumerLink(ConsumerLink):
+    """One consumer of a JMS shared subscription (see amqp.shared_subscriptions): its
+    consumer competes with the subscription's other links for its queue's entries."""
+
+    destination_type = DestinationType.TOPIC
+
+    def __init__(
+        self,
+        layer: LinkLayer,
+        link: Link,
+        name: str,
+        presettled: bool,
+        subscription: SharedSubscription,
+    ) -> None:
+        super().__init__(layer, link, name, presettled)
+        self.subscription = subscription
+        self.selector: Selector | None = None
+        self.no_local = False
+
+    def start(self) -> bool:
+        subscription = self.subscription
+        if subscription.session is None:
+            error = subscription.open()
+            if error is not None:
+                self.link.condition = Condition(NOT_ALLOWED, error)
+                self.link.close()
+                return False
+        self.consumer = subscription.add(
+            self,
+            selector=self.selector,
+            no_local_origin=self.layer.id if self.no_local else None,
+            protocol_headers=jms_headers,
+        )
+        self.flow()
+        return True
+
+    def flow(self) -> None:
+        consumer = self.consumer
+        if self.closed or consumer is None:
+            return
+        if not self.subscription.window_stored(consumer, self.link.credit, self.flow):
+            consumer.credit.available = 0  # until the larger window is stored
+            return
+        super().flow()
+
+    def pump(self) -> None:
+        self.subscription.pump()
+
+    def pump_now(self) -> None:
+        self.subscription.pump_now()
+
+    def close(self, *, remove: bool) -> None:
+        """Leave the subscription; the last consumer's close (not a detach) of a durable
+        one unsubscribes it."""
+        if self.closed:
+            return
+        self.closed = True
+        self.subscription.remove(self, unsubscribe=remove)
+        self.layer.forget_shared(self.subscription)
+        self.unsettled.clear()
+
+    def tag(self, delivery: Delivery) -> int:
+        if not delivery.tag:
+            delivery.tag = delivery.id
+        return delivery.tag
+
+    def taken_over(self) -> None:
+        """Cannot happen: the subscription's session belongs to no link."""
+
+    def _settle_core(
+        self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
+    ) -> None:
+        if settlement is Settlement.ACCEPTED:
+            self.subscription.acknowledge(delivery)
+        else:
+            self.subscription.settle(delivery, settlement, undeliverable)
+
+
 def link_layer_factory(
     broker: Broker, queues: QueueDestinations, temporaries: TemporaryDestinations
 ) -> Callable[[AMQPConnection], LinkLayer]:
     """What the AMQP server calls for each new connection."""
 
     sole_containers: set[str] = set()
+    shared: dict[str, SharedSubscription] = {}
 
     def make(connection: AMQPConnection) -> LinkLayer:
-        return LinkLayer(connection, broker, queues, temporaries, sole_containers)
+        return LinkLayer(connection, broker, queues, temporaries, sole_containers, shared)
 
     return make

@@ -34,6 +34,7 @@ from proton import Message as ProtonMessage
 
 from kittiwake.broker.message import (
     DEFAULT_PRIORITY,
+    AMQPFields,
     Message,
     MessageProperties,
     PropertyType,
@@ -77,6 +78,25 @@ class JMSMessageType(IntEnum):
     BYTES = 3
     STREAM = 4
     TEXT = 5
+
+
+class BodyKind(IntEnum):
+    """How a message's payload maps back to its AMQP body section (kept in the store as
+    :attr:`kittiwake.broker.message.AMQPFields.body`): never renumber."""
+
+    # No body section (the payload is empty).
+    NONE = 0
+    # Data section(s): the payload is their bytes, in one data section again.
+    DATA = 1
+    # An amqp-value string (TextMessage): the payload is its UTF-8.
+    STRING = 2
+    # An amqp-value binary: the payload is its bytes.
+    BINARY = 3
+    # Any other amqp-value or amqp-sequence(s) (MapMessage, StreamMessage...): the payload is
+    # the body sections' own encoding.
+    ENCODED = 4
+    # An amqp-value null (a JMS Message without a body).
+    NULL = 5
 
 
 class DestinationType(IntEnum):
@@ -201,9 +221,10 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
     properties = typed_properties(decoded.properties)
     retain = properties is not None and properties.get(RETAIN_PROPERTY) == 1
     kept = b"".join(s for code, s in sections if code not in (HEADER, DELIVERY_ANNOTATIONS))
+    payload, kind = body_bytes(decoded, sections)
     message = Message(
         topic=topic,
-        payload=body_bytes(decoded, sections),
+        payload=payload,
         qos=2 if durable else 1,
         retain=retain,
         persistent=durable,
@@ -215,6 +236,11 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
         origin=origin,
         properties=properties,
         encoded={SECTIONS_KEY: kept},
+        amqp=AMQPFields(
+            head=b"".join(s for code, s in sections if code in _HEAD_SECTIONS),
+            body=kind,
+            footer=b"".join(s for code, s in sections if code == FOOTER),
+        ),
     )
     to_type = annotations.get(JMS_DEST)
     return Incoming(
@@ -287,10 +313,13 @@ def _property(value: object) -> tuple[PropertyValue, PropertyType] | None:
     return None
 
 
-def body_bytes(decoded: ProtonMessage, sections: list[tuple[int, bytes]]) -> bytes:
+_HEAD_SECTIONS = (MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES)
+
+
+def body_bytes(decoded: ProtonMessage, sections: list[tuple[int, bytes]]) -> tuple[bytes, BodyKind]:
     """The body as bytes for the core (and so for MQTT subscribers): data sections as they
     are, a string value as UTF-8, a binary value as it is, anything else (a map, a list, a
-    sequence) as its AMQP encoding."""
+    sequence) as its AMQP encoding; and how to make the body section from them again."""
     data = [s for code, s in sections if code == DATA]
     if data:
         chunks = []
@@ -303,16 +332,103 @@ def body_bytes(decoded: ProtonMessage, sections: list[tuple[int, bytes]]) -> byt
             holder.next()
             holder.next()
             chunks.append(bytes(holder.get_binary()))
-        return b"".join(chunks)
+        return b"".join(chunks), BodyKind.DATA
     body = decoded.body
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    if isinstance(body, (bytes, memoryview)):
-        return bytes(body)
-    if body is None:
-        return b""
+    has_value = any(code == AMQP_VALUE for code, _ in sections)
+    if has_value and isinstance(body, str):
+        return body.encode("utf-8"), BodyKind.STRING
+    if has_value and isinstance(body, (bytes, memoryview)):
+        return bytes(body), BodyKind.BINARY
+    if body is None and not any(code == AMQP_SEQUENCE for code, _ in sections):
+        return b"", BodyKind.NULL if has_value else BodyKind.NONE
     values = [s for code, s in sections if code in (AMQP_VALUE, AMQP_SEQUENCE)]
-    return b"".join(values)
+    return b"".join(values), BodyKind.ENCODED
+
+
+def restored_sections(message: Message, amqp: AMQPFields) -> bytes:
+    """The sections of a message that came from AMQP and lost its encoding on the way (read
+    back from the store, moved to a dead-letter queue): its own annotations, properties and
+    body kind again, with the application properties the core added since (a dead letter's
+    reason) and no absolute expiry when it no longer expires."""
+    out: list[bytes] = []
+    had_properties = False
+    for code, section in split_sections(amqp.head) if amqp.head else ():
+        if code == APPLICATION_PROPERTIES:
+            had_properties = True
+            section = _merged_properties(section, message.properties)
+        elif code == PROPERTIES and message.expiry is None:
+            section = _without_expiry(section)
+        out.append(section)
+    if message.properties and not had_properties:
+        data = Data()
+        data.put_object(
+            Described(ulong(APPLICATION_PROPERTIES), amqp_properties(message.properties))
+        )
+        out.append(bytes(data.encode()))
+    out.append(_body_section(message.payload, amqp.body))
+    out.append(amqp.footer)
+    return b"".join(out)
+
+
+def _described(section: bytes) -> Any:
+    holder = Data()
+    holder.decode(section)
+    holder.rewind()
+    holder.next()
+    described = holder.get_object()
+    return described.value if isinstance(described, Described) else None
+
+
+def _merged_properties(section: bytes, properties: MessageProperties | None) -> bytes:
+    """The application properties as received, with the core's new or changed ones."""
+    if not properties:
+        return section
+    original = _described(section)
+    if not isinstance(original, dict):
+        return section
+    merged = dict(original)
+    changed = False
+    for name, value, kind in properties.typed_items():
+        if name in original:
+            typed = _property(original[name])
+            if typed is not None and typed[0] == value:
+                continue
+        merged[name] = _AMQP_TYPES[kind](value)
+        changed = True
+    if not changed:
+        return section
+    data = Data()
+    data.put_object(Described(ulong(APPLICATION_PROPERTIES), merged))
+    return bytes(data.encode())
+
+
+def _without_expiry(section: bytes) -> bytes:
+    """The properties section without its absolute-expiry-time (field 8)."""
+    fields = _described(section)
+    if not isinstance(fields, list) or len(fields) <= 8 or fields[8] is None:
+        return section
+    fields = list(fields)
+    fields[8] = None
+    data = Data()
+    data.put_object(Described(ulong(PROPERTIES), fields))
+    return bytes(data.encode())
+
+
+def _body_section(payload: bytes, kind: int) -> bytes:
+    if kind == BodyKind.ENCODED:
+        return payload
+    if kind == BodyKind.NONE:
+        return b""
+    data = Data()
+    if kind == BodyKind.STRING:
+        data.put_object(Described(ulong(AMQP_VALUE), payload.decode("utf-8")))
+    elif kind == BodyKind.BINARY:
+        data.put_object(Described(ulong(AMQP_VALUE), payload))
+    elif kind == BodyKind.NULL:
+        data.put_object(Described(ulong(AMQP_VALUE), None))
+    else:
+        data.put_object(Described(ulong(DATA), payload))
+    return bytes(data.encode())
 
 
 # -- core to AMQP ------------------------------------------------------------------------------
@@ -332,7 +448,11 @@ def to_amqp(
     encoded = message.encoded
     sections = encoded.get(SECTIONS_KEY) if encoded is not None else None
     if sections is None:
-        sections = build_sections(message, clocks, destination_type)
+        amqp = message.amqp
+        if amqp is not None:
+            sections = restored_sections(message, amqp)
+        else:
+            sections = build_sections(message, clocks, destination_type)
         if encoded is None:
             encoded = message.encoded = {SECTIONS_KEY: sections}
         else:

@@ -10,7 +10,11 @@ import logging
 from collections.abc import Callable
 
 from kittiwake.amqp.connection import AMQPConnection, LinkHandler
+from kittiwake.amqp.sasl import CredentialCheck
+from kittiwake.broker.authentication import Authentication, Credentials, Principal
 from kittiwake.broker.broker import Broker
+from kittiwake.config import ListenerConfig
+from kittiwake.tls import server_context
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +30,19 @@ LinkHandlerFactory = Callable[[AMQPConnection], LinkHandler | None]
 class AMQPServerProtocol(asyncio.Protocol):
     """One TCP connection."""
 
-    __slots__ = ("_flush_scheduled", "_loop", "_server", "connection", "transport")
+    __slots__ = (
+        "_allow_anonymous",
+        "_flush_scheduled",
+        "_loop",
+        "_server",
+        "connection",
+        "transport",
+    )
 
-    def __init__(self, server: AMQPServer) -> None:
+    def __init__(self, server: AMQPServer, allow_anonymous: bool | None = None) -> None:
         self._server = server
+        # The listener's anonymous policy; None: the broker's.
+        self._allow_anonymous = allow_anonymous
         self._loop = asyncio.get_running_loop()
         self._flush_scheduled = False
         self.transport: asyncio.Transport | None = None
@@ -44,10 +57,13 @@ class AMQPServerProtocol(asyncio.Protocol):
             log.warning("refusing amqp %s: max_connections reached", peer_text)
             transport.close()
             return
+        authentication = self._server.authentication
+        address = peer[0] if isinstance(peer, tuple) else str(peer)
         connection = AMQPConnection(
             broker.config.amqp,
             broker.clock,
-            allow_anonymous=broker.authorizer.allow_anonymous,
+            allow_anonymous=authentication.anonymous_allowed(self._allow_anonymous),
+            check=self._server.credential_check(address),
             peer=peer_text,
         )
         connection.handler = self._server.new_handler(connection)
@@ -113,9 +129,19 @@ class AMQPServerProtocol(asyncio.Protocol):
 class AMQPServer:
     """All AMQP listeners of one broker."""
 
-    def __init__(self, broker: Broker, new_handler: LinkHandlerFactory | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        new_handler: LinkHandlerFactory | None = None,
+        authentication: Authentication | None = None,
+    ) -> None:
         self.broker = broker
         self._new_handler = new_handler
+        if authentication is None:
+            policy = broker.config.auth.allow_anonymous
+            authentication = Authentication(allow_anonymous=None if policy == "auto" else policy)
+        # The broker's one authentication service (DESIGN.md section 5): SASL PLAIN checks it.
+        self.authentication = authentication
         self.connections: set[AMQPServerProtocol] = set()
         self._servers: list[asyncio.Server] = []
         self._ticker: asyncio.TimerHandle | None = None
@@ -123,13 +149,47 @@ class AMQPServer:
     def new_handler(self, connection: AMQPConnection) -> LinkHandler | None:
         return None if self._new_handler is None else self._new_handler(connection)
 
-    async def listen(self, host: str, port: int) -> tuple[str, int]:
+    def credential_check(self, address: str) -> CredentialCheck | None:
+        """SASL PLAIN's check against the broker's users (None while there are none: any
+        credentials pass, as before users existed).
+
+        The check is synchronous, as the SASL layer asks it: the first login of a user with a
+        given password hashes it on the event loop (~50 ms); reconnects hit the verified-password
+        cache. Moving it off the loop (as MQTT does) is the SASL layer's to do.
+        """
+        authentication = self.authentication
+        if not authentication.users_configured:
+            return None
+
+        def check(username: str, password: str) -> bool:
+            credentials = Credentials(username, password, address=address)
+            verdict = authentication.check(credentials)
+            if verdict is None:
+                verdict = authentication.verify(credentials)
+            if not isinstance(verdict, Principal):
+                log.warning(
+                    "amqp login refused: user %r from %s: %s", username, address, verdict.value
+                )
+                return False
+            return True
+
+        return check
+
+    async def listen(
+        self, host: str, port: int, *, listener: ListenerConfig | None = None
+    ) -> tuple[str, int]:
         """Start a listener; returns the address actually bound (port 0 picks one)."""
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: AMQPServerProtocol(self), host, port)
+        listener = listener or ListenerConfig(protocol="amqp", host=host, port=port)
+        policy = listener.allow_anonymous
+        allow_anonymous = None if policy == "auto" else bool(policy)
+        tls = server_context(listener.tls) if listener.tls.enabled else None
+        server = await loop.create_server(
+            lambda: AMQPServerProtocol(self, allow_anonymous), host, port, ssl=tls
+        )
         self._servers.append(server)
         address = server.sockets[0].getsockname()
-        log.info("AMQP listening on %s:%s", address[0], address[1])
+        log.info("AMQP%s listening on %s:%s", " over TLS" if tls else "", address[0], address[1])
         if self._ticker is None:
             self._ticker = loop.call_later(TICK_INTERVAL, self._tick)
         return address[0], address[1]

@@ -1,63 +1,183 @@
-"""The authorisation hook: may this client publish to, or subscribe to, this topic?
+"""Authorisation: what one principal may publish, subscribe to and receive.
 
-Rules are MQTT topic filters from the configuration; a deny match always wins, and an empty
-allow list allows everything. Knows no protocol: front ends turn a refusal into reason codes.
+Rules are MQTT topic filters: the broker-wide allow/deny lists of ``[auth]`` apply to everyone;
+``[[auth.acl]]`` rules apply to the users, groups and client ids they name, with ``%u`` (the
+user name) and ``%c`` (the client id) substituted. A deny always wins. Without ACL rules an
+empty allow list allows everything; once ACL rules exist, what no allow rule grants is denied.
+
+Subscribing asks "could this subscriber receive anything here", not "could this filter ever
+match a forbidden topic" (DESIGN.md §4): a filter is refused only when it lies wholly inside a
+deny rule, or wholly outside every allow rule; the topics a granted filter may not receive are
+filtered at delivery (:meth:`Permissions.may_read`), retained messages included.
+
+Answers are cached per principal (a :class:`Permissions` lives as long as its connection),
+never globally. Knows no protocol: front ends turn a refusal into reason codes.
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, topic_matches
 from kittiwake.config import AuthConfig
 
+# Per-connection caches are bounded; topics repeat, so a cleared cache refills quickly.
+_MAX_CACHED: Final = 4096
+
+
+class Permissions:
+    """One principal's rules, with %u and %c already substituted, and its cached answers."""
+
+    __slots__ = (
+        "_read_cache",
+        "publish_allow",
+        "publish_deny",
+        "read_allow",
+        "read_deny",
+        "restricts_reading",
+    )
+
+    def __init__(
+        self,
+        publish_allow: tuple[str, ...] | None,
+        publish_deny: tuple[str, ...],
+        read_allow: tuple[str, ...] | None,
+        read_deny: tuple[str, ...],
+    ) -> None:
+        # None: everything is allowed (no allow list, no ACL); () allows nothing.
+        self.publish_allow = publish_allow
+        self.publish_deny = publish_deny
+        self.read_allow = read_allow
+        self.read_deny = read_deny
+        # False when no topic can be withheld from this principal: delivery skips the check.
+        self.restricts_reading = read_allow is not None or bool(read_deny)
+        self._read_cache: dict[str, bool] = {}
+
+    def may_publish(self, topic: str) -> bool:
+        """Callers cache the answer per topic (a connection's topic verdicts)."""
+        if topic.startswith("$SYS") and (topic == "$SYS" or topic.startswith("$SYS/")):
+            return False  # $SYS is the broker's own voice (MQTT 5 §4.7.2)
+        return _allowed(topic, self.publish_allow, self.publish_deny)
+
+    def may_subscribe(self, topic_filter: str) -> bool:
+        """Refused only when the filter lies wholly inside a deny rule or wholly outside every
+        allow rule; anything in between is granted and filtered at delivery."""
+        if any(_filter_covers(rule, topic_filter) for rule in self.read_deny):
+            return False
+        allow = self.read_allow
+        return allow is None or any(_filters_overlap(rule, topic_filter) for rule in allow)
+
+    def may_subscribe_wholly(self, topic_filter: str) -> bool:
+        """Every topic the filter can match may be read: for receivers that cannot be filtered
+        per message (a shared subscription's group, a journal reader)."""
+        if any(_filters_overlap(rule, topic_filter) for rule in self.read_deny):
+            return False
+        allow = self.read_allow
+        return allow is None or any(_filter_covers(rule, topic_filter) for rule in allow)
+
+    def may_read(self, topic: str) -> bool:
+        """May a message on ``topic`` be delivered to this principal (the per-message check)."""
+        if not self.restricts_reading:
+            return True
+        cache = self._read_cache
+        answer = cache.get(topic)
+        if answer is None:
+            answer = _allowed(topic, self.read_allow, self.read_deny)
+            if len(topic) <= MAX_CACHED_TOPIC_CHARS:
+                if len(cache) >= _MAX_CACHED:
+                    cache.clear()
+                cache[topic] = answer
+        return answer
+
 
 class Authorizer:
-    """Answers publish and subscribe checks from the configured allow/deny lists."""
+    """Builds each principal's :class:`Permissions` from the configuration."""
 
-    __slots__ = ("_config", "_publish_cache")
+    __slots__ = ("_config", "_everyone", "_groups")
 
     def __init__(self, config: AuthConfig) -> None:
         self._config = config
-        # Publish checks run per message; topics repeat, so remember recent answers.
-        self._publish_cache: dict[str, bool] = {}
+        groups: dict[str, set[str]] = {}
+        for group in config.groups:
+            for user in group.users:
+                groups.setdefault(user, set()).add(group.name)
+        self._groups = groups
+        # The principal-free answers (the broker-wide lists alone): wills of sessions whose
+        # principal is unknown, readers without a user.
+        self._everyone = self.permissions(None, "")
 
     @property
-    def allow_anonymous(self) -> bool:
-        return self._config.allow_anonymous
+    def acl_configured(self) -> bool:
+        return bool(self._config.acl)
+
+    def groups_of(self, user: str | None) -> frozenset[str]:
+        return frozenset(self._groups.get(user, ())) if user is not None else frozenset()
+
+    def permissions(self, user: str | None, client_id: str) -> Permissions:
+        """The rules for ``user`` (None: anonymous) connected as ``client_id``."""
+        config = self._config
+        publish_allow = list(config.publish_allow)
+        publish_deny = list(config.publish_deny)
+        read_allow = list(config.subscribe_allow)
+        read_deny = list(config.subscribe_deny)
+        groups = self.groups_of(user)
+        for rule in config.acl:
+            named = rule.users or rule.groups or rule.clients
+            if named and not (
+                (user is not None and user in rule.users)
+                or bool(groups.intersection(rule.groups))
+                or client_id in rule.clients
+            ):
+                continue
+            for source, target in (
+                (rule.publish, publish_allow),
+                (rule.deny_publish, publish_deny),
+                (rule.subscribe, read_allow),
+                (rule.deny_subscribe, read_deny),
+            ):
+                for pattern in source:
+                    topic_filter = _substituted(pattern, user, client_id)
+                    if topic_filter is not None:
+                        target.append(topic_filter)
+        default_deny = bool(config.acl)
+        return Permissions(
+            tuple(publish_allow) if publish_allow or default_deny else None,
+            tuple(publish_deny),
+            tuple(read_allow) if read_allow or default_deny else None,
+            tuple(read_deny),
+        )
+
+    # Principal-free checks (the broker-wide lists and, for ACLs, the rules naming no one).
 
     def may_publish(self, topic: str) -> bool:
-        if topic.startswith("$SYS"):
-            # $SYS is the broker's own voice (MQTT 5 §4.7.2); no client may speak in it.
-            return topic != "$SYS" and not topic.startswith("$SYS/")
-        if not self._config.publish_allow and not self._config.publish_deny:
-            return True
-        answer = self._publish_cache.get(topic)
-        if answer is None:
-            answer = _allowed(topic, self._config.publish_allow, self._config.publish_deny)
-            if len(topic) <= MAX_CACHED_TOPIC_CHARS:
-                if len(self._publish_cache) > 10_000:
-                    self._publish_cache.clear()
-                self._publish_cache[topic] = answer
-        return answer
+        return self._everyone.may_publish(topic)
 
     def may_subscribe(self, topic_filter: str) -> bool:
-        """A filter is refused when a deny rule covers any topic it could match.
-
-        Deny rules are compared as filters: a subscription to "a/#" is refused by a deny of
-        "a/secret" because it would otherwise receive that topic.
-        """
-        allow, deny = self._config.subscribe_allow, self._config.subscribe_deny
-        for rule in deny:
-            if _filters_overlap(rule, topic_filter):
-                return False
-        if not allow:
-            return True
-        return any(_filter_covers(rule, topic_filter) for rule in allow)
+        """Whether every topic the filter can match may be read (no per-message filtering
+        is possible for such a reader)."""
+        return self._everyone.may_subscribe_wholly(topic_filter)
 
 
-def _allowed(topic: str, allow: tuple[str, ...], deny: tuple[str, ...]) -> bool:
+def _substituted(pattern: str, user: str | None, client_id: str) -> str | None:
+    """``pattern`` with %u and %c filled in; None when it needs a user and there is none, or
+    when a substituted name would add levels or wildcards (it must stay one level)."""
+    if "%" not in pattern:
+        return pattern
+    if "%u" in pattern:
+        if user is None or any(c in user for c in "/+#"):
+            return None
+        pattern = pattern.replace("%u", user)
+    if "%c" in pattern:
+        if not client_id or any(c in client_id for c in "/+#"):
+            return None
+        pattern = pattern.replace("%c", client_id)
+    return pattern
+
+
+def _allowed(topic: str, allow: tuple[str, ...] | None, deny: tuple[str, ...]) -> bool:
     if any(topic_matches(rule, topic) for rule in deny):
         return False
-    return not allow or any(topic_matches(rule, topic) for rule in allow)
+    return allow is None or any(topic_matches(rule, topic) for rule in allow)
 
 
 def _filter_covers(rule: str, topic_filter: str) -> bool:

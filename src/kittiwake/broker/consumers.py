@@ -8,6 +8,7 @@ until the front end reports its :class:`Settlement` through the queue.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
@@ -119,7 +120,7 @@ class Credit:
 class Consumer:
     """A taker of entries from one queue, bounded by its credit."""
 
-    __slots__ = ("credit", "name", "queue", "receiver", "unsettled")
+    __slots__ = ("credit", "name", "queue", "receiver", "selects", "unsettled")
 
     def __init__(
         self,
@@ -129,8 +130,12 @@ class Consumer:
         credit: int = 0,
         share: Credit | None = None,
         name: str = "",
+        selects: Callable[[QueuedMessage], bool] | None = None,
     ) -> None:
         self.name = name
+        # The consumer's selector (a JMS queue consumer's): entries it refuses stay in the
+        # queue for others. None (nearly always) = it takes anything, at no cost per entry.
+        self.selects = selects
         # None while the consumer cannot take anything (an MQTT session without a connection).
         self.receiver = receiver
         # Its own credit (a window, or link credit), or the one it shares.

@@ -177,6 +177,24 @@ class MQTT5Fields:
     user_properties: list[tuple[str, str]] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class AMQPFields:
+    """What only AMQP says about a message, kept so an AMQP consumer gets it as it was sent
+    after a restart or a move to a dead-letter queue (its JMS type, ids, body section).
+
+    Opaque to the core: the AMQP front end writes and reads it. The body itself is the
+    message's payload; ``body`` says how to make the body section from it again.
+    """
+
+    # The encoded sections before the body: message annotations, properties, application
+    # properties (as received).
+    head: bytes = b""
+    # How the payload maps back to the body section (kittiwake.amqp.message_mapping.BodyKind).
+    body: int = 0
+    # The encoded footer, b"" for none.
+    footer: bytes = b""
+
+
 @dataclass(slots=True, eq=False)
 class Message:
     """One publication as the core sees it, with no protocol's wire form."""
@@ -214,11 +232,20 @@ class Message:
     # Set while the commit that makes it durable is pending: stored copies are not dispatched
     # before it (persist -> acknowledge -> dispatch), whatever triggers a pump meanwhile.
     awaiting_commit: bool = False
+    # AMQP's own sections around the body; None for a message that did not come from AMQP.
+    amqp: AMQPFields | None = None
 
     @property
     def size(self) -> int:
         """Bytes this message costs a queue's byte budget (payload and topic dominate)."""
         return len(self.payload) + len(self.topic)
+
+    @property
+    def clears_retained(self) -> bool:
+        """A zero-length MQTT publication clears its topic's retained message; an empty JMS
+        message does not, and is not retained either (DESIGN.md §2). A message that came over
+        AMQP carries its AMQP fields, so their presence tells the two apart."""
+        return not self.payload and self.amqp is None
 
     def expired(self, now: float) -> bool:
         return self.expiry is not None and now >= self.expiry

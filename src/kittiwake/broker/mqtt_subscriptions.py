@@ -8,7 +8,7 @@ one copy by its own rule. Knows no wire format.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kittiwake.broker.sessions import Session, Subscription
@@ -23,21 +23,23 @@ class CopyOptions:
     retain_as_published: bool
 
 
-@dataclass(slots=True, frozen=True)
 class SessionCopy:
     """One session's copy of whatever is published on a topic."""
 
-    session: Session
-    options: CopyOptions
-    # The options when the session published the message itself: its noLocal subscriptions
-    # left out; None when every matching subscription is noLocal. Same as ``options`` when
-    # none is.
-    own: CopyOptions | None
+    __slots__ = ("options", "own", "plain", "session")
 
-    @property
-    def plain(self) -> bool:
-        """Nothing to merge per message: no noLocal, no subscription identifier."""
-        return self.own is self.options and not self.options.subscription_ids
+    def __init__(self, session: Session, options: CopyOptions, own: CopyOptions | None) -> None:
+        self.session = session
+        self.options = options
+        # The options when the session published the message itself: its noLocal
+        # subscriptions left out; None when every matching subscription is noLocal. Same as
+        # ``options`` when none is.
+        self.own = own
+        # Nothing to merge per message: no noLocal, no subscription identifier.
+        self.plain = own is options and not options.subscription_ids
+
+    def __repr__(self) -> str:
+        return f"<SessionCopy {self.session.client_id!r} {self.options!r}>"
 
 
 def merge(subscriptions: list[Subscription]) -> CopyOptions | None:
@@ -52,19 +54,29 @@ def merge(subscriptions: list[Subscription]) -> CopyOptions | None:
     )
 
 
-def session_copies(subscriptions: Iterable[Subscription]) -> list[SessionCopy]:
+def session_copies(subscriptions: Sequence[Subscription]) -> list[SessionCopy]:
     """The copies for every session among ``subscriptions`` (non-shared ones), in the order
     the sessions first appear."""
+    if len({s.session for s in subscriptions}) == len(subscriptions):
+        # Nearly always: one matching subscription per session, whose copy never changes
+        # while the subscription does not (see Subscription.copy).
+        return [s.copy or _sole_copy(s) for s in subscriptions]
     by_session: dict[Session, list[Subscription]] = {}
     for subscription in subscriptions:
         by_session.setdefault(subscription.session, []).append(subscription)
-    copies = []
-    for session, matched in by_session.items():
-        options = merge(matched)
-        assert options is not None
-        if any(s.no_local for s in matched):
-            own = merge([s for s in matched if not s.no_local])
-        else:
-            own = options
-        copies.append(SessionCopy(session, options, own))
-    return copies
+    return [_copy(session, matched) for session, matched in by_session.items()]
+
+
+def _sole_copy(subscription: Subscription) -> SessionCopy:
+    copy = subscription.copy = _copy(subscription.session, [subscription])
+    return copy
+
+
+def _copy(session: Session, matched: list[Subscription]) -> SessionCopy:
+    options = merge(matched)
+    assert options is not None
+    if any(s.no_local for s in matched):
+        own = merge([s for s in matched if not s.no_local])
+    else:
+        own = options
+    return SessionCopy(session, options, own)

@@ -4,8 +4,11 @@ to the dead-letter or expiry queue (DESIGN.md section 5). Persistent entries are
 a sender's completion is their commit. Knows no protocol: front ends attach consumers and
 settle their deliveries here.
 
-Not yet here: configured (declared) queues, admin deletion, the crash rule for entries whose
-lazily written in-flight mark was lost (they come back counted as not delivered).
+The crash rule (DESIGN.md section 2): an in-flight mark is written lazily, so a crash may lose
+it. Each queue's in-flight window (what its consumers could hold at once) is stored before
+it grows, and recovery counts that many waiting entries as possibly delivered.
+
+Not yet here: configured (declared) queues, admin deletion.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ class QueueDestinations:
         broker.recovery_hooks.append(self.recover)
         # Stored entries the commit in progress enqueued, to hold until the store commit.
         self._committing: list[tuple[Queue, Message]] = []
+        # Each queue's in-flight window as stored (see _window_grew); absent = 0.
+        self._windows: dict[str, int] = {}
 
     # -- queues -----------------------------------------------------------------------------
 
@@ -82,6 +87,8 @@ class QueueDestinations:
             queue.detach(consumer)
         for entry in queue.drain():
             self._forget(queue, entry)
+        if self._windows.pop(name, 0):
+            self.store.save_queue_window(name, 0)
         return True
 
     def _forget(self, queue: Queue, entry: QueuedMessage) -> None:
@@ -93,8 +100,12 @@ class QueueDestinations:
 
         Names starting with ``$`` are the broker's own queues (sessions, shared groups). An
         entry marked in flight comes back counted as possibly delivered (its stored count
-        includes that attempt)."""
+        includes that attempt). So do as many unmarked entries, first in dispatch order, as
+        the queue's stored window leaves room for beside the marked ones: a crash may have
+        lost their marks (DESIGN.md section 2: never under-counted)."""
         recovered = 0
+        marked: dict[str, int] = {}
+        unmarked: dict[str, list[QueuedMessage]] = {}
         for record in state.queued:
             if record.queue.startswith("$"):
                 continue
@@ -102,11 +113,27 @@ class QueueDestinations:
             if message is None:
                 continue
             entry = QueuedMessage(
-                message, record.qos, True, record.retain, record.subscription_ids,
+                message,
+                record.qos,
+                True,
+                record.retain,
+                record.subscription_ids,
                 record.delivery_count,
             )
+            if record.state != "queued":
+                marked[record.queue] = marked.get(record.queue, 0) + 1
+            else:
+                unmarked.setdefault(record.queue, []).append(entry)
             self.queue(record.queue).push(entry)
             recovered += 1
+        for name, window in state.queue_windows.items():
+            room = window - marked.get(name, 0)
+            if room <= 0 or name not in unmarked:
+                continue
+            # Dispatch order: higher priority first, then arrival (message id) order.
+            waiting = sorted(unmarked[name], key=lambda e: -e.message.priority)
+            for entry in waiting[:room]:
+                entry.delivery_count += 1
         if recovered:
             log.info("recovered %d queue destination entries", recovered)
 
@@ -171,6 +198,8 @@ class QueueDestinations:
         if queue is None:
             return
         queue.detach(consumer)
+        if not queue.consumers and self._windows.pop(queue.name, 0):
+            self.store.save_queue_window(queue.name, 0)  # nothing can be in flight now
         if queue.count:
             self.pump_soon(queue)
 
@@ -260,9 +289,30 @@ class QueueDestinations:
     def pump(self, queue: Queue) -> int:
         if not queue.count:
             return 0
+        if self._window_grew(queue):
+            return 0  # pumped once the larger window is stored
         sent = queue.dispatch(self.clock.now())
         self.broker.stats.messages_sent += sent
         return sent
+
+    def _window_grew(self, queue: Queue) -> bool:
+        """Store the queue's in-flight window (its consumers' unsettled deliveries and
+        credit) when it outgrows the stored one; True when dispatch must wait for that
+        commit, so nothing beyond the stored window is ever in flight. It grows rarely (a
+        consumer's first credit), so nearly every pump only adds it up."""
+        window = 0
+        for consumer in queue.consumers:
+            window += len(consumer.unsettled) + max(0, consumer.credit.available)
+        name = queue.name
+        if window <= self._windows.get(name, 0):
+            return False
+        self._windows[name] = window
+        self.store.save_queue_window(name, window)
+        commit = self.store.commit()
+        if commit is None:
+            return False
+        commit.add_done_callback(lambda _: self.pump_soon(queue))
+        return True
 
     def pump_soon(self, queue: Queue) -> None:
         """Pump once the current loop turn has done its reading (one pump per turn)."""

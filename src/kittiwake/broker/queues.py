@@ -124,6 +124,7 @@ class Queue:
         "_next_delivery_id",
         "_ready",
         "_returned",
+        "_selective",
         "_sequence",
         "bytes",
         "consumers",
@@ -177,6 +178,9 @@ class Queue:
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
         self._cursor = 0
+        # Attached consumers with a selector: while any is, dispatch asks each entry who
+        # selects it; while none is, dispatch never looks.
+        self._selective = 0
         self._sequence = 0
         self._next_delivery_id = 0
         # FIFO entries live in a deque; priority entries in a heap of (-priority, seq, entry).
@@ -331,6 +335,8 @@ class Queue:
         consumer.queue = self
         if consumer not in self.consumers:
             self.consumers.append(consumer)
+            if consumer.selects is not None:
+                self._selective += 1
 
     def detach(self, consumer: Consumer) -> None:
         """Remove a consumer; what it has not settled comes back as possibly delivered."""
@@ -340,6 +346,8 @@ class Queue:
             del self.consumers[index]
             if self._cursor > index:
                 self._cursor -= 1
+            if consumer.selects is not None:
+                self._selective -= 1
         consumer.queue = None
 
     def recall(self, consumer: Consumer, *, received_too: bool = False) -> int:
@@ -363,6 +371,8 @@ class Queue:
         """
         if not self.count:
             return 0
+        if self._selective:
+            return self._dispatch_selective(now)
         consumers = self.consumers
         if len(consumers) == 1:
             # The common case (an MQTT session): no turn-taking, no exclusion bookkeeping.
@@ -409,6 +419,49 @@ class Queue:
         for entry in skipped:
             self.push_front(entry)
         return sent
+
+    def _dispatch_selective(self, now: float) -> int:
+        """Dispatch while some consumer has a selector (JMS): each entry goes to the next
+        consumer in turn that can take it and selects it; an entry no ready consumer selects
+        stays in its place, and later ones may go. Every waiting entry may be looked at once
+        per dispatch: the price of selectors, paid only by queues that have them."""
+        skipped: list[QueuedMessage] = []
+        sent = 0
+        while self._next_ready(None, advance=False) is not None:
+            entry = self.pop(now)
+            if entry is None:
+                break
+            if entry.message.awaiting_commit and self._waits_for_commit(entry):
+                self.push_front(entry)
+                break
+            consumer = self._next_selecting(entry)
+            if consumer is None:
+                skipped.append(entry)
+                continue
+            self._start(consumer, entry)
+            sent += 1
+        for entry in skipped:
+            self.push_front(entry)
+        return sent
+
+    def _next_selecting(self, entry: QueuedMessage) -> Consumer | None:
+        """The next consumer in turn that can take this entry and whose selector selects it."""
+        consumers = self.consumers
+        count = len(consumers)
+        excluded = entry.excluded
+        for step in range(count):
+            index = (self._cursor + step) % count
+            consumer = consumers[index]
+            if consumer.credit.available <= 0 or consumer.receiver is None:
+                continue
+            if excluded is not None and consumer in excluded:
+                continue
+            selects = consumer.selects
+            if selects is not None and not selects(entry):
+                continue
+            self._cursor = (index + 1) % count
+            return consumer
+        return None
 
     def _next_ready(
         self, excluded: set[Consumer] | None, *, advance: bool = True

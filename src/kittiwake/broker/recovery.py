@@ -61,8 +61,10 @@ def recover(broker: Broker) -> None:
     recovered = 0
     by_queue = {session.queue.name: session for session in broker.sessions.values()}
     groups = {group.queue.name: group for group in broker.shared_groups.values()}
-    # Entries queued (not marked in flight) per queue, in queue order, for the crash rule.
+    # Entries queued (not marked in flight) per queue, in queue order, for the crash rule,
+    # and how many were marked in flight (they took part of the window).
     waiting: dict[Queue, list[QueuedMessage]] = {}
+    marked: dict[Queue, int] = {}
     for queued in state.queued:
         stored_message = state.messages.get(queued.message_id)
         if stored_message is None:
@@ -86,7 +88,10 @@ def recover(broker: Broker) -> None:
             group.queue.push(entry)
             if not in_flight:
                 waiting.setdefault(group.queue, []).append(entry)
+            else:
+                marked[group.queue] = marked.get(group.queue, 0) + 1
         elif in_flight:
+            marked[owner.queue] = marked.get(owner.queue, 0) + 1
             # The stored count includes the attempt in flight; resuming counts it again.
             entry.delivery_count = max(0, queued.delivery_count - 1)
             state_now = DeliveryState(queued.state)
@@ -102,12 +107,19 @@ def recover(broker: Broker) -> None:
         broker.sessions[record.client_id].queue: record.window
         for record in state.sessions.values()
     }
+    # A queue whose consumers' credit is not a session's window (a JMS shared durable
+    # subscription's) stored its own.
+    for name, window in state.queue_windows.items():
+        owner = by_queue.get(name)
+        if owner is not None:
+            windows[owner.queue] = max(windows.get(owner.queue, 0), window)
     for group in broker.shared_groups.values():
         windows[group.queue] = sum(
             windows.get(m.session.queue, 0) for m in group.members.values()
         )
     for queue, entries in waiting.items():
-        for entry in entries[: windows.get(queue, 0)]:
+        room = windows.get(queue, 0) - marked.get(queue, 0)
+        for entry in entries[: max(0, room)]:
             entry.delivery_count += 1
     for hook in broker.recovery_hooks:
         hook(state)  # other owners of stored queues (queue destinations) take theirs

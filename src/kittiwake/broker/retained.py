@@ -34,10 +34,13 @@ class RetainedMessages:
     def update(self, message: Message) -> Message | None:
         """Apply a retained publication; returns the message it replaced or cleared.
 
-        A zero-length payload clears the topic and is not itself retained (DESIGN.md §2).
+        A zero-length MQTT payload clears the topic and is not itself retained; an empty JMS
+        message neither clears nor is retained (DESIGN.md §2).
         """
         if not message.payload:
-            return self._by_topic.pop(message.topic, None)
+            if message.clears_retained:
+                return self._by_topic.pop(message.topic, None)
+            return None
         previous = self._by_topic.get(message.topic)
         self._by_topic[message.topic] = message
         self._track(message)

@@ -16,8 +16,14 @@ from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS
 
-# Plans kept at most; the cache is cleared when full (topics repeat, so it refills quickly).
-MAX_PLANS = 4096
+# Plans kept: two per filter in the tree (a fleet's devices each publish on their own topic,
+# and a cache smaller than the set of topics in use is cleared before any plan is reused),
+# at least MIN_PLANS and at most MAX_PLANS (a plan costs about 500 bytes; past that many
+# topics in use the uncached path serves, and memory per filter stays as it was). The cache
+# is cleared when full: topics repeat, so it refills quickly, and clearing costs nothing per
+# publication.
+MIN_PLANS = 4096
+MAX_PLANS = 16384
 
 
 class RoutePlan:
@@ -76,7 +82,7 @@ class RoutePlans:
             pass
         plan = self._build(topic)
         if len(topic) <= MAX_CACHED_TOPIC_CHARS:
-            if len(cache) >= MAX_PLANS:
+            if len(cache) >= MIN_PLANS and len(cache) >= min(MAX_PLANS, 2 * len(self.tree)):
                 cache.clear()
             cache[topic] = plan
         return plan
@@ -86,16 +92,25 @@ class RoutePlans:
 
     def _build(self, topic: str) -> RoutePlan:
         subscriptions: list[Subscription] = []
-        groups: list[SharedGroup] = []
+        groups_found: list[SharedGroup] = []
         for match in self.tree.match(topic):
             if isinstance(match, SharedGroup):
-                groups.append(match)
-            else:
-                subscriptions.append(match)
+                groups_found.append(match)
+                continue
+            permissions = match.session.permissions
+            if permissions is not None and not permissions.may_read(topic):
+                continue  # a wildcard granted over denied topics: filtered here, once
+            subscriptions.append(match)
+        groups = tuple(groups_found)
         copies = tuple(session_copies(subscriptions))
         direct: tuple[Session, ...] | None = None
-        journalled = self._journals_qos0 is not None and self._journals_qos0(topic)
-        if not groups and not journalled and all(copy.plain for copy in copies):
+        if not groups and not (self._journals_qos0 is not None and self._journals_qos0(topic)):
             # Offline sessions never queue QoS 0.
-            direct = tuple(c.session for c in copies if c.session.link is not None)
-        return RoutePlan(copies, tuple(groups), direct)
+            direct = ()
+            for copy in copies:
+                if not copy.plain:
+                    direct = None
+                    break
+                if copy.session.link is not None:
+                    direct += (copy.session,)
+        return RoutePlan(copies, groups, direct)

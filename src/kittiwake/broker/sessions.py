@@ -18,6 +18,8 @@ from kittiwake.broker.queues import Queue, QueuedMessage
 from kittiwake.broker.routing import Binding
 
 if TYPE_CHECKING:
+    from kittiwake.broker.authorization import Permissions
+    from kittiwake.broker.mqtt_subscriptions import SessionCopy
     from kittiwake.broker.shared_groups import Member
 
 # A session expiry interval meaning "never expires" (the MQTT 5 value 0xFFFFFFFF).
@@ -67,6 +69,10 @@ class Subscription(Binding):
     retain_as_published: bool = False
     retain_handling: int = 0
     subscription_id: int | None = None
+    # Its session's copy of a publication that matches no other subscription of the session,
+    # worked out once (mqtt_subscriptions.session_copies); None until then, and again
+    # whenever its options change.
+    copy: SessionCopy | None = field(default=None, repr=False)
 
     @property
     def full_filter(self) -> str:
@@ -101,6 +107,9 @@ class Session:
     # Clock times while disconnected: when the session ends, when the will is due.
     expires_at: float | None = None
     will_at: float | None = None
+    # What its client's principal may publish and receive; None until a connection or a
+    # subscription sets it (a session recovered from the store, until its client is back).
+    permissions: Permissions | None = None
 
     @property
     def persistent(self) -> bool:

@@ -76,6 +76,8 @@ class RecoveredState:
     retained: dict[str, Message] = field(default_factory=dict)
     # The duplicate-detection keys of each producer.
     duplicates: dict[str, set[DuplicateKey]] = field(default_factory=dict)
+    # Queue destinations' in-flight windows (what their consumers could hold), by queue.
+    queue_windows: dict[str, int] = field(default_factory=dict)
 
 
 class Store(Protocol):
@@ -127,6 +129,10 @@ class Store(Protocol):
     def save_session(self, record: SessionRecord) -> None:
         """Store (or replace) a session with its subscriptions and will."""
 
+    def save_queue_window(self, queue: str, window: int) -> None:
+        """How many entries of a queue destination its consumers may hold at once (0 when
+        it has none), so recovery after a crash can count what may have been in flight."""
+
     def delete_session(self, client_id: str) -> None:
         """Forget the session record, its subscriptions and its will (not its queue)."""
 
@@ -168,6 +174,7 @@ class MemoryStore:
         self.queued: dict[tuple[str, int], QueuedRecord] = {}
         self.retained: dict[str, Message] = {}
         self.duplicates: dict[str, set[DuplicateKey]] = {}
+        self.queue_windows: dict[str, int] = {}
 
     def journal(self, message: Message) -> None:
         # No retention here: a message is kept only while a queue references it.
@@ -215,6 +222,12 @@ class MemoryStore:
     def save_session(self, record: SessionRecord) -> None:
         self.sessions[record.client_id] = record
 
+    def save_queue_window(self, queue: str, window: int) -> None:
+        if window:
+            self.queue_windows[queue] = window
+        else:
+            self.queue_windows.pop(queue, None)
+
     def delete_session(self, client_id: str) -> None:
         self.sessions.pop(client_id, None)
 
@@ -245,6 +258,7 @@ class MemoryStore:
             queued=sorted(self.queued.values(), key=lambda r: r.message_id),
             retained=dict(self.retained),
             duplicates={k: set(v) for k, v in self.duplicates.items() if v},
+            queue_windows=dict(self.queue_windows),
         )
 
     def close(self) -> None:

@@ -1,10 +1,8 @@
-"""Selectors and noLocal for a subscription that has a queue of its own (a JMS topic
-subscription): applied where that queue hands an entry to its consumer, so an entry the filter
-refuses is accepted unseen, as if it had never been queued for it. Knows no protocol.
-
-Only right for a queue nobody else consumes: on a shared queue (a JMS queue, a shared
-subscription) a refused entry must stay for the other consumers, which needs the queue's own
-dispatch to skip it (not done yet).
+"""Selectors and noLocal as the queues apply them. A subscription that has a queue of its own
+(a JMS topic subscription) filters where that queue hands an entry to its consumer, so an entry
+the filter refuses is accepted unseen, as if it had never been queued for it. A consumer of a
+queue others consume too (a JMS queue) gets an :class:`EntrySelector`, which the queue's own
+dispatch asks, so a refused entry stays for the others. Knows no protocol.
 """
 
 from __future__ import annotations
@@ -51,6 +49,19 @@ class EntrySubject:
     def get_property(self, name: str) -> object:
         properties = self.entry.message.properties
         return None if properties is None else properties.get(name)
+
+
+class EntrySelector:
+    """A queue consumer's selector (:attr:`kittiwake.broker.consumers.Consumer.selects`)."""
+
+    __slots__ = ("protocol_headers", "selector")
+
+    def __init__(self, selector: Selector, protocol_headers: ProtocolHeaders | None) -> None:
+        self.selector = selector
+        self.protocol_headers = protocol_headers
+
+    def __call__(self, entry: QueuedMessage) -> bool:
+        return self.selector.matches(EntrySubject(entry, self.protocol_headers))
 
 
 class FilteringReceiver:

@@ -66,7 +66,16 @@ def subscribe(
         validate_topic_filter(topic_filter, broker.config.limits.max_topic_levels)
     except TopicError:
         return SubscribeRefusal.INVALID_FILTER
-    if not broker.authorizer.may_subscribe(topic_filter):
+    permissions = session.permissions
+    if permissions is None:
+        permissions = session.permissions = broker.authorizer.permissions(None, session.client_id)
+    # A shared group's queue cannot be filtered per member: its filter must be wholly
+    # readable. Any other granted filter is filtered per message (route plans, retained).
+    if not (
+        permissions.may_subscribe_wholly(topic_filter)
+        if _group is not None
+        else permissions.may_subscribe(topic_filter)
+    ):
         return SubscribeRefusal.NOT_AUTHORIZED
     existing = session.subscriptions.get(full_filter)
     if existing is None and len(session.subscriptions) >= (
@@ -79,6 +88,7 @@ def subscribe(
         existing.retain_as_published = options.retain_as_published
         existing.retain_handling = options.retain_handling
         existing.subscription_id = options.subscription_id
+        existing.copy = None
         subscription = existing
         broker.routes.changed()
         member = session.members.get(full_filter)
@@ -198,7 +208,10 @@ def send_retained(broker: Broker, subscribed: Subscribed) -> None:
     now = broker.clock.now()
     session = subscription.session
     sub_ids = () if subscription.subscription_id is None else (subscription.subscription_id,)
+    permissions = session.permissions
     for message in broker.retained.matching(subscription.topic_filter, now):
+        if permissions is not None and not permissions.may_read(message.topic):
+            continue
         entry = QueuedMessage.of(
             message, subscription.max_qos, retain=True, subscription_ids=sub_ids
         )

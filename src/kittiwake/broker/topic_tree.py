@@ -146,8 +146,10 @@ class TopicTree(Generic[V]):
         if self._cache_size and len(topic_name) <= MAX_CACHED_TOPIC_CHARS:
             cache = self._cache
             if len(cache) >= self._cache_size:
-                # FIFO eviction: dicts keep insertion order, so the first key is the oldest.
-                del cache[next(iter(cache))]
+                # Cleared, not evicted one by one: popping a dict's oldest key leaves a hole
+                # that every later next(iter(...)) walks past, so under a stream of distinct
+                # topics eviction cost grows until the dict is resized.
+                cache.clear()
             cache[topic_name] = result
         return result
 

@@ -72,7 +72,8 @@ def publish_will(broker: Broker, session: Session) -> None:
     session.will_at = None
     if will is None:
         return
-    if not broker.authorizer.may_publish(will.topic):
+    permissions = session.permissions or broker.authorizer
+    if not permissions.may_publish(will.topic):
         log.info("client %s: will to %s not authorised", session.client_id, will.topic)
         return
     log.debug("client %s: publishing will to %s", session.client_id, will.topic)

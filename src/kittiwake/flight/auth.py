@@ -1,10 +1,10 @@
 """Who is calling the Flight service: credentials from the call's headers, and the hook that
 accepts or refuses them. Runs on the Flight server's threads; must never touch the event loop.
 
-Until users are configured (the security work), the one authenticator is
-:class:`AnonymousAuthenticator`: anonymous calls pass when ``auth.allow_anonymous`` is true,
-and presented credentials are refused, since nothing could check them. A users-backed
-authenticator slots in through :class:`Authenticator` with no change to the server.
+:class:`UsersAuthenticator` asks the broker's one authentication service (the users every
+front end shares): HTTP Basic user:password is checked against them, anonymous calls pass as
+the listener's policy says. While no users exist, presented credentials are refused, since
+nothing could check them. Bearer tokens are not issued yet, so they are refused too.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from kittiwake.broker.authentication import Authentication, Refusal
+from kittiwake.broker.authentication import Credentials as UserCredentials
 
 
 class AuthenticationRefused(Exception):
@@ -39,21 +42,34 @@ class Authenticator(Protocol):
         ...
 
 
-class AnonymousAuthenticator:
-    """No users exist yet: anonymous callers pass when allowed; credentials cannot be checked."""
+class UsersAuthenticator:
+    """The broker's users, checked on the Flight server's own threads (the slow hash there
+    blocks no one but the caller)."""
 
-    def __init__(self, allow_anonymous: bool) -> None:
-        self.allow_anonymous = allow_anonymous
+    def __init__(self, authentication: Authentication, allow_anonymous: bool | None) -> None:
+        self._authentication = authentication
+        self._allow_anonymous = allow_anonymous
 
     def authenticate(self, credentials: Credentials) -> str:
-        if not credentials.anonymous:
+        if credentials.token is not None:
+            raise AuthenticationRefused(
+                "bearer tokens are not supported yet; use Basic with a user name and password"
+            )
+        if credentials.anonymous:
+            if not self._authentication.anonymous_allowed(self._allow_anonymous):
+                raise AuthenticationRefused("anonymous access is disabled on this listener")
+            return "anonymous"
+        if not self._authentication.users_configured:
             raise AuthenticationRefused(
                 "this broker has no users configured, so it cannot check credentials; "
                 "connect without an authorization header"
             )
-        if not self.allow_anonymous:
-            raise AuthenticationRefused("anonymous access is disabled (auth.allow_anonymous)")
-        return "anonymous"
+        verdict = self._authentication.verify(
+            UserCredentials(credentials.username, credentials.password)
+        )
+        if isinstance(verdict, Refusal):
+            raise AuthenticationRefused(verdict.value)
+        return verdict.name or "anonymous"
 
 
 def credentials_from_headers(headers: Mapping[str, Sequence[str | bytes]]) -> Credentials:

@@ -10,10 +10,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kittiwake.broker.authentication import Authentication
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.fenced_writes import FencedWrites
-from kittiwake.config import LimitsConfig
-from kittiwake.flight.auth import AnonymousAuthenticator, Authenticator
+from kittiwake.config import LimitsConfig, TLSConfig
+from kittiwake.flight.auth import Authenticator, UsersAuthenticator
 from kittiwake.flight.broker_writes import BrokerWrites
 from kittiwake.store.journal_reader import JournalReader
 from kittiwake.store.journal_selection import JournalSelection
@@ -46,7 +47,10 @@ class FlightListener:
         data_dir: str | Path,
         selection: JournalSelection,
         authorizer: Authorizer,
+        authentication: Authentication | None = None,
+        allow_anonymous: bool | None = None,
         authenticator: Authenticator | None = None,
+        tls: TLSConfig | None = None,
         *,
         fenced_writes: FencedWrites | None = None,
         limits: LimitsConfig | None = None,
@@ -56,9 +60,10 @@ class FlightListener:
         self.port = port
         self._reader = JournalReader(data_dir, selection)
         self._authorizer = authorizer
-        self._authenticator = authenticator or AnonymousAuthenticator(
-            authorizer.allow_anonymous
+        self._authenticator = authenticator or UsersAuthenticator(
+            authentication or Authentication(), allow_anonymous
         )
+        self._tls = tls
         # The core's fenced writes (the Spark sink's puts); None: puts are refused.
         self._fenced_writes = fenced_writes
         self._limits = limits or LimitsConfig()
@@ -79,6 +84,7 @@ class FlightListener:
                 self._reader,
                 self._authenticator,
                 self._authorizer,
+                self._tls,
                 writes,
                 self._limits,
             )
@@ -88,7 +94,8 @@ class FlightListener:
         except Exception as exc:  # pyarrow reports a taken port as a generic error
             raise OSError(f"flight listener on {self.host}:{self.port}: {exc}") from exc
         self.port = int(self._server.port)
-        log.info("Flight listening on grpc://%s:%s", self.host, self.port)
+        scheme = "grpc+tls" if self._tls is not None and self._tls.enabled else "grpc"
+        log.info("Flight listening on %s://%s:%s", scheme, self.host, self.port)
         return self.host, self.port
 
     async def stop(self) -> None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from kittiwake.broker.authorization import Authorizer
-from kittiwake.config import LimitsConfig
+from kittiwake.config import LimitsConfig, TLSConfig
 from kittiwake.flight.auth import (
     AuthenticationRefused,
     Authenticator,
@@ -51,8 +52,10 @@ _AUTH_MIDDLEWARE = "auth"
 
 
 class _Principal(flight.ServerMiddleware):  # type: ignore[misc]
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, user: str | None) -> None:
         self.name = name
+        # The authenticated user, None for an anonymous call (whose ACLs name no user).
+        self.user = user
 
 
 class _AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
@@ -65,7 +68,8 @@ class _AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[mi
     def start_call(self, info: Any, headers: dict[str, list[str]]) -> _Principal:
         try:
             credentials = credentials_from_headers(headers)
-            return _Principal(self._authenticator.authenticate(credentials))
+            name = self._authenticator.authenticate(credentials)
+            return _Principal(name, None if credentials.anonymous else name)
         except AuthenticationRefused as exc:
             raise flight.FlightUnauthenticatedError(str(exc)) from None
 
@@ -80,6 +84,7 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         reader: JournalReader,
         authenticator: Authenticator,
         authorizer: Authorizer,
+        tls: TLSConfig | None = None,
         writes: BrokerWrites | None = None,
         limits: LimitsConfig | None = None,
     ) -> None:
@@ -89,9 +94,20 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         self._writes = writes
         self._limits = limits or LimitsConfig()
         address = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
+        options: dict[str, Any] = {}
+        scheme = "grpc"
+        if tls is not None and tls.enabled:
+            scheme = "grpc+tls"
+            certificate = Path(tls.certificate).read_bytes()
+            key = Path(tls.key).read_bytes() if tls.key else certificate
+            options["tls_certificates"] = [flight.CertKeyPair(certificate, key)]
+            if tls.ca:
+                options["root_certificates"] = Path(tls.ca).read_bytes()
+                options["verify_client"] = tls.require_client_certificate
         super().__init__(
-            f"grpc://{address}:{port}",
+            f"{scheme}://{address}:{port}",
             middleware={_AUTH_MIDDLEWARE: _AuthMiddlewareFactory(authenticator)},
+            **options,
         )
 
     # -- handlers (on gRPC threads) ----------------------------------------------------------
@@ -144,10 +160,15 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 raise RequestError("a put's descriptor must be a command (a write request)")
             request = WriteRequest.from_descriptor(descriptor.command)
             limits = self._limits
+            principal = context.get_middleware(_AUTH_MIDDLEWARE)
+            # The caller's own publish rights (its ACLs), as for any publishing client.
+            permissions = self._authorizer.permissions(
+                principal.user if principal is not None else None, ""
+            )
             messages = read_messages(
                 (chunk.data for chunk in reader),
                 reader.schema,
-                self._authorizer.may_publish,
+                permissions.may_publish,
                 limits.max_put_rows,
                 limits.max_put_bytes,
                 limits.max_topic_levels,

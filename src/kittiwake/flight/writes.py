@@ -77,7 +77,7 @@ def messages_of(
         except TopicError as exc:
             raise RequestError(f"cannot publish to {topic!r}: {exc}") from None
         if not may_publish(topic):
-            raise WriteRefused(f"publishing to {topic!r} is not authorised (auth.publish_* rules)")
+            raise WriteRefused(f"publishing to {topic!r} is not authorised (auth rules, ACLs)")
         if allowed is not None:
             allowed.add(topic)
     topics = topic_column.to_pylist()

@@ -14,6 +14,7 @@ from kittiwake.mqtt.errors import (
     MQTTProtocolError,
     PacketTooLargeError,
     UnsupportedProtocolVersionError,
+    quoted,
 )
 from kittiwake.mqtt.packets import (
     Auth,
@@ -120,7 +121,8 @@ class PacketDecoder:
 
         Raises an :class:`MQTTProtocolError` for the first invalid packet, and
         :class:`PacketTooLargeError` as soon as an oversized fixed header is readable, without
-        waiting for (or buffering) the body.
+        waiting for (or buffering) the body. The error's ``packets_before`` holds the packets
+        of ``data`` decoded before it, which are still to be acted on.
         """
         buf = self._buf
         src: bytes | bytearray
@@ -165,11 +167,18 @@ class PacketDecoder:
                     ):
                         publish.raw = _bytes_of(src, pos, end)
                     packets.append(publish)
+                elif first == 0x40 and length == 2 and (src[body] or src[body + 1]):
+                    # The other hot packet: a plain PUBACK (what _ack_decoder makes of it).
+                    packets.append(PubAck((src[body] << 8) | src[body + 1], 0, _NO_PROPERTIES))
                 else:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
                 pos = end
-        except BaseException:
+        except MQTTProtocolError as error:
             self._buf = bytearray()  # the connection is dead; drop the tail with the error
+            error.packets_before = list(packets)
+            raise
+        except BaseException:
+            self._buf = bytearray()
             raise
         finally:
             mv.release()  # the bytearray cannot be resized while a view of it is alive
@@ -224,7 +233,9 @@ def _packet_id(body: memoryview, pos: int, end: int, name: str) -> int:
 
 def _check_topic_name(topic: str, what: str) -> None:
     if "+" in topic or "#" in topic:
-        raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"{what} {topic!r} has a wildcard")
+        raise MQTTProtocolError(
+            ReasonCode.TOPIC_NAME_INVALID, f"{what} {quoted(topic)} has a wildcard"
+        )
 
 
 def _decode_reserved(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
@@ -246,7 +257,7 @@ def _decode_connect(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
             raise UnsupportedProtocolVersionError(level)
     else:
         # 3.1.1 and 5.0 (3.1.2.1): an unknown name is not MQTT at all; the server just closes.
-        raise MalformedPacketError(f"unknown protocol name {name!r}")
+        raise MalformedPacketError(f"unknown protocol name {quoted(name)}")
     dec.protocol_version = level
     if pos + 3 > end:
         raise MalformedPacketError("CONNECT ends inside its variable header")
@@ -371,7 +382,9 @@ def _decode_publish_at(
     if "\x00" in topic:
         raise MalformedPacketError("PUBLISH topic contains U+0000")
     if "+" in topic or "#" in topic:
-        raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, f"topic {topic!r} has a wildcard")
+        raise MQTTProtocolError(
+            ReasonCode.TOPIC_NAME_INVALID, f"topic {quoted(topic)} has a wildcard"
+        )
     packet_id = None
     if qos:
         if pos + 2 > end:
@@ -603,6 +616,22 @@ def encode_publish(
     if remaining < 128:
         return bytes((first, remaining)) + head + payload
     return b"".join((bytes((first,)), encode_varint(remaining), head, payload))
+
+
+def encode_publish_head(topic: bytes, payload_size: int, qos: int, retain: bool) -> bytes:
+    """The start of a 3.x PUBLISH, up to where its packet id (QoS 1/2) or payload (QoS 0)
+    goes: what every subscriber of one message shares, so fan-out encodes it once and only
+    splices in each packet id and the payload."""
+    topic_len = len(topic)
+    if topic_len > 0xFFFF:
+        raise ValueError("topic longer than 65,535 bytes")
+    first = 0x31 | (qos << 1) if retain else 0x30 | (qos << 1)
+    remaining = 2 + topic_len + payload_size + (2 if qos else 0)
+    if remaining < 128:
+        return bytes((first, remaining, topic_len >> 8, topic_len & 0xFF)) + topic
+    return b"".join(
+        (bytes((first,)), encode_varint(remaining), topic_len.to_bytes(2, "big"), topic)
+    )
 
 
 def _encode_connect(p: Connect, version: int) -> bytes:

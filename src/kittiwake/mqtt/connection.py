@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeAlias
 
+from kittiwake.broker.authentication import Authentication, Principal, Refusal
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import NOT_FOUND, Completion, all_of
 from kittiwake.broker.consumers import Delivery, DeliveryState
@@ -28,8 +29,10 @@ from kittiwake.broker.topics import (
     parse_shared,
     validate_topic_name,
 )
-from kittiwake.mqtt.codec import encode, encode_ack, encode_publish
-from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError
+from kittiwake.mqtt.answers import encode_answer, response_information
+from kittiwake.mqtt.codec import encode_ack, encode_publish, encode_publish_head
+from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError, quoted
+from kittiwake.mqtt.login import Login, Verdict, refusal_code
 from kittiwake.mqtt.packet_ids import MAX_PACKET_ID, OutgoingPacketIds
 from kittiwake.mqtt.packets import (
     Auth,
@@ -76,11 +79,20 @@ class Transport(Protocol):
 class MQTTConnection:
     """The protocol state machine of one connection (awaiting CONNECT → connected → closed)."""
 
-    def __init__(self, broker: Broker, transport: Transport, peer: str = "?") -> None:
+    def __init__(
+        self, broker: Broker, transport: Transport, peer: str = "?", login: Login | None = None
+    ) -> None:
         self.broker = broker
         self.transport = transport
         self.peer = peer
         self.session: Session | None = None
+        # Who the client is, once its CONNECT's credentials checked out.
+        self.principal: Principal | None = None
+        self._login = login or _default_login(broker)
+        # While a password is being checked: the check, and the packets that came after the
+        # CONNECT meanwhile (handled once it is accepted).
+        self._checking: asyncio.Future[Verdict] | None = None
+        self._held_input: list[Packet] = []
         self.protocol_version = 4
         self.client_id = ""
         self.keepalive = 0
@@ -110,9 +122,12 @@ class MQTTConnection:
         self._receive_maximum = limits.receive_maximum
         self._max_backlog = limits.max_queued_bytes
         self._max_topic_levels = limits.max_topic_levels
-        # Topics this connection already published to: valid, and whether it may publish
-        # there. Publishers repeat a handful of topics, and the authorisation rules are fixed
-        # for the broker's life, so each topic is checked once instead of per message.
+        # What this connection's principal may do (set once its CONNECT is accepted).
+        self.permissions = broker.authorizer.permissions(None, "")
+        # Topics this connection already published to: valid, and whether its principal may
+        # publish there. Publishers repeat a handful of topics, and a connection's principal
+        # and rules do not change while it lives, so each topic is checked once, not per
+        # message (a cache per connection, keyed by its principal by construction).
         self._topic_verdicts: dict[str, bool] = {}
 
     # -- input ----------------------------------------------------------------------------
@@ -123,6 +138,9 @@ class MQTTConnection:
         The transport stamps ``last_received`` once per read, not here once per packet.
         """
         if self.session is None:
+            if self._checking is not None:
+                self._held_input.append(packet)
+                return
             if isinstance(packet, Connect):
                 self._on_connect(packet)
                 return
@@ -184,6 +202,9 @@ class MQTTConnection:
         self._connect_seen = True
         self.protocol_version = version = packet.protocol_version
         props = packet.properties
+        if version == 5 and props.maximum_packet_size is not None:
+            # Before any answer, refusals included (MQTT-3.1.2-24).
+            self.peer_max_packet_size = props.maximum_packet_size
         broker = self.broker
         config = broker.config
         client_id = packet.client_id
@@ -197,11 +218,14 @@ class MQTTConnection:
             return self._refuse(
                 ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported"
             )
-        if not broker.authorizer.allow_anonymous and packet.username is None:
-            return self._refuse(
-                ReasonCode.NOT_AUTHORIZED if version == 5 else ConnectReturnCode.NOT_AUTHORIZED,
-                "anonymous clients are not allowed",
-            )
+        if self.principal is None:
+            verdict = self._login.check(packet.username, packet.password)
+            if isinstance(verdict, asyncio.Future):
+                self._check_then_connect(packet, verdict)
+                return None
+            if isinstance(verdict, Refusal):
+                return self._refuse_login(packet, verdict)
+            self.principal = verdict
         max_keepalive = config.sessions.max_keepalive
         keepalive = packet.keepalive
         server_keepalive: int | None = None
@@ -214,15 +238,17 @@ class MQTTConnection:
                     ConnectReturnCode.IDENTIFIER_REJECTED,
                     f"keepalive {keepalive}s exceeds max_keepalive {max_keepalive}s",
                 )
+        principal_name = self.principal.name if self.principal is not None else None
+        self.permissions = broker.authorizer.permissions(principal_name, client_id)
         if packet.will is not None:
             try:
                 validate_topic_name(packet.will.topic)
             except TopicError as exc:
                 raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
-            if not broker.authorizer.may_publish(packet.will.topic):
+            if not self.permissions.may_publish(packet.will.topic):
                 return self._refuse(
                     ReasonCode.NOT_AUTHORIZED if version == 5 else ConnectReturnCode.NOT_AUTHORIZED,
-                    f"will topic {packet.will.topic!r} not allowed",
+                    f"will topic {quoted(packet.will.topic)} not allowed",
                 )
         requested_expiry: int | None = None
         if version == 5:
@@ -231,8 +257,6 @@ class MQTTConnection:
             if expiry > cap:
                 requested_expiry = expiry = cap
             window = props.receive_maximum if props.receive_maximum is not None else 65535
-            if props.maximum_packet_size is not None:
-                self.peer_max_packet_size = props.maximum_packet_size
             self.peer_topic_alias_maximum = props.topic_alias_maximum or 0
             if props.request_problem_information == 0:
                 self._problem_information = False
@@ -257,10 +281,15 @@ class MQTTConnection:
             will_expiry=will_expiry,
         )
         self.session = session
+        if session.permissions is not self.permissions:
+            # Delivery is filtered by what this principal may read (route plans).
+            session.permissions = self.permissions
+            broker.routes.changed()
         log.info(
-            "client %s connected from %s (MQTT %s, clean=%s, keepalive=%ss, present=%s)",
+            "client %s connected from %s (user %s, MQTT %s, clean=%s, keepalive=%ss, present=%s)",
             client_id,
             self.peer,
+            _user_text(self.principal),
             {3: "3.1", 4: "3.1.1", 5: "5.0"}[version],
             packet.clean_start,
             keepalive,
@@ -276,7 +305,7 @@ class MQTTConnection:
             ack_props.server_keep_alive = server_keepalive
             ack_props.session_expiry_interval = requested_expiry
             if props.request_response_information == 1:
-                ack_props.response_information = f"response/{client_id}"
+                ack_props.response_information = response_information(client_id)
         connack = self._encode(ConnAck(present, 0, ack_props), version)
         if completion is None:
             self.transport.write(connack)
@@ -289,6 +318,51 @@ class MQTTConnection:
         self.transport = held
         broker.start_delivery(session)
         self._answer(completion, b"", _CONNACK, then=lambda: self._connack_sent(held, connack))
+
+    def _check_then_connect(self, packet: Connect, check: asyncio.Future[Verdict]) -> None:
+        """A password is being hashed off the loop: hold the input until the verdict."""
+        self._checking = check
+        pause = getattr(self.transport, "pause_reading", None)
+        if pause is not None:
+            pause()
+
+        def checked(_done: object) -> None:
+            self._checking = None
+            held, self._held_input = self._held_input, []
+            if self.closed:
+                return
+            resume = getattr(self.transport, "resume_reading", None)
+            if resume is not None:
+                resume()
+            try:
+                verdict = check.result()
+            except Exception:
+                log.exception("client %s: the credentials check failed", self.peer)
+                verdict = Refusal.BAD_CREDENTIALS
+            if isinstance(verdict, Refusal):
+                self._refuse_login(packet, verdict)
+                return
+            self.principal = verdict
+            try:
+                self._on_connect(packet)
+                for later in held:
+                    if self.closed:
+                        return
+                    self.handle(later)
+            except MQTTProtocolError as error:
+                self.protocol_error(error, self.protocol_version)
+
+        check.add_done_callback(checked)
+
+    def _refuse_login(self, packet: Connect, refusal: Refusal) -> None:
+        log.warning(
+            "login refused: user %r, client id %r, from %s: %s",
+            packet.username,
+            quoted(packet.client_id),
+            self.peer,
+            refusal.value,
+        )
+        self._refuse(refusal_code(refusal, self.protocol_version), refusal.value)
 
     def _connack_sent(self, held: _HeldOutput, connack: bytes) -> None:
         self.transport = held.transport
@@ -362,7 +436,7 @@ class MQTTConnection:
                 validate_topic_name(topic, self._max_topic_levels)
             except TopicError as exc:
                 raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
-            allowed = self.broker.authorizer.may_publish(topic)
+            allowed = self.permissions.may_publish(topic)
             if len(topic) <= MAX_CACHED_TOPIC_CHARS:
                 if len(self._topic_verdicts) >= 1024:
                     self._topic_verdicts.clear()
@@ -386,7 +460,13 @@ class MQTTConnection:
                 f"more than {self._receive_maximum} unacknowledged QoS 1/2 publications",
             )
         if not allowed:
-            log.info("client %s: publish to %s not authorised", self.client_id, topic)
+            log.info(
+                "client %s (user %s, %s): publish to %s not authorised",
+                self.client_id,
+                _user_text(self.principal),
+                self.peer,
+                quoted(topic),
+            )
             if qos == 1:
                 self._answer(None, self._encode(PubAck(packet_id, self._denied_code()), version))
             elif qos == 2:
@@ -394,14 +474,10 @@ class MQTTConnection:
             return
         if qos == 0 and not packet.retain and self._forward(topic, packet):
             return
-        message = Message(
-            topic=topic,
-            payload=packet.payload,
-            qos=qos,
-            retain=packet.retain,
-            persistent=qos > 0,
-            origin=self.client_id,
-        )
+        # Positional, and origin set after: keyword arguments to a dataclass of this many
+        # fields cost more than the rest of making the message.
+        message = Message(topic, packet.payload, qos, packet.retain, qos > 0)
+        message.origin = self.client_id
         if version == 5:
             self._copy_properties(props, message)
         if qos == 2:
@@ -580,9 +656,11 @@ class MQTTConnection:
             outcome = self.broker.subscribe(session, request.topic_filter, options)
             if isinstance(outcome, SubscribeRefusal):
                 log.info(
-                    "client %s: subscription to %r refused: %s",
+                    "client %s (user %s, %s): subscription to %s refused: %s",
                     self.client_id,
-                    request.topic_filter,
+                    _user_text(self.principal),
+                    self.peer,
+                    quoted(request.topic_filter),
                     outcome.value,
                 )
                 codes.append(_REFUSAL_REASON[outcome] if version == 5 else SUBACK_FAILURE_V3)
@@ -710,28 +788,21 @@ class MQTTConnection:
         else:
             # 3.x frames differ between subscribers only in the packet id: encode the rest once
             # per message (QoS 0: the whole frame) and splice the id in.
-            key = (qos, entry.retain)
+            key = qos + 3 if entry.retain else qos
             cache = message.encoded
             if cache is None:
                 message.encoded = cache = {}
-            cached = cache.get(key)
-            if cached is None:
-                cached = encode_publish(
-                    message.topic.encode(),
-                    message.payload,
-                    qos,
-                    entry.retain,
-                    False,
-                    1 if qos else None,
-                    None,
+            head = cache.get(key)
+            if head is None:
+                head = cache[key] = encode_publish_head(
+                    message.topic.encode(), len(message.payload), qos, entry.retain
                 )
-                if qos:  # keep the part before the packet id
-                    cached = cached[: len(cached) - len(message.payload) - 2]
-                cache[key] = cached
-            if qos == 0:
-                data = cached
+                if not qos:
+                    head = cache[key] = head + message.payload
+            if qos:
+                data = b"".join((head, delivery_id.to_bytes(2, "big"), message.payload))
             else:
-                data = b"".join((cached, delivery_id.to_bytes(2, "big"), message.payload))
+                data = head
         if len(data) > self.peer_max_packet_size:
             # MQTT-3.1.2-25: never send more than the client accepts; the message is dropped.
             log.info(
@@ -819,16 +890,15 @@ class MQTTConnection:
         self.transport.write(self._encode(packet, version))
 
     def _encode(self, packet: Packet, version: int) -> bytes:
-        if (
-            version == 5
-            and not self._problem_information
-            and not isinstance(packet, (ConnAck, Disconnect, Publish))
-        ):
-            props = getattr(packet, "properties", None)
-            if props is not None and (props.reason_string or props.user_properties):
-                props.reason_string = None
-                props.user_properties = []
-        return encode(packet, version)
+        data = encode_answer(packet, version, self.peer_max_packet_size, self._problem_information)
+        if len(data) > self.peer_max_packet_size and isinstance(packet, (SubAck, UnsubAck)):
+            # Only these grow with the request (one reason code per filter); every other
+            # answer is a few bytes once its optional text is gone (MQTT-3.1.2-24).
+            raise MQTTProtocolError(
+                ReasonCode.PACKET_TOO_LARGE,
+                f"the {type(packet).__name__} exceeds the client's Maximum Packet Size",
+            )
+        return data
 
     def _disconnect_with(self, reason: int, why: str = "") -> None:
         props = Properties(reason_string=why or None)
@@ -1007,6 +1077,19 @@ def _mqtt5_fields(props: Properties) -> MQTT5Fields | None:
         props.correlation_data,
         list(props.user_properties),
     )
+
+
+def _user_text(principal: Principal | None) -> str:
+    if principal is None or principal.name is None:
+        return "anonymous"
+    return f"{quoted(principal.name)} by {principal.how}"
+
+
+def _default_login(broker: Broker) -> Login:
+    """Without a listener's login (embedding, unit tests): the broker-wide anonymous policy
+    and no users."""
+    policy = broker.config.auth.allow_anonymous
+    return Login(Authentication(allow_anonymous=None if policy == "auto" else policy))
 
 
 def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery: Delivery) -> None:

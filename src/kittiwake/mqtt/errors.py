@@ -5,7 +5,19 @@ Each carries the reason code the server answers with; raising one never closes a
 
 from __future__ import annotations
 
+from typing import Any
+
 from kittiwake.mqtt.reason_codes import ReasonCode
+
+# Error messages quote what a peer sent; a 64 KiB topic must not drown (or outgrow) the sentence.
+_QUOTED_CHARS = 80
+
+
+def quoted(text: str) -> str:
+    """``text`` quoted for an error message: its repr, cut after a few dozen characters."""
+    if len(text) > _QUOTED_CHARS:
+        return repr(text[:_QUOTED_CHARS]) + "..."
+    return repr(text)
 
 
 class MQTTProtocolError(Exception):
@@ -16,9 +28,13 @@ class MQTTProtocolError(Exception):
     """
 
     reason_code: ReasonCode
+    # Set by PacketDecoder.feed: the packets of the same input that came before the bad one,
+    # which the connection must still act on, in order, before it answers the error.
+    packets_before: list[Any]
 
     def __init__(self, reason_code: int, message: str = "") -> None:
         self.reason_code = ReasonCode(reason_code)
+        self.packets_before = []
         super().__init__(message or self.reason_code.name)
 
     @property

@@ -8,16 +8,69 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
+from typing import Any
 
+from kittiwake.broker.authentication import Authentication
 from kittiwake.broker.broker import Broker
+from kittiwake.config import ListenerConfig
 from kittiwake.mqtt.codec import PacketDecoder
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.errors import MQTTProtocolError
+from kittiwake.mqtt.login import Login
+from kittiwake.tls import certificate_user, server_context
 
 log = logging.getLogger(__name__)
 
 # A client that has not sent CONNECT this long after connecting is dropped.
 CONNECT_TIMEOUT = 10.0
+# After the broker ends a connection it closes only its write side and reads (and drops) what
+# the client still sends, for at most this long: a client busy writing (PUBRELs, say) then
+# reads our last words (DISCONNECT with its reason, a refusing CONNACK) instead of having them
+# destroyed by the reset a full close causes when its data arrives.
+LINGER_TIMEOUT = 5.0
+
+
+def handle_input(
+    connection: MQTTConnection, decoder: PacketDecoder, data: bytes, *, contain_bugs: bool = True
+) -> None:
+    """Act on one read: every packet in order, then the error of a bad one that followed them
+    (a client that pipelines gets its CONNACK and PUBACKs before the DISCONNECT).
+
+    ``contain_bugs=False`` lets an unexpected exception through (unit tests want to see it).
+    """
+    try:
+        packets: list[Any]
+        try:
+            packets = decoder.feed(data)
+            error = None
+        except MQTTProtocolError as exc:
+            packets, error = exc.packets_before, exc
+        for packet in packets:
+            connection.handle(packet)
+            if connection.closed:
+                return
+        if error is not None:
+            connection.protocol_error(error, decoder.protocol_version)
+    except MQTTProtocolError as error:
+        connection.protocol_error(error, decoder.protocol_version)
+    except Exception:
+        if not contain_bugs:
+            raise
+        # A bug must cost one connection, never the loop.
+        log.exception("client %s: internal error; closing", connection.client_id)
+        connection.protocol_error(MQTTProtocolError(0x83, "internal error"))
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerContext:
+    """What a connection needs to know about the listener it came in on."""
+
+    authentication: Authentication
+    # None: the broker-wide anonymous policy.
+    allow_anonymous: bool | None = None
+    # How a verified client certificate names the user ("none", "cn", "subject").
+    certificate_user: str = "none"
 
 
 class MQTTServerProtocol(asyncio.Protocol):
@@ -25,8 +78,10 @@ class MQTTServerProtocol(asyncio.Protocol):
 
     __slots__ = (
         "_buffer",
+        "_context",
         "_first_read",
         "_flush_scheduled",
+        "_linger",
         "_loop",
         "_paused",
         "_server",
@@ -35,14 +90,17 @@ class MQTTServerProtocol(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, server: MQTTServer) -> None:
+    def __init__(self, server: MQTTServer, context: ListenerContext) -> None:
         self._server = server
+        self._context = context
         self._loop = asyncio.get_running_loop()
         self._buffer: list[bytes] = []
         self._flush_scheduled = False
         self._first_read = True
         # Set while the socket's send buffer is above its high-water mark (pause_writing).
         self._paused = False
+        # The timer that ends a lingering close (see LINGER_TIMEOUT); None until then.
+        self._linger: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
         self.decoder = PacketDecoder(server.broker.config.limits.max_packet_size)
         self.connection: MQTTConnection | None = None
@@ -58,12 +116,25 @@ class MQTTServerProtocol(asyncio.Protocol):
             log.warning("refusing %s: max_connections reached", peer_text)
             transport.close()
             return
-        self.connection = MQTTConnection(self._server.broker, self, peer_text)
+        context = self._context
+        login = Login(
+            context.authentication,
+            allow_anonymous=context.allow_anonymous,
+            certificate_name=certificate_user(
+                transport.get_extra_info("peercert"), context.certificate_user
+            ),
+            address=peer[0] if isinstance(peer, tuple) else str(peer),
+        )
+        self.connection = MQTTConnection(self._server.broker, self, peer_text, login)
         self._server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self.mqtt_received(data)
+
+    def mqtt_received(self, data: bytes) -> None:
+        """MQTT bytes from the client (straight from TCP, or out of WebSocket frames)."""
         connection = self.connection
-        if connection is None or connection.closed:
+        if connection is None or connection.closed or not data:
             return
         if self._first_read:
             self._first_read = False
@@ -77,19 +148,18 @@ class MQTTServerProtocol(asyncio.Protocol):
         broker = self._server.broker
         broker.stats.bytes_received += len(data)
         connection.last_received = broker.clock.now()
-        try:
-            for packet in self.decoder.feed(data):
-                connection.handle(packet)
-                if connection.closed:
-                    break
-        except MQTTProtocolError as error:
-            connection.protocol_error(error, self.decoder.protocol_version)
-        except Exception:
-            # A bug must cost one connection, never the loop.
-            log.exception("client %s: internal error; closing", connection.client_id)
-            connection.protocol_error(MQTTProtocolError(0x83, "internal error"))
+        handle_input(connection, self.decoder, data)
+
+    def eof_received(self) -> bool:
+        # The client is done writing (after our half-close, or of its own accord): what we
+        # answered to its last packets goes out before the close.
+        if self._buffer:
+            self._flush()
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
         self._server.connections.discard(self)
         if self.connection is not None:
             self.connection.connection_lost()
@@ -98,6 +168,8 @@ class MQTTServerProtocol(asyncio.Protocol):
     # Transport for MQTTConnection
 
     def write(self, data: bytes) -> None:
+        if self._linger is not None:
+            return  # our side is shut: nothing more goes out
         self._buffer.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -110,6 +182,14 @@ class MQTTServerProtocol(asyncio.Protocol):
             return 0
         return transport.get_write_buffer_size()
 
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
     def pause_writing(self) -> None:
         self._paused = True
 
@@ -117,10 +197,22 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._paused = False
 
     def close(self) -> None:
+        """End the connection: what was written goes first, then a half-close and a bounded
+        wait for the client's own close (a full close where half-closing is impossible)."""
         if self._buffer:
             self._flush()
-        if self.transport is not None:
-            self.transport.close()
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._linger is not None:
+            return
+        if not transport.can_write_eof():  # TLS: close_notify is the last word instead
+            transport.close()
+            return
+        try:
+            transport.write_eof()
+        except OSError:
+            transport.close()
+            return
+        self._linger = self._loop.call_later(LINGER_TIMEOUT, transport.close)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -128,34 +220,64 @@ class MQTTServerProtocol(asyncio.Protocol):
         if not buffer:
             return
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self._linger is not None:
             buffer.clear()
             return
         data = buffer[0] if len(buffer) == 1 else b"".join(buffer)
         buffer.clear()
         self._server.broker.stats.bytes_sent += len(data)
+        self.send_mqtt(transport, data)
+
+    def send_mqtt(self, transport: asyncio.Transport, data: bytes) -> None:
+        """Put MQTT bytes on the wire (a WebSocket listener frames them first)."""
         transport.write(data)
 
 
 class MQTTServer:
     """All MQTT listeners of one broker and the timers their connections need."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, authentication: Authentication | None = None) -> None:
         self.broker = broker
+        if authentication is None:
+            policy = broker.config.auth.allow_anonymous
+            authentication = Authentication(allow_anonymous=None if policy == "auto" else policy)
+        self.authentication = authentication
         self.connections: set[MQTTServerProtocol] = set()
         self._servers: list[asyncio.Server] = []
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def listen(self, host: str, port: int) -> tuple[str, int]:
+    async def listen(
+        self, host: str, port: int, *, listener: ListenerConfig | None = None
+    ) -> tuple[str, int]:
         """Start a listener; returns the address actually bound (port 0 picks one)."""
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: MQTTServerProtocol(self), host, port)
+        listener = listener or ListenerConfig(host=host, port=port)
+        context = self.listener_context(listener)
+        tls = server_context(listener.tls) if listener.tls.enabled else None
+        protocol: type[MQTTServerProtocol] = MQTTServerProtocol
+        kind = "MQTT"
+        if listener.protocol == "websockets":
+            from kittiwake.mqtt.websocket import PATH, MQTTWebSocketProtocol
+
+            protocol = MQTTWebSocketProtocol
+            kind = f"MQTT over WebSockets ({'wss' if tls else 'ws'}://...{PATH})"
+        server = await loop.create_server(lambda: protocol(self, context), host, port, ssl=tls)
         self._servers.append(server)
         address = server.sockets[0].getsockname()
-        log.info("MQTT listening on %s:%s", address[0], address[1])
+        if tls and listener.protocol == "mqtt":
+            kind += " over TLS"
+        log.info("%s listening on %s:%s", kind, address[0], address[1])
         if self._sweeper is None:
             self._sweeper = loop.call_later(0.5, self._sweep)
         return address[0], address[1]
+
+    def listener_context(self, listener: ListenerConfig) -> ListenerContext:
+        policy = listener.allow_anonymous
+        return ListenerContext(
+            self.authentication,
+            None if policy == "auto" else bool(policy),
+            listener.tls.certificate_user,
+        )
 
     def _sweep(self) -> None:
         """One timer for every connection's keepalive, instead of one timer each."""

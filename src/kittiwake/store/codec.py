@@ -2,7 +2,7 @@
 and wills, plus the rows of sessions and subscriptions. Pure code: no SQL runs here.
 
 A message is a fixed set of columns (:data:`MESSAGE_COLUMNS`) plus one typed property blob
-holding its application properties and MQTT 5 fields. Times are stored as wall-clock
+holding its application properties, MQTT 5 fields and AMQP sections. Times are stored as wall-clock
 milliseconds since the epoch so they keep their meaning across a restart; the core's
 monotonic clock readings are converted at this boundary and nowhere else. Readers other than
 the broker (the Spark journal reader) decode rows with :func:`message_from_row` too.
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kittiwake.broker.message import (
+    AMQPFields,
     Message,
     MessageProperties,
     MQTT5Fields,
@@ -50,6 +51,8 @@ MESSAGE_COLUMNS = (
 #   tag 32: payload format indicator, u8     tag 33: content type, str
 #   tag 34: response topic, str              tag 35: correlation data, bin
 #   tag 36: one user property, str str (repeated, in order)
+#   tag 48: AMQP sections before the body, bin   tag 49: AMQP body kind, u8
+#   tag 50: AMQP footer, bin
 #   str   = bin holding UTF-8;   bin = length:varint bytes   (varint: LEB128, unsigned)
 #
 # Tags are never renumbered; a new field gets a new tag.
@@ -59,6 +62,9 @@ _CONTENT_TYPE = 33
 _RESPONSE_TOPIC = 34
 _CORRELATION_DATA = 35
 _USER_PROPERTY = 36
+_AMQP_HEAD = 48
+_AMQP_BODY = 49
+_AMQP_FOOTER = 50
 
 _NUMBERS: dict[PropertyType, struct.Struct] = {
     PropertyType.BYTE: struct.Struct(">b"),
@@ -71,10 +77,13 @@ _NUMBERS: dict[PropertyType, struct.Struct] = {
 
 
 def encode_properties(
-    properties: MessageProperties | None, mqtt5: MQTT5Fields | None
+    properties: MessageProperties | None,
+    mqtt5: MQTT5Fields | None,
+    amqp: AMQPFields | None = None,
 ) -> bytes | None:
-    """The property blob of a message; None when it has neither properties nor MQTT 5 fields."""
-    if not properties and mqtt5 is None:
+    """The property blob of a message; None when it has no properties, MQTT 5 fields or
+    AMQP sections."""
+    if not properties and mqtt5 is None and amqp is None:
         return None
     out = bytearray()
     if properties:
@@ -104,23 +113,43 @@ def encode_properties(
             out.append(_USER_PROPERTY)
             _put_text(out, name)
             _put_text(out, value)
+    if amqp is not None:
+        out.append(_AMQP_HEAD)
+        _put_bytes(out, amqp.head)
+        out.append(_AMQP_BODY)
+        out.append(amqp.body)
+        if amqp.footer:
+            out.append(_AMQP_FOOTER)
+            _put_bytes(out, amqp.footer)
     # Empty MQTT 5 fields are no fields: they come back as None.
     return bytes(out) if out else None
 
 
 def decode_properties(blob: bytes | None) -> tuple[MessageProperties | None, MQTT5Fields | None]:
     """The application properties and MQTT 5 fields of a blob; ValueError if it is damaged."""
+    properties, mqtt5, _ = decode_fields(blob)
+    return properties, mqtt5
+
+
+def decode_fields(
+    blob: bytes | None,
+) -> tuple[MessageProperties | None, MQTT5Fields | None, AMQPFields | None]:
+    """Everything a blob holds: properties, MQTT 5 fields, AMQP sections (ValueError if it is
+    damaged)."""
     if not blob:
-        return None, None
+        return None, None, None
     try:
-        return _decode_properties(blob)
+        return _decode_fields(blob)
     except (IndexError, struct.error, KeyError) as exc:
         raise ValueError(f"damaged property blob ({type(exc).__name__}: {exc})") from None
 
 
-def _decode_properties(blob: bytes) -> tuple[MessageProperties | None, MQTT5Fields | None]:
+def _decode_fields(
+    blob: bytes,
+) -> tuple[MessageProperties | None, MQTT5Fields | None, AMQPFields | None]:
     properties: MessageProperties | None = None
     mqtt5: MQTT5Fields | None = None
+    amqp: AMQPFields | None = None
     view = memoryview(blob)
     at = 0
     end = len(blob)
@@ -144,6 +173,21 @@ def _decode_properties(blob: bytes) -> tuple[MessageProperties | None, MQTT5Fiel
                 properties = MessageProperties()
             properties.set(name, value, kind)
             continue
+        if tag >= _AMQP_HEAD:
+            if amqp is None:
+                amqp = AMQPFields()
+            if tag == _AMQP_HEAD:
+                head, at = _get_bytes(view, at)
+                amqp.head = bytes(head)
+            elif tag == _AMQP_BODY:
+                amqp.body = blob[at]
+                at += 1
+            elif tag == _AMQP_FOOTER:
+                footer, at = _get_bytes(view, at)
+                amqp.footer = bytes(footer)
+            else:
+                raise ValueError(f"unknown property tag {tag} at byte {at - 1}")
+            continue
         if mqtt5 is None:
             mqtt5 = MQTT5Fields()
         if tag == _PAYLOAD_FORMAT:
@@ -161,7 +205,7 @@ def _decode_properties(blob: bytes) -> tuple[MessageProperties | None, MQTT5Fiel
             mqtt5.user_properties.append((name, value_text))
         else:
             raise ValueError(f"unknown property tag {tag} at byte {at - 1}")
-    return properties, mqtt5
+    return properties, mqtt5, amqp
 
 
 def _put_bytes(out: bytearray, data: bytes) -> None:
@@ -237,8 +281,8 @@ def message_columns(message: Message, clock_to_wall_ms: float) -> tuple[Any, ...
         None if delivery_time is None else round(delivery_time * 1000 + clock_to_wall_ms),
         message.origin,
         None
-        if message.properties is None and message.mqtt5 is None
-        else encode_properties(message.properties, message.mqtt5),
+        if message.properties is None and message.mqtt5 is None and message.amqp is None
+        else encode_properties(message.properties, message.mqtt5, message.amqp),
     )
 
 
@@ -249,7 +293,7 @@ def message_from_row(row: Sequence[Any], clock_to_wall_ms: float = 0.0) -> Messa
     with the default 0 they are wall-clock seconds since the epoch (what a reader outside the
     broker, such as the Spark journal reader, wants).
     """
-    properties, mqtt5 = decode_properties(row[11])
+    properties, mqtt5, amqp = decode_fields(row[11])
     timestamp = row[7]
     expiry = row[8]
     delivery_time = row[9]
@@ -268,6 +312,7 @@ def message_from_row(row: Sequence[Any], clock_to_wall_ms: float = 0.0) -> Messa
         properties=properties,
         mqtt5=mqtt5,
         message_id=row[0],
+        amqp=amqp,
     )
 
 

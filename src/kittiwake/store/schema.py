@@ -17,7 +17,7 @@ from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields
 from kittiwake.broker.sessions import session_producer_name, session_queue_name
 from kittiwake.store.codec import encode_properties, message_row
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 Step = list[str] | Callable[[sqlite3.Connection], None]
 
@@ -293,6 +293,14 @@ MIGRATIONS: dict[int, Step] = {
     # 4 → 5: a session remembers the in-flight window of the connection attached when it was
     # saved (0 = none), so recovery after a crash knows what may have been in flight.
     5: ["ALTER TABLE sessions ADD COLUMN in_flight_window INTEGER NOT NULL DEFAULT 0"],
+    # 5 → 6: a queue destination (JMS queue) remembers the in-flight window of its consumers
+    # (0 = none: no row), so recovery after a crash knows what may have been in flight.
+    6: [
+        """CREATE TABLE queue_windows (
+            queue TEXT PRIMARY KEY,
+            in_flight_window INTEGER NOT NULL
+        ) WITHOUT ROWID"""
+    ],
 }
 
 

@@ -366,6 +366,15 @@ class SQLiteStore:
         self._add("DELETE FROM queue_entries WHERE queue=?", (queue,))
         self._removed += 1
 
+    def save_queue_window(self, queue: str, window: int) -> None:
+        if window:
+            self._add(
+                "INSERT OR REPLACE INTO queue_windows (queue, in_flight_window) VALUES (?, ?)",
+                (queue, window),
+            )
+        else:
+            self._add("DELETE FROM queue_windows WHERE queue=?", (queue,))
+
     def save_session(self, record: SessionRecord) -> None:
         client_id = record.client_id
         self._add(
@@ -476,6 +485,10 @@ class SQLiteStore:
                 state.retained[row[1]] = message_from_row(row, offset)
             for producer, key in connection.execute("SELECT producer, key FROM duplicates"):
                 state.duplicates.setdefault(producer, set()).add(key)
+            for queue, window in connection.execute(
+                "SELECT queue, in_flight_window FROM queue_windows"
+            ):
+                state.queue_windows[queue] = window
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot read stored state ({exc})") from exc
         except (ValueError, KeyError, TypeError, IndexError) as exc:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from proton import Message, Timeout
+from proton import Message, Timeout, byte, short, symbol
 from proton.reactor import DurableSubscription
 from proton.utils import BlockingConnection, LinkDetached
 
@@ -115,11 +115,6 @@ def test_survives_a_restart(
         again.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the store keeps no AMQP sections yet: a stored message comes back from a restart "
-    "as a BytesMessage built from its core fields",
-)
 def test_a_text_message_keeps_its_type_across_a_restart(
     broker: Callable[..., BrokerProcess],
 ) -> None:
@@ -168,5 +163,80 @@ def test_persistent_queue_messages_survive_a_restart(
             receiver.receive(timeout=0.3)
         # The one that was in flight may have been seen: it comes back counted.
         assert got == [(b"in flight", 1), (b"waiting", 0)]
+    finally:
+        again.close()
+
+
+def test_queue_messages_keep_their_amqp_form_across_a_restart(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    """Text, map, list, binary-value and data bodies come back as they were sent, with their
+    JMS message type, ids, subject and application properties."""
+    process = broker(amqp=True)
+    queue = unique("restart-forms")
+    jms_type = symbol("x-opt-jms-msg-type")
+    sent = [
+        Message(body="text", annotations={jms_type: byte(5)}, id="ID:1", subject="order"),
+        Message(body={"k": 1, "s": "v"}, annotations={jms_type: byte(2)}, correlation_id="c2"),
+        Message(body=[1, "two"], annotations={jms_type: byte(4)}, reply_to="queue://replies"),
+        Message(body=b"raw", annotations={jms_type: byte(3)}, properties={"n": short(7)}),
+        Message(body=b"inferred", inferred=True, properties={"flag": True}),
+    ]
+    connection = BlockingConnection(process.amqp_url, timeout=10)
+    sender = connection.create_sender(queue)
+    for message in sent:
+        message.durable = True
+        sender.send(message)
+    connection.close()
+    process.stop()
+    process.start()
+    again = BlockingConnection(process.amqp_url, timeout=10)
+    try:
+        receiver = again.create_receiver(queue, credit=10)
+        for want in sent:
+            got = receiver.receive(timeout=5)
+            receiver.accept()
+            body = bytes(got.body) if isinstance(got.body, memoryview) else got.body
+            assert (body, got.inferred) == (want.body, want.inferred)
+            assert type(body) is type(want.body)
+            assert (got.annotations or {}).get(jms_type) == (want.annotations or {}).get(jms_type)
+            assert (got.id, got.correlation_id, got.subject, got.reply_to) == (
+                want.id, want.correlation_id, want.subject, want.reply_to,
+            )
+            assert got.properties == want.properties
+            assert [type(v) for v in (got.properties or {}).values()] == [
+                type(v) for v in (want.properties or {}).values()
+            ]
+    finally:
+        again.close()
+
+
+def test_a_shared_durable_subscription_survives_a_restart(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    """What it collected, and what was in flight to one of its consumers (counted), come
+    back to a consumer after a restart."""
+    from .test_amqp_shared import shared
+
+    process = broker(amqp=True)
+    topic = unique("shared-durable") + "/t"
+    connection = BlockingConnection(process.amqp_url, timeout=10)
+    receiver = shared(connection, topic, "keep|global", global_=True, durable=True, credit=0)
+    sender = connection.create_sender(f"topic://{topic}")
+    sender.send(Message(body="in flight", durable=True))
+    sender.send(Message(body="waiting", durable=True))
+    assert receiver.receive(timeout=5).body == "in flight"  # never settled
+    process.stop()
+    connection.close()
+    process.start()
+    again = BlockingConnection(process.amqp_url, timeout=10)
+    try:
+        receiver = shared(again, topic, "keep|global", global_=True, durable=True)
+        got = []
+        for _ in range(2):
+            message = receiver.receive(timeout=5)
+            receiver.accept()
+            got.append((message.body, message.delivery_count))
+        assert got == [("in flight", 1), ("waiting", 0)]
     finally:
         again.close()

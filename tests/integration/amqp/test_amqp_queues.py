@@ -1,13 +1,13 @@
 """Queue destinations over AMQP with python-qpid-proton's blocking client: send and receive,
 the four outcomes, redelivery counting, dead letters, priority, competing consumers,
-presettled (acknowledgement-free) links, and refusals of what is not supported yet."""
+presettled (acknowledgement-free) links, selectors on queue consumers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
-from proton import Delivery, Message, Timeout
+from proton import Delivery, Message, Timeout, byte, symbol
 from proton.reactor import AtMostOnce, Copy, Selector
 from proton.utils import BlockingConnection, BlockingReceiver, LinkDetached
 
@@ -181,10 +181,87 @@ def test_undeliverable_here_skips_that_consumer(amqp: Connect) -> None:
     other.accept()
 
 
-def test_queue_selectors_are_refused_until_supported(amqp: Connect) -> None:
+def test_a_queue_consumer_gets_only_what_its_selector_selects(amqp: Connect) -> None:
+    """JMS: an entry the consumer's selector refuses is skipped, not taken; it stays queued
+    for a consumer that selects it, in its place."""
+    queue = unique("q")
     connection = amqp()
-    with pytest.raises(LinkDetached, match="not-implemented"):
-        connection.create_receiver(unique("q"), options=Selector("a = 1"))
+    sender = connection.create_sender(queue)
+    for n in range(6):
+        sender.send(Message(body=n, properties={"colour": "red" if n % 2 else "blue"}))
+    reds = connection.create_receiver(
+        queue, credit=10, name="reds", options=Selector("colour = 'red'")
+    )
+    got = []
+    for _ in range(3):
+        got.append(reds.receive(timeout=5).body)
+        reds.accept()
+    assert got == [1, 3, 5]
+    with pytest.raises(Timeout):
+        reds.receive(timeout=0.3)
+    # The blue ones were never taken: a consumer without a selector gets them, in order.
+    plain = connection.create_receiver(queue, credit=10, name="plain")
+    rest = []
+    for _ in range(3):
+        rest.append(plain.receive(timeout=5).body)
+        plain.accept()
+    assert rest == [0, 2, 4]
+
+
+def test_competing_selective_consumers_each_get_their_own(amqp: Connect) -> None:
+    queue = unique("q")
+    connection = amqp()
+    small = connection.create_receiver(queue, credit=10, name="small", options=Selector("n < 5"))
+    large = connection.create_receiver(queue, credit=10, name="large", options=Selector("n >= 5"))
+    sender = connection.create_sender(queue)
+    for n in range(10):
+        sender.send(Message(body=n, properties={"n": n}))
+    got_small, got_large = [], []
+    for receiver, got in ((small, got_small), (large, got_large)):
+        for _ in range(5):
+            got.append(receiver.receive(timeout=5).body)
+            receiver.accept()
+    assert (got_small, got_large) == ([0, 1, 2, 3, 4], [5, 6, 7, 8, 9])
+
+
+def test_an_entry_no_consumer_selects_stays_queued(amqp: Connect) -> None:
+    """Nobody selects it now: it waits (JMS keeps it), and a later consumer gets it."""
+    queue = unique("q")
+    connection = amqp()
+    picky = connection.create_receiver(queue, credit=5, name="picky", options=Selector("k = 1"))
+    sender = connection.create_sender(queue)
+    sender.send(Message(body="unwanted", properties={"k": 2}))
+    sender.send(Message(body="wanted", properties={"k": 1}))
+    assert picky.receive(timeout=5).body == "wanted"
+    picky.accept()
+    with pytest.raises(Timeout):
+        picky.receive(timeout=0.3)
+    picky.close()
+    later = connection.create_receiver(queue, name="later")
+    message = later.receive(timeout=5)
+    assert message.body == "unwanted" and message.delivery_count == 0
+    later.accept()
+
+
+def test_a_selective_consumer_reads_header_fields(amqp: Connect) -> None:
+    queue = unique("q")
+    connection = amqp()
+    sender = connection.create_sender(queue)
+    sender.send(Message(body="low", priority=1))
+    sender.send(Message(body="high", priority=8))
+    urgent = connection.create_receiver(
+        queue, credit=5, name="urgent", options=Selector("JMSPriority > 4")
+    )
+    assert urgent.receive(timeout=5).body == "high"
+    urgent.accept()
+    with pytest.raises(Timeout):
+        urgent.receive(timeout=0.3)
+
+
+def test_an_invalid_queue_selector_is_refused(amqp: Connect) -> None:
+    connection = amqp()
+    with pytest.raises(LinkDetached, match="invalid-field"):
+        connection.create_receiver(unique("q"), options=Selector("a = "))
 
 
 def test_drain_gets_a_waiting_message_before_the_credit_is_used_up(amqp: Connect) -> None:
@@ -222,3 +299,38 @@ def test_browser_sees_without_consuming_with_a_selector(amqp: Connect) -> None:
         got.append(consumer.receive(timeout=5).body)
         consumer.accept()
     assert got == [0, 1, 2, 3]
+
+
+def test_a_dead_letter_keeps_its_jms_type_and_body(amqp: Connect) -> None:
+    """A TextMessage and a MapMessage rejected to the DLQ come out as a TextMessage and a
+    MapMessage with their ids, gaining the dead letter's properties."""
+    queue = unique("q")
+    jms_type = symbol("x-opt-jms-msg-type")
+    connection = amqp()
+    sender = connection.create_sender(queue)
+    sent = [
+        Message(body="text", annotations={jms_type: byte(5)}, id="ID:t", properties={"k": 1}),
+        Message(body={"a": 1}, annotations={jms_type: byte(2)}, correlation_id="c"),
+    ]
+    for message in sent:
+        sender.send(message)
+    receiver = connection.create_receiver(queue, credit=2)
+    for _ in sent:
+        receiver.receive(timeout=5)
+        receiver.reject()
+    dead = connection.create_receiver("DLQ", credit=10)
+    letters = []
+    for _ in range(50):
+        letter = dead.receive(timeout=5)
+        dead.accept()
+        if letter.properties.get("KW_OriginalQueue") == queue:  # the DLQ is shared
+            letters.append(letter)
+            if len(letters) == len(sent):
+                break
+    for want, got in zip(sent, letters, strict=True):
+        assert got.body == want.body and type(got.body) is type(want.body)
+        assert got.annotations[jms_type] == want.annotations[jms_type]
+        assert (got.id, got.correlation_id) == (want.id, want.correlation_id)
+        assert got.properties["KW_Reason"] == "rejected"
+        assert got.properties["KW_OriginalDestination"] == f"queue://{queue}"
+    assert letters[0].properties["k"] == 1

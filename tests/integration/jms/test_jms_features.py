@@ -382,12 +382,6 @@ def test_poison_message_goes_to_the_dead_letter_queue(connect: Connect) -> None:
     assert counts == [1, 2, 3, 4, 5]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=JMSException,
-    reason="broker gap: amqp/links.py refuses selectors on queue consumers "
-    "(amqp:not-implemented, 'not supported yet'); browsers and topic consumers take them",
-)
 def test_queue_consumer_selector(connect: Connect) -> None:
     connection = connect()
     queue = Queue(unique("queue-selector"))
@@ -401,12 +395,6 @@ def test_queue_consumer_selector(connect: Connect) -> None:
     assert texts([blue.receive(5)]) == ["b"]  # type: ignore[list-item]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=JMSException,
-    reason="broker gap: amqp/links.py refuses shared subscriptions (capability 'shared', "
-    "amqp:not-implemented, 'not supported yet')",
-)
 def test_shared_subscription_splits_messages(connect: Connect) -> None:
     topic = Topic(unique("shared"))
     first = connect().create_session().create_shared_consumer(topic, "workers")

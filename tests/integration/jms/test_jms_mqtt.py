@@ -108,13 +108,6 @@ def test_retained_across_protocols(
     assert late.get_int_property("JMS_IBM_Retain") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="broker gap: an empty JMS message with JMS_IBM_Retain=1 clears the retained message "
-    "(broker/retained.py applies MQTT's zero-length rule to every protocol; DESIGN.md section 2 "
-    "says an empty JMS message does not clear)",
-)
 def test_empty_retained_jms_message_does_not_clear(
     connect: Connect, paho: Callable[..., PahoClient], jms_broker: BrokerProcess
 ) -> None:

@@ -196,3 +196,52 @@ def test_events_reach_the_client() -> None:
     server = server_connection()
     client = ClientEnd(server).open()
     assert any(e.type is Event.CONNECTION_REMOTE_OPEN for e in client.events)
+
+
+class _Opened:
+    """A link layer that only records the container id of the open (as the real one reads)."""
+
+    def __init__(self) -> None:
+        self.containers: list[str] = []
+
+    def connection_opened(self, container: str, desired: frozenset[str]) -> str | None:
+        self.containers.append(container)
+        return None
+
+    def link_opened(self, link: object) -> None: ...
+
+    def link_flow(self, link: object) -> None: ...
+
+    def link_closed(self, link: object, *, closed: bool) -> None: ...
+
+    def delivery_updated(self, delivery: object) -> None: ...
+
+    def connection_ended(self) -> None: ...
+
+
+def test_an_open_whose_container_id_is_not_utf8_is_a_decode_error(caplog) -> None:
+    """A fuzzing find: proton's binding raised UnicodeDecodeError reading the container id, and
+    the connection was dropped as an internal error with a traceback in the log."""
+    handler = _Opened()
+    server = server_connection(handler=handler)  # type: ignore[arg-type]
+    client = ClientEnd(server, container="client-\u00e9")
+    client.connection.open()
+    replaced = False
+    with caplog.at_level("ERROR"):
+        for _ in range(20):  # move bytes both ways, breaking the container id on its way
+            pending = client.transport.pending()
+            if pending > 0:
+                data = bytes(client.transport.peek(pending))
+                client.transport.pop(pending)
+                broken = data.replace("client-\u00e9".encode(), b"client-\x83\x83")
+                replaced = replaced or broken != data
+                server.receive(broken)
+            out = server.data_to_send()
+            if out and client.transport.capacity() > 0:
+                client.transport.push(out)
+            if server.closed or (pending <= 0 and not out):
+                break
+    assert replaced
+    assert server.error is not None and server.error[0] == "amqp:decode-error"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert handler.containers == []

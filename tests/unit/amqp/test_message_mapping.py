@@ -247,3 +247,53 @@ def test_jms_ibm_retain_says_retained_or_live() -> None:
     out = ProtonMessage()
     out.decode(to_amqp(mqtt, durable=False, delivery_count=0, clocks=CLOCKS, retained=True))
     assert out.properties == {"JMS_IBM_Retain": 1} and bytes(out.body) == b"x"
+
+
+def _restored(message: CoreMessage) -> ProtonMessage:
+    """What a consumer gets once the message's encoding is gone (a restart reads it back
+    from the store with its AMQP fields; a dead letter is a copy)."""
+    message.encoded = None
+    out = ProtonMessage()
+    out.decode(to_amqp(message, durable=True, delivery_count=0, clocks=CLOCKS))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("body", "msg_type", "inferred"),
+    [
+        ("text", JMSMessageType.TEXT, False),
+        ({"k": int32(1), "s": "v"}, JMSMessageType.MAP, False),
+        ([1, "two"], JMSMessageType.STREAM, False),
+        (b"value", JMSMessageType.BYTES, False),
+        (b"data", JMSMessageType.BYTES, True),
+        (None, JMSMessageType.MESSAGE, False),
+    ],
+)
+def test_the_amqp_form_comes_back_without_its_encoding(
+    body: object, msg_type: JMSMessageType, inferred: bool
+) -> None:
+    sent = jms(body, msg_type, inferred=inferred, id="ID:9", subject="kind")
+    sent.properties = {"n": short(3)}
+    message = from_amqp(encode(sent), topic="q", clocks=CLOCKS, origin=None).message
+    out = _restored(message)
+    got = bytes(out.body) if isinstance(out.body, memoryview) else out.body
+    assert (got, out.inferred, out.id, out.subject) == (body, inferred, "ID:9", "kind")
+    assert out.annotations[JMS_MSG_TYPE] == msg_type
+    assert out.properties == {"n": 3} and isinstance(out.properties["n"], short)
+
+
+def test_a_restored_message_gains_the_core_properties_and_loses_a_gone_expiry() -> None:
+    sent = jms("late", JMSMessageType.TEXT, ttl=10)
+    sent.expiry_time = (CLOCKS.wall_ms + 10_000) / 1000
+    sent.properties = {"keep": ubyte(1)}
+    message = from_amqp(encode(sent), topic="q", clocks=CLOCKS, origin=None).message
+    assert message.properties is not None
+    properties = MessageProperties(message.properties.typed_items())
+    properties.set("KW_Reason", "expired")
+    message.properties = properties
+    message.expiry = None  # moved to the expiry queue: it no longer expires
+    out = _restored(message)
+    assert out.body == "late"
+    assert out.properties == {"keep": 1, "KW_Reason": "expired"}
+    assert isinstance(out.properties["keep"], ubyte), "an unchanged property keeps its type"
+    assert not out.expiry_time and not out.ttl

@@ -1,4 +1,6 @@
-"""The authorisation hook: topic allow/deny lists for publish and subscribe; deny always wins."""
+"""Authorisation: broker-wide allow/deny lists and per user/group/client ACL rules for publish
+and subscribe; deny always wins; a subscription is refused only when it lies wholly inside a
+deny rule (or outside every allow rule), and the rest is filtered at delivery."""
 
 from __future__ import annotations
 
@@ -7,11 +9,16 @@ import pytest
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.broker import SubscribeRefusal
 from kittiwake.broker.message import Message
-from kittiwake.config import AuthConfig
+from kittiwake.config import ACLRule, AuthConfig, GroupConfig, config_from_dict
 
 
 def auth(**lists) -> Authorizer:
     return Authorizer(AuthConfig(**{k: tuple(v) for k, v in lists.items()}))
+
+
+def anyone(**lists):
+    """The permissions of an anonymous client under the broker-wide lists."""
+    return auth(**lists).permissions(None, "client")
 
 
 def test_empty_lists_allow_everything() -> None:
@@ -19,7 +26,6 @@ def test_empty_lists_allow_everything() -> None:
     a = auth()
     assert a.may_publish("any/topic")
     assert a.may_subscribe("#")
-    assert a.allow_anonymous is True
 
 
 @pytest.mark.parametrize(
@@ -48,88 +54,193 @@ def test_publish_deny_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("topic_filter", "allowed"),
+    ("topic_filter", "granted"),
     [
-        ("a/public", True),
-        ("a/secret", False),
-        ("a/#", False),  # would receive a/secret
-        ("+/secret", False),  # would receive a/secret
-        ("#", False),
-        ("a/+", False),
-        ("+/+", False),
-        ("b/#", True),  # cannot match a/secret
-        ("a/secret/more", True),  # a different, deeper topic
-        ("+/public", True),
-        ("a/+/x", True),
+        ("a/secret", False),  # wholly inside the deny rule
+        ("a/#", True),  # broader: granted, a/secret filtered at delivery
+        ("+/secret", True),
+        ("#", True),
+        ("+/+", True),
+        ("a/+", True),
+        ("b/#", True),
+        ("a/secret/more", True),
     ],
 )
-def test_subscribe_filter_overlapping_a_deny_rule_is_refused(
-    topic_filter: str, allowed: bool
+def test_a_subscription_is_refused_only_wholly_inside_a_deny_rule(
+    topic_filter: str, granted: bool
 ) -> None:
-    """A subscription is refused when any topic it could match is denied (deny wins)."""
-    assert auth(subscribe_deny=["a/secret"]).may_subscribe(topic_filter) is allowed
+    """Tried as a new user would: one deny rule must not make '#' or '+/+' unusable."""
+    assert anyone(subscribe_deny=["a/secret"]).may_subscribe(topic_filter) is granted
+
+
+def test_a_wildcard_deny_rule_refuses_the_filters_inside_it() -> None:
+    permissions = anyone(subscribe_deny=["private/#"])
+    assert not permissions.may_subscribe("private")
+    assert not permissions.may_subscribe("private/+/x")
+    assert not permissions.may_subscribe("private/#")
+    assert permissions.may_subscribe("+/x")  # filtered: private/x never delivered
+    assert permissions.may_subscribe("public/#")
 
 
 @pytest.mark.parametrize(
-    ("topic_filter", "allowed"),
+    ("topic_filter", "granted"),
     [
         ("home/kitchen", True),
         ("home/+", True),
         ("home/#", True),
         ("home", True),
-        ("#", False),  # reaches beyond home/
-        ("+/kitchen", False),  # could match office/kitchen
-        ("office/x", False),
+        ("#", True),  # reaches beyond home/: granted, the rest filtered
+        ("+/kitchen", True),
+        ("office/x", False),  # wholly outside every allow rule
+        ("office/#", False),
     ],
 )
-def test_subscribe_allow_must_cover_the_whole_filter(topic_filter: str, allowed: bool) -> None:
-    """With an allow list, a filter is accepted only if every topic it matches is allowed."""
-    assert auth(subscribe_allow=["home/#"]).may_subscribe(topic_filter) is allowed
+def test_with_an_allow_list_a_filter_must_reach_some_allowed_topic(
+    topic_filter: str, granted: bool
+) -> None:
+    assert anyone(subscribe_allow=["home/#"]).may_subscribe(topic_filter) is granted
 
 
-def test_subscribe_deny_wins_over_allow() -> None:
-    """A filter inside the allow list is still refused when it overlaps a deny rule."""
+@pytest.mark.parametrize(
+    ("topic", "readable"),
+    [
+        ("home/kitchen/light", True),
+        ("home/kitchen/camera", False),
+        ("home", True),
+        ("office/x", False),
+        ("$SYS/broker/uptime", False),  # '#' never matches '$' topics
+    ],
+)
+def test_delivery_reads_only_allowed_and_not_denied_topics(topic: str, readable: bool) -> None:
+    permissions = anyone(subscribe_allow=["home/#"], subscribe_deny=["home/+/camera"])
+    assert permissions.may_read(topic) is readable
+    assert permissions.may_read(topic) is readable  # cached answer, same
+
+
+def test_reading_is_unrestricted_without_rules() -> None:
+    permissions = anyone()
+    assert not permissions.restricts_reading
+    assert permissions.may_read("anything/at/all") and permissions.may_subscribe("#")
+
+
+def test_strict_checks_for_receivers_that_cannot_be_filtered() -> None:
+    """A shared group's queue and a journal reader get no per-message filter: their filter must
+    lie wholly inside what may be read (the old rule, kept where it is needed)."""
     a = auth(subscribe_allow=["home/#"], subscribe_deny=["home/+/camera"])
     assert a.may_subscribe("home/kitchen/light")
-    assert not a.may_subscribe("home/kitchen/camera")
     assert not a.may_subscribe("home/#")
+    assert not a.may_subscribe("#")
     assert not a.may_subscribe("home/+/+")
-
-
-def test_subscribe_deny_with_wildcard_rule() -> None:
-    """A wildcard deny rule refuses every filter that shares a topic with it."""
-    a = auth(subscribe_deny=["private/#"])
-    assert not a.may_subscribe("private")
-    assert not a.may_subscribe("private/+/x")
-    assert not a.may_subscribe("+/x")
-    assert a.may_subscribe("public/#")
 
 
 def test_publish_and_subscribe_lists_are_independent() -> None:
     """Publish rules do not affect subscriptions and vice versa."""
-    a = auth(publish_deny=["t"], subscribe_deny=["u"])
-    assert a.may_subscribe("t") and not a.may_subscribe("u")
-    assert a.may_publish("u") and not a.may_publish("t")
+    permissions = anyone(publish_deny=["t"], subscribe_deny=["u"])
+    assert permissions.may_subscribe("t") and not permissions.may_subscribe("u")
+    assert permissions.may_publish("u") and not permissions.may_publish("t")
+
+
+# -- ACL rules: per user, group and client id ----------------------------------------------
+
+
+def acl_authorizer() -> Authorizer:
+    return Authorizer(
+        AuthConfig(
+            groups=(GroupConfig("operators", ("olga",)),),
+            acl=(
+                ACLRule(users=("alice",), publish=("alice/#",), subscribe=("shared/#",)),
+                ACLRule(groups=("operators",), subscribe=("#",), deny_subscribe=("hr/#",)),
+                ACLRule(clients=("sensor-7",), publish=("sensors/%c/#",)),
+                ACLRule(publish=("devices/%u/%c/#",), subscribe=("devices/%u/#",)),
+            ),
+        )
+    )
+
+
+def test_acl_rules_apply_to_the_users_groups_and_clients_they_name() -> None:
+    a = acl_authorizer()
+    alice = a.permissions("alice", "laptop")
+    assert alice.may_publish("alice/notes") and not alice.may_publish("bob/notes")
+    assert alice.may_subscribe("shared/x") and not alice.may_subscribe("hr/salaries")
+    olga = a.permissions("olga", "console")
+    assert olga.may_subscribe("#") and olga.may_read("plant/line1")
+    assert not olga.may_read("hr/salaries") and not olga.may_subscribe("hr/#")
+    sensor = a.permissions(None, "sensor-7")
+    assert sensor.may_publish("sensors/sensor-7/temp")
+    assert not sensor.may_publish("sensors/sensor-8/temp")
+
+
+def test_substitution_of_user_and_client_id() -> None:
+    a = acl_authorizer()
+    bob = a.permissions("bob", "phone")
+    assert bob.may_publish("devices/bob/phone/status")
+    assert not bob.may_publish("devices/bob/tablet/status")
+    assert bob.may_read("devices/bob/tablet/status")
+    assert not bob.may_read("devices/carol/x")
+    # An anonymous client has no %u: rules that need one grant it nothing.
+    anonymous = a.permissions(None, "phone")
+    assert not anonymous.may_publish("devices//phone/x")
+    # A name that would add levels or wildcards is never substituted.
+    assert not a.permissions("a/b", "c").may_read("devices/a/b/x")
+    assert not a.permissions("+", "c").may_read("devices/x/y")
+
+
+def test_default_deny_once_acl_rules_exist() -> None:
+    a = acl_authorizer()
+    nobody = a.permissions("zed", "z")
+    assert not nobody.may_publish("anything")
+    assert not nobody.may_subscribe("plant/#")
+    assert not nobody.may_read("plant/line1")
+    # '#' reaches the one thing the catch-all rule grants zed, and only that arrives.
+    assert nobody.may_subscribe("#") and nobody.may_read("devices/zed/thing")
+
+
+def test_acl_rules_are_read_from_toml_tables() -> None:
+    config = config_from_dict(
+        {
+            "auth": {
+                "groups": [{"name": "ops", "users": ["olga"]}],
+                "acl": [{"groups": ["ops"], "subscribe": ["#"], "deny_subscribe": ["hr/#"]}],
+            }
+        }
+    )
+    assert Authorizer(config.auth).permissions("olga", "c").may_read("plant/x")
+
+
+def test_very_long_topics_are_answered_but_not_cached() -> None:
+    permissions = anyone(subscribe_deny=["secret/#"])
+    assert permissions.may_read("x/" + "y" * 5000)
+    assert not permissions.may_read("secret/" + "z" * 5000)
+    assert permissions._read_cache == {}
+    assert permissions.may_read("short")
+    assert list(permissions._read_cache) == ["short"]
 
 
 # -- through the broker ----------------------------------------------------------------------
 
 
-def test_broker_refuses_unauthorised_subscription(make_harness) -> None:
-    """The broker answers NOT_AUTHORIZED and adds no subscription."""
-    h = make_harness(auth={"subscribe_deny": ["a/secret"]})
-    session, _, _ = h.connect("c")
-    assert h.try_subscribe(session, "a/#") is SubscribeRefusal.NOT_AUTHORIZED
-    assert h.try_subscribe(session, "+/secret") is SubscribeRefusal.NOT_AUTHORIZED
-    assert session.subscriptions == {}
-    assert h.try_subscribe(session, "a/public") is not SubscribeRefusal.NOT_AUTHORIZED
+def test_a_broad_subscription_is_granted_and_denied_topics_are_filtered(make_harness) -> None:
+    """The reported case: subscribe_deny = ["test/nosubscribe"] refused '#' and '+/+'. Now
+    they are granted, and the denied topic never arrives, retained messages included."""
+    h = make_harness(auth={"subscribe_deny": ["test/nosubscribe"]})
+    h.publish("test/nosubscribe", b"retained secret", 1, retain=True)
+    h.publish("test/open", b"retained open", 1, retain=True)
+    session, consumer, _ = h.connect("c")
+    assert h.try_subscribe(session, "test/nosubscribe") is SubscribeRefusal.NOT_AUTHORIZED
+    assert h.try_subscribe(session, "+/+") is not SubscribeRefusal.NOT_AUTHORIZED
+    h.subscribe(session, "#", 1)
+    h.publish("test/nosubscribe", b"live secret", 1)
+    h.publish("test/open", b"live open", 1)
+    h.broker.pump(session)
+    assert sorted(consumer.payloads) == [b"live open", b"retained open"]
 
 
 def test_broker_checks_the_filter_inside_a_shared_subscription(make_harness) -> None:
-    """A $share prefix does not hide the filter from the deny rules."""
+    """A shared group cannot be filtered per member: its filter must be wholly readable."""
     h = make_harness(auth={"subscribe_deny": ["a/secret"]})
     session, _, _ = h.connect("c")
     assert h.try_subscribe(session, "$share/g/a/#") is SubscribeRefusal.NOT_AUTHORIZED
+    assert h.try_subscribe(session, "$share/g/a/public") is not SubscribeRefusal.NOT_AUTHORIZED
 
 
 def test_unauthorised_will_is_not_published(make_harness) -> None:
@@ -140,13 +251,3 @@ def test_unauthorised_will_is_not_published(make_harness) -> None:
     session, _, _ = h.connect("c", will=Message("wills/c", b"gone"))
     h.broker.disconnect(session, publish_will=True)
     assert consumer.deliveries == []
-
-
-def test_very_long_topics_are_answered_but_not_cached() -> None:
-    a = auth(publish_deny=["secret/#"])
-    long_topic = "x/" + "y" * 5000
-    assert a.may_publish(long_topic)
-    assert not a.may_publish("secret/" + "z" * 5000)
-    assert a._publish_cache == {}
-    assert a.may_publish("short")
-    assert list(a._publish_cache) == ["short"]

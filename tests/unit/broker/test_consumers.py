@@ -532,3 +532,44 @@ def test_turns_move_on_only_when_a_consumer_takes_something(clock: ManualClock) 
         queue.dispatch(clock.now())
     assert ra.payloads == [b"0", b"2", b"4"]
     assert rb.payloads == [b"1", b"3", b"5"]
+
+
+def test_a_selective_consumer_skips_what_it_does_not_select(clock: ManualClock) -> None:
+    """JMS queue selectors: an entry a consumer refuses goes to another consumer that selects
+    it, or stays queued in its place when nobody present does."""
+    queue, _ = make_queue(ordering="priority")
+    evens, re = consumer(10, "evens")
+    evens.selects = lambda e: int(e.message.payload) % 2 == 0
+    queue.attach(evens)
+    for n in range(5):
+        queue.push(entry(str(n).encode()))
+    assert queue.dispatch(clock.now()) == 3
+    assert re.payloads == [b"0", b"2", b"4"]
+    assert queue.count == 2, "the odd ones stay queued"
+    odds, ro = consumer(10, "odds")
+    odds.selects = lambda e: int(e.message.payload) % 2 == 1
+    queue.attach(odds)
+    queue.push(entry(b"5"))
+    queue.push(entry(b"6"))
+    queue.dispatch(clock.now())
+    assert (re.payloads, ro.payloads) == ([b"0", b"2", b"4", b"6"], [b"1", b"3", b"5"])
+    assert queue.count == 0
+
+
+def test_without_selective_consumers_dispatch_never_asks(clock: ManualClock) -> None:
+    """A selective consumer's detach leaves the queue dispatching as before: later entries
+    go to the others, in turn."""
+    queue, _ = make_queue()
+    picky, rp = consumer(10, "picky")
+    picky.selects = lambda e: False
+    plain, rx = consumer(10, "plain")
+    queue.attach(picky)
+    queue.attach(plain)
+    queue.push(entry(b"a"))
+    queue.dispatch(clock.now())
+    assert (rp.payloads, rx.payloads) == ([], [b"a"])
+    queue.detach(picky)
+    picky.selects = None
+    queue.push(entry(b"b"))
+    queue.dispatch(clock.now())
+    assert rx.payloads == [b"a", b"b"]

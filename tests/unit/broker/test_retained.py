@@ -258,3 +258,17 @@ def test_nonpersistent_retained_is_not_stored(harness) -> None:
     harness.publish("t", b"r", qos=0, retain=True)
     assert harness.store.retained == {}
     assert harness.broker.retained.get("t").payload == b"r"
+
+
+def test_an_empty_jms_message_neither_clears_nor_is_retained() -> None:
+    """DESIGN.md §2: only MQTT's zero-length retained publish clears."""
+    from kittiwake.broker.message import AMQPFields
+
+    retained = RetainedMessages()
+    kept = Message(topic="t", payload=b"on", qos=1, retain=True)
+    retained.update(kept)
+    empty_jms = Message(topic="t", payload=b"", qos=1, retain=True, amqp=AMQPFields())
+    assert retained.update(empty_jms) is None
+    assert retained.get("t") is kept
+    assert retained.update(Message(topic="t", payload=b"", qos=1, retain=True)) is kept
+    assert retained.get("t") is None

@@ -56,6 +56,19 @@ def test_overlapping_subscriptions_carry_every_subscription_id(harness) -> None:
     assert sorted(got.entry.subscription_ids) == [7, 9]
 
 
+def test_subscribing_again_changes_what_later_copies_carry(harness) -> None:
+    """A subscription replaced with other options (MQTT-3.8.4-3) routes with the new ones,
+    even on a topic whose route was worked out before."""
+    session, consumer, _ = harness.connect("s")
+    harness.subscribe(session, "a/b", qos=0)
+    harness.publish("a/b", b"first", qos=1)
+    harness.subscribe(session, "a/b", qos=1, subscription_id=5)
+    harness.publish("a/b", b"second", qos=1)
+    first, second = consumer.deliveries
+    assert (first.qos, first.entry.subscription_ids) == (0, ())
+    assert (second.qos, second.entry.subscription_ids) == (1, (5,))
+
+
 def test_each_session_gets_its_own_copy(harness) -> None:
     """Every matching session gets exactly one copy."""
     consumers = []

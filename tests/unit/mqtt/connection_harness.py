@@ -11,9 +11,9 @@ from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
-from kittiwake.mqtt.errors import MQTTProtocolError
 from kittiwake.mqtt.packets import ConnAck, Connect, Packet, Publish
 from kittiwake.mqtt.properties import Properties
+from kittiwake.mqtt.server import handle_input
 
 
 class ControlledStore(MemoryStore):
@@ -93,14 +93,7 @@ class Wire:
 
     def send_bytes(self, data: bytes) -> None:
         """What the asyncio shell does with one socket read."""
-        connection = self.connection
-        try:
-            for packet in self._inbound.feed(data):
-                connection.handle(packet)
-                if connection.closed:
-                    break
-        except MQTTProtocolError as error:
-            connection.protocol_error(error, self._inbound.protocol_version)
+        handle_input(self.connection, self._inbound, data, contain_bugs=False)
 
     def received(self) -> list[Packet]:
         """Every packet written since the last call, oldest first."""

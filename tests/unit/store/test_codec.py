@@ -11,9 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields, PropertyType
+from kittiwake.broker.message import (
+    AMQPFields,
+    Message,
+    MessageProperties,
+    MQTT5Fields,
+    PropertyType,
+)
 from kittiwake.store.codec import (
     MESSAGE_COLUMNS,
+    decode_fields,
     decode_properties,
     encode_properties,
     message_from_row,
@@ -165,3 +172,20 @@ def test_float_properties_are_stored_in_32_bits() -> None:
     assert blob is not None
     # tag, name, then four bytes of IEEE 754 single precision.
     assert blob == bytes([PropertyType.FLOAT, 1]) + b"f" + struct.pack(">f", 1.1)
+
+
+def test_amqp_fields_round_trip_beside_properties_and_mqtt5() -> None:
+    amqp = AMQPFields(head=b"\x00Sr\xc1\x01\x00", body=2, footer=b"\x00Sx\xc1\x01\x00")
+    properties = MessageProperties.of({"a": 1})
+    blob = encode_properties(properties, None, amqp)
+    assert decode_fields(blob) == (properties, None, amqp)
+    assert decode_properties(blob) == (properties, None)
+    no_footer = AMQPFields(head=b"", body=0)
+    assert decode_fields(encode_properties(None, None, no_footer)) == (None, None, no_footer)
+
+
+def test_a_message_row_keeps_its_amqp_fields() -> None:
+    amqp = AMQPFields(head=b"head", body=4)
+    message = Message("q", b"\x00Sw\xa1\x01x", qos=2, persistent=True, amqp=amqp)
+    got = message_from_row(message_row(message, TO_WALL_MS), TO_WALL_MS)
+    assert got.amqp == amqp

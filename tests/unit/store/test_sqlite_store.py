@@ -753,6 +753,7 @@ EXPECTED_TABLES = {
     "wills",
     "retained",
     "duplicates",
+    "queue_windows",
 }
 
 
@@ -1647,3 +1648,37 @@ def test_broker_nonpersistent_messages_never_touch_disk(tmp_path: Path) -> None:
     assert db_rows(tmp_path, "SELECT COUNT(*) FROM journal") == [(0,)]
     assert db_rows(tmp_path, "SELECT COUNT(*) FROM queue_entries") == [(0,)]
     assert db_rows(tmp_path, "SELECT COUNT(*) FROM retained") == [(0,)]
+
+
+def test_queue_windows_are_kept_until_set_to_zero(tmp_path: Path) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_queue_window("orders", 5)
+        store.save_queue_window("gone", 3)
+        store.save_queue_window("gone", 0)
+        await settle(store)
+        store.close()
+
+    run(body)
+    assert reopen(tmp_path).queue_windows == {"orders": 5}
+
+
+def test_migration_from_a_version_5_database_adds_queue_windows(tmp_path: Path) -> None:
+    """A version 5 database is today's without the queue_windows table: it gains the table and
+    keeps what it holds."""
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("c", 60, window=4))
+        await settle(store)
+        store.close()
+
+    run(write)
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    connection.execute("DROP TABLE queue_windows")
+    connection.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
+    connection.close()
+    state = reopen(tmp_path)
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 6
+    assert "queue_windows" in tables(tmp_path)
+    assert state.sessions["c"].window == 4 and state.queue_windows == {}

@@ -1,0 +1,209 @@
+"""In-process broker CPU per message: the broker and its MQTT connections driven with bytes,
+no socket, no load generator. Deterministic enough to compare changes on a loaded machine
+(CPU time, or instruction counts under `valgrind --tool=callgrind`).
+
+    python bench/inprocess.py qos1            # QoS 1 1->1: publish, route, deliver, PUBACK, settle
+    python bench/inprocess.py topics --filters 10000
+    python bench/inprocess.py subscribe --filters 100000
+
+Every frame a client would send is encoded before the clock starts; what the broker writes is
+counted, not decoded. Reads are fed as the asyncio shell feeds them: one decoder.feed per read,
+then every packet handled, then the loop runs what the read scheduled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from kittiwake.app import GC_YOUNG_THRESHOLD
+from kittiwake.broker.broker import Broker
+from kittiwake.broker.store import MemoryStore
+from kittiwake.mqtt.codec import PacketDecoder, encode
+from kittiwake.mqtt.connection import MQTTConnection
+from kittiwake.mqtt.packets import (
+    Connect,
+    PubAck,
+    Publish,
+    Subscribe,
+    SubscriptionRequest,
+)
+
+VERSION = 4
+
+
+class CountingTransport:
+    """Counts what the connection writes and keeps nothing."""
+
+    __slots__ = ("closed", "written")
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def write_backlog(self) -> int:
+        return 0
+
+
+class Client:
+    """One connection, fed reads as the asyncio shell feeds them."""
+
+    def __init__(self, broker: Broker, client_id: str) -> None:
+        self.transport = CountingTransport()
+        self.connection = MQTTConnection(broker, self.transport, client_id)
+        self.decoder = PacketDecoder(broker.config.limits.max_packet_size)
+        self.read(encode(Connect(client_id, protocol_version=VERSION, clean_start=True), VERSION))
+
+    def read(self, data: bytes) -> None:
+        connection = self.connection
+        for packet in self.decoder.feed(data):
+            connection.handle(packet)
+
+
+async def turns(count: int = 3) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def frames(packets: list[object]) -> bytes:
+    return b"".join(encode(p, VERSION) for p in packets)  # type: ignore[arg-type]
+
+
+async def qos1(messages: int, batch: int) -> float:
+    """QoS 1 1->1: batches of `batch` PUBLISHes in one read, their PUBACKs in one read."""
+    broker = Broker(store=MemoryStore())
+    cancel = broker.schedule_ticks(asyncio.get_running_loop())
+    sub = Client(broker, "sub")
+    pub = Client(broker, "pub")
+    sub.read(frames([Subscribe(1, [SubscriptionRequest("bench/q1", 1)])]))
+    payload = b"x" * 64
+    rounds = messages // batch
+    # Packet ids 1..65535 wrap; the subscriber's ids follow the same sequence (window >= batch).
+    publish_reads = []
+    ack_reads = []
+    pid = 0
+    for _ in range(rounds):
+        ids = []
+        for _ in range(batch):
+            pid = pid + 1 if pid < 0xFFFF else 1
+            ids.append(pid)
+        publish_reads.append(
+            frames([Publish("bench/q1", payload, 1, False, False, i) for i in ids])
+        )
+        ack_reads.append(frames([PubAck(i) for i in ids]))
+    await turns()
+    gc.collect()
+    start = time.process_time()
+    for publishes, acks in zip(publish_reads, ack_reads, strict=True):
+        pub.read(publishes)
+        await asyncio.sleep(0)
+        sub.read(acks)
+        await asyncio.sleep(0)
+    elapsed = time.process_time() - start
+    cancel()
+    assert not sub.connection.session.consumer.unsettled, "deliveries left unsettled"  # type: ignore[union-attr]
+    return elapsed / (rounds * batch)
+
+
+def fleet_filters(count: int) -> list[str]:
+    """Half exact `s/<i>/v`, half `s/<i>/+` (issue 17's fleet shape)."""
+    half = count // 2
+    return [f"s/{i}/v" for i in range(half)] + [f"s/{half + i}/+" for i in range(count - half)]
+
+
+def fleet_topics(count: int) -> list[str]:
+    """One topic per filter, each matching exactly that filter."""
+    half = count // 2
+    return [f"s/{i}/v" for i in range(half)] + [f"s/{half + i}/w" for i in range(count - half)]
+
+
+async def subscribe_fleet(broker: Broker, filters: list[str], per_connection: int) -> float:
+    """Subscribe `filters` over connections of `per_connection` each; CPU seconds spent."""
+    reads = []
+    for first in range(0, len(filters), per_connection):
+        chunk = filters[first : first + per_connection]
+        requests = [
+            frames([Subscribe(1 + k % 0xFFFE, [SubscriptionRequest(f, 0)])])
+            for k, f in enumerate(chunk)
+        ]
+        reads.append(b"".join(requests))
+    clients = [Client(broker, f"sub{i}") for i in range(len(reads))]
+    gc.collect()
+    start = time.process_time()
+    for client, data in zip(clients, reads, strict=True):
+        client.read(data)
+        await asyncio.sleep(0)
+    return time.process_time() - start
+
+
+async def topics(filters: int, messages: int, batch: int) -> tuple[float, float]:
+    """QoS 0 over `filters` distinct topics: (subscribe s per filter, publish s per message)."""
+    broker = Broker(store=MemoryStore())
+    cancel = broker.schedule_ticks(asyncio.get_running_loop())
+    subscribe_cost = await subscribe_fleet(broker, fleet_filters(filters), 5000)
+    pub = Client(broker, "pub")
+    names = fleet_topics(filters)
+    payload = b"x" * 64
+    reads = []
+    for first in range(0, messages, batch):
+        reads.append(
+            frames(
+                [
+                    Publish(names[(first + k) % filters], payload, 0, False, False, None)
+                    for k in range(batch)
+                ]
+            )
+        )
+    gc.collect()
+    start = time.process_time()
+    for data in reads:
+        pub.read(data)
+        await asyncio.sleep(0)
+    elapsed = time.process_time() - start
+    cancel()
+    return subscribe_cost / filters, elapsed / (len(reads) * batch)
+
+
+def best(runs: int, measure: Callable[[], float]) -> float:
+    return min(measure() for _ in range(runs))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", choices=("qos1", "topics"))
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--filters", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
+    if args.workload == "qos1":
+        cost = best(args.runs, lambda: asyncio.run(qos1(args.messages, args.batch)))
+        print(f"qos1 1->1: {cost * 1e6:.2f} us CPU per message")
+    else:
+        results = [
+            asyncio.run(topics(args.filters, args.messages, args.batch)) for _ in range(args.runs)
+        ]
+        sub = min(r[0] for r in results)
+        pub = min(r[1] for r in results)
+        print(
+            f"topics {args.filters}: subscribe {1 / sub:,.0f} filters/s, "
+            f"QoS 0 publish {pub * 1e6:.2f} us CPU per message"
+        )
+
+
+if __name__ == "__main__":
+    main()
