@@ -248,6 +248,7 @@ def run(
     window: str = sensor_pipeline.WINDOW,
     lateness: str = sensor_pipeline.LATENESS,
     enough: Callable[[Watcher], bool] | None = None,
+    drain_timeout: float = 30.0,
 ) -> dict[str, int]:
     """The demo on ``spark`` for ``seconds`` (or until ``enough`` says so of what the stats
     subscriber saw); returns its figures (the smoke test reads them)."""
@@ -296,7 +297,7 @@ def run(
                     say(f"         mosquitto_sub: {line}")
         finally:
             simulator.stop()
-            drain([stats_query, alerts_query], journal)
+            drain([stats_query, alerts_query], journal, drain_timeout)
             for query in (stats_query, alerts_query):
                 query.stop()
             stats_watch.stop()

@@ -98,9 +98,14 @@ class Simulator:
             next_round += self.interval
             self._stop.wait(max(0.0, next_round - time.monotonic()))
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop publishing, and disconnect once the broker acknowledged everything published
+        (or ``timeout`` passed), so ``acknowledged`` counts every reading the broker took."""
         self._stop.set()
         self._thread.join(10)
+        deadline = time.monotonic() + timeout
+        while self.acknowledged < self.published and time.monotonic() < deadline:
+            time.sleep(0.05)
         for client in self._clients:
             client.disconnect()
             client.loop_stop()

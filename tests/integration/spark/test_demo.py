@@ -46,10 +46,12 @@ def test_the_demo_runs_end_to_end(spark: Any, tmp_path: Path) -> None:
         window="2 seconds",
         lateness="1 second",
         enough=lambda stats: len(stats.topics) >= DEVICES,
+        drain_timeout=90,
     )
     text = "\n".join(said)
     assert figures["rows_in"] > 0 and figures["batches"] > 0, text
-    assert figures["rows_in"] <= figures["published"], text
+    # Every reading the broker acknowledged was read once by the stats query.
+    assert figures["rows_in"] == figures["published"], text
     assert figures["retained_devices"] == DEVICES, text
     assert "| rows in" in text and "| lag" in text
     assert "mosquitto_sub: stats/dev-" in text
