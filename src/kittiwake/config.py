@@ -115,6 +115,9 @@ class LimitsConfig:
     # bound both its memory and how long the loop pauses for it. A larger one is refused.
     max_put_rows: int = 200_000
     max_put_bytes: int = 64 * 1024 * 1024
+    # Puts taken at once (each may hold max_put_bytes in memory); one more is answered "busy"
+    # and its sender retries.
+    max_concurrent_puts: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,7 +430,7 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'topic_alias_maximum')}: must be 0..65535")
         if not 16 <= obj.max_packet_size <= 268_435_460:
             raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
-        for name in ("max_put_rows", "max_put_bytes"):
+        for name in ("max_put_rows", "max_put_bytes", "max_concurrent_puts"):
             if getattr(obj, name) < 1:
                 raise ConfigError(f"{_join(where, name)}: must be at least 1")
     if isinstance(obj, AMQPConfig):

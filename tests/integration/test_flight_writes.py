@@ -25,7 +25,7 @@ from kittiwake.spark.client import SinkClient  # noqa: E402
 from kittiwake.spark.options import SinkOptions  # noqa: E402
 
 from .brokerproc import BrokerProcess  # noqa: E402
-from .clients import PahoClient, unique  # noqa: E402
+from .clients import PahoClient, unique, wait_until  # noqa: E402
 
 MAX_PUT_ROWS = 500
 SECTIONS: dict[str, Any] = {
@@ -189,3 +189,41 @@ def test_a_put_is_checked_against_its_users_acls(
     wrong = SinkClient(SinkOptions.parse({**options, "password": "nope"}))
     with pytest.raises(flight.FlightUnauthenticatedError):
         wrong.put(WriteRequest("q", 0, 2), [rows("alice/t", ["no"])])
+
+
+def test_a_put_past_the_concurrent_puts_limit_is_answered_busy_and_retried(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    process = broker(
+        flight=True, journal={"retention_seconds": 3600}, limits={"max_concurrent_puts": 1}
+    )
+    url = process.flight_url
+    topic = unique("busy")
+    done = WriteRequest(unique("query"), 0, 0)
+    assert not put(url, done, rows(topic, ["first"])).already_committed
+    once = SinkClient(SinkOptions.parse({"url": url, "retryTimeoutMs": "1"}))
+
+    def refused_busy() -> bool:
+        try:
+            once.put(done, [rows(topic, ["first"])])  # a committed unit: harmless when taken
+        except flight.FlightUnavailableError as exc:
+            assert "max_concurrent_puts" in str(exc)
+            return True
+        return False
+
+    connection = flight.connect(url)
+    try:
+        held = WriteRequest(unique("query"), 0, 0)
+        descriptor = flight.FlightDescriptor.for_command(held.to_descriptor())
+        writer, answers = connection.do_put(descriptor, WRITE_SCHEMA)
+        writer.write_batch(rows(topic, ["held open"]))
+        wait_until(refused_busy, timeout=10)  # the open put holds the only slot
+        writer.done_writing()
+        assert WriteAnswer.from_bytes(answers.read().to_pybytes()) == WriteAnswer(1, False)
+        writer.close()
+    finally:
+        connection.close()
+    # The slot is free again; a sender that retries gets through.
+    after = put(url, WriteRequest(unique("query"), 0, 0), rows(topic, ["after"]))
+    assert not after.already_committed
+    assert journal(url, topic) == [(topic, b"first"), (topic, b"held open"), (topic, b"after")]

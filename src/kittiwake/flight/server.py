@@ -11,6 +11,7 @@ is logged and answered as an internal error, never allowed to stop the server.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -93,6 +94,8 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         # None: this service takes no writes (puts are refused).
         self._writes = writes
         self._limits = limits or LimitsConfig()
+        # Bounds the memory puts hold: a put past it is refused at once (its sender retries).
+        self._put_slots = threading.BoundedSemaphore(self._limits.max_concurrent_puts)
         address = f"[{host}]" if ":" in host else host  # an IPv6 literal goes in brackets
         options: dict[str, Any] = {}
         scheme = "grpc"
@@ -159,6 +162,17 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             if descriptor.descriptor_type != flight.DescriptorType.CMD:
                 raise RequestError("a put's descriptor must be a command (a write request)")
             request = WriteRequest.from_descriptor(descriptor.command)
+            if not self._put_slots.acquire(blocking=False):
+                raise flight.FlightUnavailableError(
+                    f"the broker is taking {self._limits.max_concurrent_puts} puts already "
+                    "(limits.max_concurrent_puts); retry"
+                )
+            try:
+                apply(writes, request)
+            finally:
+                self._put_slots.release()
+
+        def apply(writes: BrokerWrites, request: WriteRequest) -> None:
             limits = self._limits
             principal = context.get_middleware(_AUTH_MIDDLEWARE)
             # The caller's own publish rights (its ACLs), as for any publishing client.
