@@ -17,7 +17,10 @@ import pytest
 from ..brokerproc import BrokerProcess
 from ..clients import PahoClient, unique, wait_until
 
-pytestmark = pytest.mark.spark
+# Each Spark wait is bounded on its own (QUERY_TIMEOUT and the like); a test makes several, so
+# the suite-wide 120 s per test is too short on a loaded machine (a driver start alone can take
+# a minute there).
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 pyspark = pytest.importorskip("pyspark", reason="needs the spark extra: make test-deps")
 flight = pytest.importorskip("pyarrow.flight")
