@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from kittiwake.broker.completion import all_of
 from kittiwake.broker.sessions import Session
 
 
@@ -69,24 +70,8 @@ class FlowControl:
         both = self._both.get(key)
         if both is not None:
             return both
-        both = self._both[key] = commit.get_loop().create_future()
-
-        def settle(_: object) -> None:
-            if not (commit.done() and drained.done()):
-                return
-            self._both.pop(key, None)
-            if both.done():
-                return
-            for source in (drained, commit):
-                if source.cancelled():
-                    both.cancel()
-                    return
-                error = source.exception()
-                if error is not None:
-                    both.set_exception(error)
-                    return
-            both.set_result(None)
-
-        commit.add_done_callback(settle)
-        drained.add_done_callback(settle)
-        return both
+        combined = all_of(drained, commit)  # the drain's failure first, as documented
+        assert combined is not None
+        self._both[key] = combined
+        combined.add_done_callback(lambda _: self._both.pop(key, None))
+        return combined
