@@ -1,10 +1,12 @@
 """In-process broker CPU per message: the broker and its MQTT connections driven with bytes,
-no socket, no load generator. Deterministic enough to compare changes on a loaded machine
-(CPU time, or instruction counts under `valgrind --tool=callgrind`).
+no socket (but for `connections`, which measures memory), no load generator. Deterministic
+enough to compare changes on a loaded machine (CPU time, or instruction counts under
+`valgrind --tool=callgrind`).
 
     python bench/inprocess.py qos1            # QoS 1 1->1: publish, route, deliver, PUBACK, settle
+    python bench/inprocess.py qos1 --publishers 10   # QoS 1 fan-in 10->1
+    python bench/inprocess.py connections --connections 2000   # bytes per idle connection
     python bench/inprocess.py topics --filters 10000
-    python bench/inprocess.py subscribe --filters 100000
 
 Every frame a client would send is encoded before the clock starts; what the broker writes is
 counted, not decoded. Reads are fed as the asyncio shell feeds them: one decoder.feed per read,
@@ -16,8 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import socket
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +39,7 @@ from kittiwake.mqtt.packets import (
     Subscribe,
     SubscriptionRequest,
 )
+from kittiwake.mqtt.server import MQTTServer
 
 VERSION = 4
 
@@ -82,8 +87,14 @@ def frames(packets: list[object]) -> bytes:
     return b"".join(encode(p, VERSION) for p in packets)  # type: ignore[arg-type]
 
 
-async def qos1(messages: int, batch: int) -> float:
-    """QoS 1 1->1: batches of `batch` PUBLISHes in one read, their PUBACKs in one read."""
+async def qos1(messages: int, batch: int, publishers: int = 1) -> float:
+    """QoS 1 1->1: batches of `batch` PUBLISHes in one read, their PUBACKs in one read.
+
+    With `publishers` > 1 (fan-in), each publisher reads a batch in turn, then the subscriber
+    acknowledges what it was sent, a window at a time, until every message is settled.
+    """
+    if publishers > 1:
+        return await qos1_fan_in(messages, batch, publishers)
     broker = Broker(store=MemoryStore())
     cancel = broker.schedule_ticks(asyncio.get_running_loop())
     sub = Client(broker, "sub")
@@ -118,6 +129,100 @@ async def qos1(messages: int, batch: int) -> float:
     return elapsed / (rounds * batch)
 
 
+async def qos1_fan_in(messages: int, batch: int, publishers: int) -> float:
+    """QoS 1 N->1: per round every publisher reads `batch` PUBLISHes (one loop turn after
+    each read), then the subscriber acknowledges its window's deliveries, one read and one
+    loop turn per window, until the round is settled."""
+    broker = Broker(store=MemoryStore())
+    cancel = broker.schedule_ticks(asyncio.get_running_loop())
+    sub = Client(broker, "sub")
+    pubs = [Client(broker, f"pub{i}") for i in range(publishers)]
+    sub.read(frames([Subscribe(1, [SubscriptionRequest("bench/q1", 1)])]))
+    window = broker.config.limits.max_inflight
+    payload = b"x" * 64
+    per_round = batch * publishers
+    rounds = messages // per_round
+    pid = 0
+    publish_reads = []
+    for _ in range(rounds):
+        reads = []
+        for _ in range(publishers):
+            ids = []
+            for _ in range(batch):
+                pid = pid + 1 if pid < 0xFFFF else 1
+                ids.append(pid)
+            reads.append(frames([Publish("bench/q1", payload, 1, False, False, i) for i in ids]))
+        publish_reads.append(reads)
+    # The subscriber's packet ids run 1, 2, ... as the broker hands them out (every earlier
+    # one is acknowledged before the window moves on).
+    ack_reads = []
+    sid = 0
+    for first in range(0, rounds * per_round, window):
+        ids = []
+        for _ in range(min(window, rounds * per_round - first)):
+            sid = sid + 1 if sid < 0xFFFF else 1
+            ids.append(sid)
+        ack_reads.append(frames([PubAck(i) for i in ids]))
+    acks = iter(ack_reads)
+    consumer = sub.connection.session.consumer  # type: ignore[union-attr]
+    await turns()
+    gc.collect()
+    start = time.process_time()
+    for reads in publish_reads:
+        for pub, data in zip(pubs, reads, strict=True):
+            pub.read(data)
+            await asyncio.sleep(0)
+        while consumer.unsettled:
+            sub.read(next(acks))
+            await asyncio.sleep(0)
+    elapsed = time.process_time() - start
+    cancel()
+    assert not consumer.unsettled, "deliveries left unsettled"
+    assert sub.connection.session.queue.count == 0, "messages left queued"  # type: ignore[union-attr]
+    return elapsed / (rounds * per_round)
+
+
+class CollectorPauses:
+    """The garbage collector's passes while installed: how many of each generation, and the
+    longest (a full pass over millions of subscriptions stops the loop for its duration)."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.longest = [0.0, 0.0, 0.0]
+        self._started = 0.0
+        self._ignoring = False
+        gc.callbacks.append(self._observe)
+
+    def collect(self) -> None:
+        """The harness's own full collection (before a clock starts): not counted."""
+        self._ignoring = True
+        try:
+            gc.collect()
+        finally:
+            self._ignoring = False
+
+    def _observe(self, phase: str, info: dict[str, int]) -> None:
+        if self._ignoring:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = info["generation"]
+        self.passes[generation] += 1
+        pause = time.perf_counter() - self._started
+        self.longest[generation] = max(self.longest[generation], pause)
+
+    def __str__(self) -> str:
+        return ", ".join(
+            f"gen {g}: {n} passes, longest {self.longest[g] * 1e3:.1f} ms"
+            for g, n in enumerate(self.passes)
+        )
+
+
+# Every collector pass while the harness runs (see CollectorPauses).
+PAUSES = CollectorPauses()
+
+
 def fleet_filters(count: int) -> list[str]:
     """Half exact `s/<i>/v`, half `s/<i>/+` (issue 17's fleet shape)."""
     half = count // 2
@@ -141,7 +246,7 @@ async def subscribe_fleet(broker: Broker, filters: list[str], per_connection: in
         ]
         reads.append(b"".join(requests))
     clients = [Client(broker, f"sub{i}") for i in range(len(reads))]
-    gc.collect()
+    PAUSES.collect()
     start = time.process_time()
     for client, data in zip(clients, reads, strict=True):
         client.read(data)
@@ -167,7 +272,7 @@ async def topics(filters: int, messages: int, batch: int) -> tuple[float, float]
                 ]
             )
         )
-    gc.collect()
+    PAUSES.collect()
     start = time.process_time()
     for data in reads:
         pub.read(data)
@@ -177,22 +282,74 @@ async def topics(filters: int, messages: int, batch: int) -> tuple[float, float]
     return subscribe_cost / filters, elapsed / (len(reads) * batch)
 
 
+async def idle_connections(count: int) -> float:
+    """Bytes the broker's process allocates per idle MQTT connection (tracemalloc: every
+    Python-visible allocation, the event loop's transport included), over real sockets."""
+    broker = Broker(store=MemoryStore())
+    server = MQTTServer(broker)
+    host, port = await server.listen("127.0.0.1", 0)
+    connect = encode(Connect("", protocol_version=VERSION, clean_start=True, keepalive=60), VERSION)
+    loop = asyncio.get_running_loop()
+
+    def connected() -> int:
+        return sum(1 for p in server.connections if p.connection and p.connection.session)
+
+    async def open_all(sockets: list[socket.socket], n: int) -> None:
+        for _ in range(n):
+            client = socket.socket()
+            client.setblocking(False)
+            sockets.append(client)
+            await loop.sock_connect(client, (host, port))
+            await loop.sock_sendall(client, connect)
+        deadline = loop.time() + 60
+        while connected() < len(sockets):
+            if loop.time() > deadline:
+                raise RuntimeError(f"only {connected()} of {len(sockets)} connected")
+            await asyncio.sleep(0.01)
+
+    warm: list[socket.socket] = []
+    await open_all(warm, 50)  # first-use allocations (codec tables, loop internals)
+    clients: list[socket.socket] = []
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    await open_all(clients, count)
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    # What the client side of the same process holds: its socket objects and the list.
+    client_side = sys.getsizeof(clients) + sum(sys.getsizeof(c) for c in clients)
+    tracemalloc.stop()
+    for client in warm + clients:
+        client.close()
+    await server.close()
+    return (after - before - client_side) / count
+
+
 def best(runs: int, measure: Callable[[], float]) -> float:
     return min(measure() for _ in range(runs))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=("qos1", "topics"))
+    parser.add_argument("workload", choices=("qos1", "topics", "connections"))
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--filters", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=2000)
+    parser.add_argument(
+        "--publishers", type=int, default=1, help="qos1: publishers fanning in to one subscriber"
+    )
     args = parser.parse_args()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
-    if args.workload == "qos1":
-        cost = best(args.runs, lambda: asyncio.run(qos1(args.messages, args.batch)))
-        print(f"qos1 1->1: {cost * 1e6:.2f} us CPU per message")
+    if args.workload == "connections":
+        size = asyncio.run(idle_connections(args.connections))
+        print(f"idle connections: {size:,.0f} bytes allocated per connection")
+    elif args.workload == "qos1":
+        cost = best(
+            args.runs, lambda: asyncio.run(qos1(args.messages, args.batch, args.publishers))
+        )
+        print(f"qos1 {args.publishers}->1: {cost * 1e6:.2f} us CPU per message")
     else:
         results = [
             asyncio.run(topics(args.filters, args.messages, args.batch)) for _ in range(args.runs)
@@ -201,7 +358,7 @@ def main() -> None:
         pub = min(r[1] for r in results)
         print(
             f"topics {args.filters}: subscribe {1 / sub:,.0f} filters/s, "
-            f"QoS 0 publish {pub * 1e6:.2f} us CPU per message"
+            f"QoS 0 publish {pub * 1e6:.2f} us CPU per message; collector: {PAUSES}"
         )
 
 
