@@ -34,6 +34,7 @@ class Permissions:
         "publish_deny",
         "read_allow",
         "read_deny",
+        "restricts_publishing",
         "restricts_reading",
     )
 
@@ -51,12 +52,16 @@ class Permissions:
         self.read_deny = read_deny
         # False when no topic can be withheld from this principal: delivery skips the check.
         self.restricts_reading = read_allow is not None or bool(read_deny)
+        # False when only $SYS is closed to this principal's publications.
+        self.restricts_publishing = publish_allow is not None or bool(publish_deny)
         self._read_cache: dict[str, bool] = {}
 
     def may_publish(self, topic: str) -> bool:
         """Callers cache the answer per topic (a connection's topic verdicts)."""
         if topic.startswith("$SYS") and (topic == "$SYS" or topic.startswith("$SYS/")):
             return False  # $SYS is the broker's own voice (MQTT 5 §4.7.2)
+        if not self.restricts_publishing:
+            return True
         return _allowed(topic, self.publish_allow, self.publish_deny)
 
     def may_subscribe(self, topic_filter: str) -> bool:

@@ -57,6 +57,10 @@ def merge(subscriptions: list[Subscription]) -> CopyOptions | None:
 def session_copies(subscriptions: Sequence[Subscription]) -> list[SessionCopy]:
     """The copies for every session among ``subscriptions`` (non-shared ones), in the order
     the sessions first appear."""
+    if len(subscriptions) == 1:
+        # A fleet's topic: one subscription matches (no set, no list building).
+        sole = subscriptions[0]
+        return [sole.copy or _sole_copy(sole)]
     if len({s.session for s in subscriptions}) == len(subscriptions):
         # Nearly always: one matching subscription per session, whose copy never changes
         # while the subscription does not (see Subscription.copy).

@@ -20,6 +20,7 @@ from kittiwake.broker.routing import Binding
 if TYPE_CHECKING:
     from kittiwake.broker.authorization import Permissions
     from kittiwake.broker.mqtt_subscriptions import SessionCopy
+    from kittiwake.broker.route_plans import RoutePlan
     from kittiwake.broker.shared_groups import Member
 
 # A session expiry interval meaning "never expires" (the MQTT 5 value 0xFFFFFFFF).
@@ -73,6 +74,9 @@ class Subscription(Binding):
     # worked out once (mqtt_subscriptions.session_copies); None until then, and again
     # whenever its options change.
     copy: SessionCopy | None = field(default=None, repr=False)
+    # The route plan of a topic that matches this subscription alone (route_plans.py), valid
+    # in the routing generation it carries; None until one is worked out.
+    plan: RoutePlan | None = field(default=None, repr=False)
 
     @property
     def full_filter(self) -> str:

@@ -7,13 +7,17 @@ limits or know any protocol: callers split shared filters and check max_levels b
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, is_wildcard, validate_topic_filter
 
 __all__ = ["TopicTree"]
 
 V = TypeVar("V", bound=Hashable)
+
+# The children of every leaf: one shared empty dict, never written to (insert gives a node its
+# own dict with its first child), so a million leaves do not carry a million empty dicts.
+_NO_CHILDREN: Final[dict[str, Any]] = {}
 
 
 class _Node(Generic[V]):
@@ -26,7 +30,7 @@ class _Node(Generic[V]):
     __slots__ = ("children", "multi", "plus", "values")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node[V]] = {}
+        self.children: dict[str, _Node[V]] = _NO_CHILDREN
         self.plus: _Node[V] | None = None
         # Values of the filter "<this path>/#"; None rather than {} keeps idle nodes small.
         self.multi: dict[V, None] | None = None
@@ -78,9 +82,12 @@ class TopicTree(Generic[V]):
                     node.plus = _Node()
                 node = node.plus
             else:
-                child = node.children.get(level)
+                children = node.children
+                child = children.get(level)
                 if child is None:
-                    child = node.children[level] = _Node()
+                    if children is _NO_CHILDREN:
+                        children = node.children = {}
+                    child = children[level] = _Node()
                 node = child
         else:
             if node.values is None:
@@ -130,6 +137,8 @@ class TopicTree(Generic[V]):
                 parent.plus = None
             else:
                 del parent.children[level]
+                if not parent.children:
+                    parent.children = _NO_CHILDREN
             node = parent
         self._invalidate(topic_filter)
         return True
@@ -171,34 +180,40 @@ class TopicTree(Generic[V]):
 
     def _walk(self, topic_name: str) -> tuple[V, ...]:
         levels = topic_name.split("/")
-        n = len(levels)
-        root = self._root
+        last = len(levels) - 1
+        node = self._root
+        depth = 0
+        if topic_name.startswith("$"):
+            # §4.7.2: a first-level wildcard must not see "$SYS/..."-style topics, so the walk
+            # starts below the root's '+' and '#'.
+            child = node.children.get(levels[0])
+            if child is None:
+                return ()
+            node = child
+            depth = 1
         found: list[dict[V, None]] = []
-        stack: list[tuple[_Node[V], int]] = []
-        # §4.7.2: a first-level wildcard must not see "$SYS/..."-style topics.
-        if not topic_name.startswith("$"):
-            if root.multi:
-                found.append(root.multi)
-            if root.plus is not None:
-                stack.append((root.plus, 1))
-        child = root.children.get(levels[0])
-        if child is not None:
-            stack.append((child, 1))
-        while stack:
-            node, depth = stack.pop()
+        # '+' branches still to walk, with the depth below them. Only these are stacked: the
+        # literal child is walked at once, so a topic no '+' filter shares costs no stacking.
+        # (Stacked '+' branches are walked after the literal one: literal matches come first.)
+        plus_branches: list[tuple[_Node[V], int]] = []
+        while True:
             # "a/#" also matches "a" itself, so '#' values count at any depth reached.
             if node.multi:
                 found.append(node.multi)
-            if depth == n:
+            if depth > last:
                 if node.values:
                     found.append(node.values)
-                continue
-            if node.plus is not None:
-                stack.append((node.plus, depth + 1))
-            # Pushed last so it is popped first: literal matches precede '+' ones in the result.
-            child = node.children.get(levels[depth])
-            if child is not None:
-                stack.append((child, depth + 1))
+            else:
+                if node.plus is not None:
+                    plus_branches.append((node.plus, depth + 1))
+                child = node.children.get(levels[depth])
+                if child is not None:
+                    node = child
+                    depth += 1
+                    continue
+            if not plus_branches:
+                break
+            node, depth = plus_branches.pop()
         if not found:
             return ()
         if len(found) == 1:

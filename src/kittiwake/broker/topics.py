@@ -47,13 +47,8 @@ def _check_common(text: str, kind: str, max_levels: int | None) -> None:
         raise TopicError(f"A {kind} must be at least one character long.")
     if "\0" in text:
         raise TopicError(f"The {kind} {_show(text)} contains the null character U+0000; remove it.")
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        # Only lone surrogates fail to encode; the spec forbids U+D800..U+DFFF outright (§1.5.4).
-        raise TopicError(
-            f"The {kind} {_show(text)} is not well-formed UTF-8 (it holds a lone surrogate)."
-        ) from None
+    # ASCII: one byte a character and no surrogate, so nothing to encode.
+    size = len(text) if text.isascii() else _utf8_size(text, kind)
     if size > MAX_TOPIC_BYTES:
         raise TopicError(
             f"The {kind} {_show(text)} is {size} bytes of UTF-8; the limit is {MAX_TOPIC_BYTES}."
@@ -65,6 +60,16 @@ def _check_common(text: str, kind: str, max_levels: int | None) -> None:
                 f"The {kind} {_show(text)} has {levels} levels; this broker allows at most "
                 f"{max_levels}."
             )
+
+
+def _utf8_size(text: str, kind: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        # Only lone surrogates fail to encode; the spec forbids U+D800..U+DFFF outright (§1.5.4).
+        raise TopicError(
+            f"The {kind} {_show(text)} is not well-formed UTF-8 (it holds a lone surrogate)."
+        ) from None
 
 
 def validate_topic_name(name: str, max_levels: int | None = None) -> None:

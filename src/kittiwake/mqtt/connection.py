@@ -518,7 +518,7 @@ class MQTTConnection:
         Returns False to take the full publish path.
         """
         broker = self.broker
-        plan = broker.route_plan(topic)
+        plan = broker.routes.plan(topic)
         receivers = plan.memo
         if receivers is None:
             receivers = plan.memo = _frame_receivers(plan.direct)
@@ -1053,6 +1053,11 @@ def _frame_receivers(direct: tuple[Session, ...] | None) -> tuple[MQTTConnection
     """What the QoS 0 fast path keeps on a route plan: the connections one 3.x frame goes to,
     or False when the full publish path is needed."""
     if direct is None:
+        return False
+    if len(direct) == 1:
+        link = direct[0].link
+        if type(link) is MQTTConnection and link.protocol_version < 5:
+            return (link,)
         return False
     links = tuple(session.link for session in direct)
     if all(type(link) is MQTTConnection and link.protocol_version < 5 for link in links):

@@ -463,3 +463,35 @@ def test_a_route_plan_is_forwardable_as_is_only_when_every_match_is_plain(harnes
     assert harness.broker.route_plan("a/c").direct == (plain,)
     harness.subscribe(plain, "$share/g/a/c", 0)
     assert harness.broker.route_plan("a/c").direct is None
+
+
+def test_topics_that_match_one_subscription_alone_share_its_plan(harness) -> None:
+    """A fleet's devices each publish on their own topic: a topic never published before that
+    matches one plain subscription gets that subscription's plan, until routing changes."""
+    fleet, _, _ = harness.connect("fleet")
+    harness.subscribe(fleet, "s/+/v", 0)
+    first = harness.broker.route_plan("s/1/v")
+    assert first.direct == (fleet,)
+    assert harness.broker.route_plan("s/2/v") is first
+    other, _, _ = harness.connect("other")
+    again = harness.broker.route_plan("s/3/v")
+    assert again is not first  # a connection changed routing: worked out afresh
+    assert again.direct == (fleet,)
+    harness.subscribe(other, "s/3/+", 0)
+    assert set(harness.broker.route_plan("s/3/v").direct or ()) == {fleet, other}
+    assert harness.broker.route_plan("s/4/v").direct == (fleet,)
+    harness.broker.disconnect(other, publish_will=False)
+    assert harness.broker.route_plan("s/3/v").direct == (fleet,)
+
+
+def test_a_reader_with_denied_topics_gets_a_plan_per_topic(make_harness) -> None:
+    """A plan shared across topics would skip the per-topic read check."""
+    harness = make_harness(auth={"subscribe_deny": ["s/secret/#"]})
+    reader, consumer, _ = harness.connect("reader")
+    harness.subscribe(reader, "s/+/v", 0)
+    assert harness.broker.route_plan("s/open/v").direct == (reader,)
+    assert harness.broker.route_plan("s/secret/v").direct == ()
+    harness.publish("s/secret/v", b"no")
+    harness.publish("s/open/v", b"yes")
+    harness.publish("s/secret/v", b"no")
+    assert consumer.payloads == [b"yes"]
