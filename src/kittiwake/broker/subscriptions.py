@@ -62,7 +62,7 @@ def subscribe(
     and then calls :meth:`send_retained`, so they never overtake the acknowledgement.
     """
     try:
-        _group, topic_filter = parse_shared(full_filter)
+        group, topic_filter = parse_shared(full_filter)
         validate_topic_filter(topic_filter, broker.config.limits.max_topic_levels)
     except TopicError:
         return SubscribeRefusal.INVALID_FILTER
@@ -73,7 +73,7 @@ def subscribe(
     # readable. Any other granted filter is filtered per message (route plans, retained).
     if not (
         permissions.may_subscribe_wholly(topic_filter)
-        if _group is not None
+        if group is not None
         else permissions.may_subscribe(topic_filter)
     ):
         return SubscribeRefusal.NOT_AUTHORIZED
@@ -95,7 +95,7 @@ def subscribe(
         if member is not None:
             member.group.refresh()
     else:
-        subscription = attach_subscription(broker, session, full_filter, options)
+        subscription = _attach(broker, session, full_filter, group, topic_filter, options)
     if not session.persistent:
         return Subscribed(subscription, existing is None)
     broker._save_session(session)
@@ -117,8 +117,24 @@ def unsubscribe(broker: Broker, session: Session, full_filter: str) -> Outcome:
 def attach_subscription(
     broker: Broker, session: Session, full_filter: str, options: SubscriptionOptions
 ) -> Subscription:
-    """Create a subscription from a (validated) filter and route messages to it."""
+    """Create a subscription from a stored filter (recovery) and route messages to it.
+
+    Raises TopicError for a filter no subscriber could have been granted.
+    """
     group, topic_filter = parse_shared(full_filter)
+    validate_topic_filter(topic_filter)
+    return _attach(broker, session, full_filter, group, topic_filter, options)
+
+
+def _attach(
+    broker: Broker,
+    session: Session,
+    full_filter: str,
+    group: str | None,
+    topic_filter: str,
+    options: SubscriptionOptions,
+) -> Subscription:
+    """Create a subscription from a filter parsed and validated once, and route to it."""
     subscription = Subscription(
         session=session,
         topic_filter=topic_filter,
@@ -137,11 +153,12 @@ def attach_subscription(
 
 
 def add_subscription(broker: Broker, subscription: Subscription) -> None:
-    """Bind a subscription: into the topic tree, or, for a shared one, into its group (made on
-    first use), whose queue the session then consumes from with its own credit."""
+    """Bind a subscription (its filter validated): into the topic tree, or, for a shared one,
+    into its group (made on first use), whose queue the session then consumes from with its
+    own credit."""
     broker.routes.changed()
     if subscription.share_group is None:
-        broker.tree.insert(subscription.topic_filter, subscription)
+        broker.tree.insert_valid(subscription.topic_filter, subscription)
         return
     key = (subscription.share_group, subscription.topic_filter)
     group = broker.shared_groups.get(key)
@@ -159,7 +176,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
         )
         group.queue.on_removed = broker._entry_removed
         broker.shared_groups[key] = group
-        broker.tree.insert(subscription.topic_filter, group)
+        broker.tree.insert_valid(subscription.topic_filter, group)
     session = subscription.session
     subscription.queue = group.queue
     member = Member(group, subscription)

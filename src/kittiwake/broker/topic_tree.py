@@ -68,6 +68,11 @@ class TopicTree(Generic[V]):
         Raises TopicError for an invalid filter, since one would corrupt the trie's shape.
         """
         validate_topic_filter(topic_filter)
+        self.insert_valid(topic_filter, value)
+
+    def insert_valid(self, topic_filter: str, value: V) -> None:
+        """:meth:`insert` for a caller that has validated ``topic_filter`` already (the broker
+        must refuse an invalid filter before its other checks): a filter is validated once."""
         node = self._root
         bucket: dict[V, None] | None = None
         for level in topic_filter.split("/"):

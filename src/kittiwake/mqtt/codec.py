@@ -339,8 +339,8 @@ def _decode_connack(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
     return ConnAck(session_present, body[1], props)
 
 
-# Every 3.1/3.1.1 PUBLISH shares this one empty object instead of allocating its own;
-# decoded packets are read, never modified, by the server.
+# Every 3.1/3.1.1 PUBLISH, SUBSCRIBE and UNSUBSCRIBE shares this one empty object instead of
+# allocating its own; decoded packets are read, never modified, by the server.
 _NO_PROPERTIES = Properties()
 
 
@@ -441,7 +441,7 @@ def _decode_subscribe(dec: PacketDecoder, flags: int, body: memoryview) -> Packe
     if v5:
         props, pos = decode_properties(body, 2, PacketType.SUBSCRIBE)
     else:
-        props, pos = Properties(), 2
+        props, pos = _NO_PROPERTIES, 2
     subscriptions = []
     while pos < end:
         topic_filter, pos = read_string(body, pos, end)
@@ -490,7 +490,7 @@ def _decode_unsubscribe(dec: PacketDecoder, flags: int, body: memoryview) -> Pac
     if dec.protocol_version == 5:
         props, pos = decode_properties(body, 2, PacketType.UNSUBSCRIBE)
     else:
-        props, pos = Properties(), 2
+        props, pos = _NO_PROPERTIES, 2
     topic_filters = []
     while pos < end:
         topic_filter, pos = read_string(body, pos, end)

@@ -638,11 +638,7 @@ class MQTTConnection:
         accepted = []
         completion: Completion = None
         for request in packet.subscriptions:
-            try:
-                group, _ = parse_shared(request.topic_filter)
-            except TopicError:
-                group = None
-            if group is not None and request.no_local and version == 5:
+            if request.no_local and version == 5 and _is_shared(request.topic_filter):
                 raise MQTTProtocolError(
                     ReasonCode.PROTOCOL_ERROR, "No Local is not allowed on a shared subscription"
                 )
@@ -676,7 +672,9 @@ class MQTTConnection:
 
         self._answer(
             completion,
-            self._encode(SubAck(packet.packet_id, codes), version),
+            self._encode(
+                SubAck(packet.packet_id, codes, Properties() if version == 5 else _NONE), version
+            ),
             then=send_retained if accepted else None,
         )
 
@@ -1029,6 +1027,10 @@ class _HeldOutput:
 # Read per delivery; an Enum class attribute lookup costs several plain ones.
 _RECEIVED = DeliveryState.RECEIVED
 
+# The properties of every answer to a 3.x client, which has none: one shared empty object
+# (the encoder never reads, nor anything modifies, a 3.x answer's properties).
+_NONE = Properties()
+
 # Key of a message's cached 5.0 property block in Message.encoded.
 _V5_SHARED_PROPERTIES = "v5-properties"
 
@@ -1082,6 +1084,17 @@ def _mqtt5_fields(props: Properties) -> MQTT5Fields | None:
         props.correlation_data,
         list(props.user_properties),
     )
+
+
+def _is_shared(topic_filter: str) -> bool:
+    """A well-formed shared subscription filter (an ill-formed one is refused as invalid by
+    the broker, not as a protocol error here). Parsed only for the rare No Local request: the
+    broker parses every filter once itself."""
+    try:
+        group, _ = parse_shared(topic_filter)
+    except TopicError:
+        return False
+    return group is not None
 
 
 def _user_text(principal: Principal | None) -> str:
