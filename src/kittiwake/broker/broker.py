@@ -304,7 +304,7 @@ class Broker:
         session.queue.drain()
         session.consumer.unsettled.clear()
         session.queue.in_flight = 0
-        session.exactly_once_keys.clear()
+        session.clear_keys()
         self.timers.attach(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
@@ -394,7 +394,7 @@ class Broker:
         stored with the publication, until :meth:`end_exactly_once`."""
         if key in session.exactly_once_keys:
             return False
-        session.exactly_once_keys.add(key)
+        session.hold_key(key)
         if session.persistent:
             self.store.add_duplicate(session_producer_name(session.client_id), key)
         return True
@@ -413,7 +413,7 @@ class Broker:
         and the key may be used again."""
         if key not in session.exactly_once_keys:
             return NOT_FOUND
-        session.exactly_once_keys.discard(key)
+        session.release_key(key)
         if not session.persistent:
             return True, None
         self.store.remove_duplicate(session_producer_name(session.client_id), key)
