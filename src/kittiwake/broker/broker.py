@@ -26,6 +26,7 @@ from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, resend
 from kittiwake.broker.fenced_writes import FencedWrites
 from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
+from kittiwake.broker.periodic import run_every
 from kittiwake.broker.publishing import PendingCommits
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
@@ -486,25 +487,9 @@ class Broker:
         From here on, pumps triggered by acknowledgements and publications are batched per
         loop turn on this loop.
         """
-        handle: asyncio.TimerHandle | None = None
         self.pumps.loop = loop
         self.flow.loop = loop
-
-        def run() -> None:
-            nonlocal handle
-            try:
-                self.tick()
-            except Exception:  # a timer bug must not stop every later timer
-                log.exception("broker tick failed")
-            handle = loop.call_later(interval, run)
-
-        handle = loop.call_later(interval, run)
-
-        def cancel() -> None:
-            if handle is not None:
-                handle.cancel()
-
-        return cancel
+        return run_every(loop, interval, self.tick, "broker tick")
 
 
 # Read per acknowledgement; an Enum class attribute lookup costs several plain ones.
