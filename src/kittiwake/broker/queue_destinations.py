@@ -135,6 +135,7 @@ class QueueDestinations:
             waiting = sorted(unmarked[name], key=lambda e: -e.message.priority)
             for entry in waiting[:room]:
                 entry.delivery_count += 1
+                self.broker.store.count_possible_delivery(name, entry.message.message_id)
         if recovered:
             log.info("recovered %d queue destination entries", recovered)
 

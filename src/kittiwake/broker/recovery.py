@@ -117,10 +117,12 @@ def recover(broker: Broker) -> None:
         windows[group.queue] = sum(
             windows.get(m.session.queue, 0) for m in group.members.values()
         )
+    store = broker.store
     for queue, entries in waiting.items():
         room = windows.get(queue, 0) - marked.get(queue, 0)
         for entry in entries[: max(0, room)]:
             entry.delivery_count += 1
+            store.count_possible_delivery(queue.name, entry.message.message_id)
     for hook in broker.recovery_hooks:
         hook(state)  # other owners of stored queues (queue destinations) take theirs
     log.info(

@@ -120,6 +120,11 @@ class Store(Protocol):
         exactly-once delivery must keep its id, so its marks are never lazy.
         """
 
+    def count_possible_delivery(self, queue: str, message_id: int) -> None:
+        """Recovery counted a queued message as possibly delivered (a crash may have lost its
+        in-flight mark): add that attempt to its stored count, so a second crash before the
+        next mark still counts it."""
+
     def remove(self, queue: str, message_id: int) -> None:
         """The queue is done with this message (acknowledged, expired or discarded)."""
 
@@ -209,6 +214,11 @@ class MemoryStore:
             record.state = state
             if state == "sent":
                 record.delivery_count += 1
+
+    def count_possible_delivery(self, queue: str, message_id: int) -> None:
+        record = self.queued.get((queue, message_id))
+        if record is not None:
+            record.delivery_count += 1
 
     def remove(self, queue: str, message_id: int) -> None:
         if self.queued.pop((queue, message_id), None) is not None:

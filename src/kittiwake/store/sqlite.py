@@ -79,6 +79,9 @@ _MARK = (
     "UPDATE queue_entries SET delivery_id=?, state=?, delivery_count=delivery_count+? "
     "WHERE queue=? AND message_id=?"
 )
+_COUNT_POSSIBLE_DELIVERY = (
+    "UPDATE queue_entries SET delivery_count=delivery_count+1 WHERE queue=? AND message_id=?"
+)
 _REMOVE = "DELETE FROM queue_entries WHERE queue=? AND message_id=?"
 _SET_LAST_ID = "UPDATE meta SET value=? WHERE key='last_message_id'"
 # Every journal row at or below this id may be gone (retention): readers start above it. Kept
@@ -353,6 +356,9 @@ class SQLiteStore:
                 self._mark_timer = loop.call_later(LAZY_MARK_DELAY, self._on_mark_timer)
         else:
             self._add(_MARK, (delivery_id, state, bump, queue, message_id))
+
+    def count_possible_delivery(self, queue: str, message_id: int) -> None:
+        self._add(_COUNT_POSSIBLE_DELIVERY, (queue, message_id))
 
     def remove(self, queue: str, message_id: int) -> None:
         if self._marks:

@@ -1282,6 +1282,43 @@ class Life:
         self.store.close()
 
 
+def test_broker_delivery_count_survives_a_second_crash(tmp_path: Path) -> None:
+    """Recovery counts an entry whose in-flight mark a crash may have lost as possibly
+    delivered; that extra count is written back, so a second crash that loses the mark of the
+    redelivery too still counts both attempts (DESIGN.md section 2: never under-counted).
+    Before the write-back the third life saw one earlier attempt, not two."""
+
+    async def first() -> None:
+        life = Life(tmp_path)
+        session, consumer, _ = life.connect("sub")
+        await life.settle()
+        life.subscribe(session, "t", 1)
+        await life.settle()
+        await life.publish("t", b"twice lost", 1)
+        assert [entry.delivery_count for _, entry, _ in consumer.deliveries] == [0]
+        await life.crash()
+
+    async def second() -> None:
+        life = Life(tmp_path)
+        _, consumer, _ = life.connect("sub")
+        await life.settle()
+        assert [entry.delivery_count for _, entry, _ in consumer.deliveries] == [1]
+        await life.crash()  # the redelivery's lazy mark is not due yet: lost again
+
+    async def third() -> None:
+        life = Life(tmp_path)
+        _, consumer, _ = life.connect("sub")
+        await life.settle()
+        assert consumer.payloads == [b"twice lost"]
+        _, entry, redelivered = consumer.deliveries[0]
+        assert redelivered
+        assert entry.delivery_count == 2  # both attempts whose marks the crashes lost
+
+    run(first)
+    run(second)
+    run(third)
+
+
 def test_broker_queued_message_for_offline_session_survives_restart(tmp_path: Path) -> None:
     async def first() -> None:
         life = Life(tmp_path)
