@@ -168,7 +168,7 @@ class BrokerProcess:
             self.port = free_port()
         config: dict[str, Any] = {"log_level": "debug"}
         for name, values in self.sections.items():
-            if name in ("log_level", "uvloop"):
+            if name in ("log_level", "log_format", "uvloop"):
                 config[name] = values
             else:
                 config[name] = dict(values)
