@@ -99,8 +99,9 @@ def test_requests_need_valid_credentials_once_users_exist(secured: BrokerProcess
         assert status == 401, (user, body)
         assert headers["WWW-Authenticate"].startswith("Basic ")
         assert "error" in json.loads(body)
-    status, _headers, body = call(secured, "/metrics")
-    assert status == 401
+    for path in ("/metrics", "/", "/console/console.js"):
+        assert call(secured, path)[0] == 401, path
+    assert call(secured, "/console/console.js", user=("admin", "s3cret"))[0] == 200
     status, _headers, body = call(secured, "/api/status", user=("admin", "s3cret"))
     assert status == 200
     assert json.loads(body)["version"]

@@ -86,6 +86,7 @@ const encode = encodeURIComponent;
 
 function drawGraph(id, samples, inKey, outKey) {
   const canvas = document.getElementById(id);
+  canvas.dataset.samples = String(samples.length);
   const context = canvas.getContext("2d");
   const width = canvas.width, height = canvas.height, margin = 40;
   context.clearRect(0, 0, width, height);
