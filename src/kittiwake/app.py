@@ -9,7 +9,6 @@ import asyncio
 import gc
 import logging
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -92,7 +91,7 @@ class BrokerApp:
             self.throughput = Throughput(
                 self.broker.stats,
                 lambda: len(self.mqtt.connections) + len(self.amqp.connections),
-                time.time,
+                lambda: clock.wall_ms() / 1000,
             )
             operated = Operated(self.broker, self.queues, self.mqtt, self.amqp, self.throughput)
             self.http = [

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kittiwake.broker.broker import BrokerStats
+from kittiwake.broker.periodic import run_every
 
 # Five minutes of one-second samples.
 SAMPLES_KEPT = 300
@@ -34,6 +35,7 @@ class Throughput:
         self,
         stats: BrokerStats,
         connections: Callable[[], int],
+        # Seconds since the epoch (the broker clock's wall time): a sample's time stamp.
         wall_clock: Callable[[], float],
         kept: int = SAMPLES_KEPT,
     ) -> None:
@@ -42,7 +44,7 @@ class Throughput:
         self._wall_clock = wall_clock
         self.samples: deque[Sample] = deque(maxlen=kept)
         self._last = self._totals()
-        self._handle: asyncio.TimerHandle | None = None
+        self._cancel: Callable[[], None] | None = None
 
     def _totals(self) -> tuple[int, int, int, int]:
         stats = self._stats
@@ -72,14 +74,10 @@ class Throughput:
         return sample
 
     def start(self, loop: asyncio.AbstractEventLoop, interval: float = 1.0) -> None:
-        def run() -> None:
-            self.sample()
-            self._handle = loop.call_later(interval, run)
-
         self._last = self._totals()
-        self._handle = loop.call_later(interval, run)
+        self._cancel = run_every(loop, interval, self.sample, "throughput sample")
 
     def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        if self._cancel is not None:
+            self._cancel()
+            self._cancel = None
