@@ -23,7 +23,7 @@ from typing import Any
 
 from kittiwake.text_tables import format_table
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_URL = "http://127.0.0.1:9080"
 URL_VARIABLE = "KITTIWAKE_URL"
 USER_VARIABLE = "KITTIWAKE_USER"
 PASSWORD_VARIABLE = "KITTIWAKE_PASSWORD"

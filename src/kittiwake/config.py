@@ -36,14 +36,14 @@ DEFAULT_PORTS: dict[str, int] = {
     "websockets": 8080,
     "amqp": 5672,
     "flight": 8815,
-    "http": 8080,
+    "http": 9080,
 }
 DEFAULT_TLS_PORTS: dict[str, int] = {
     "mqtt": 8883,
     "websockets": 8443,
     "amqp": 5671,
     "flight": 8815,
-    "http": 8443,
+    "http": 9443,
 }
 _PROTOCOL_DEFAULT_PORT = -1
 # Whether clients without credentials get in: "auto" = as the next level up says.
