@@ -208,6 +208,10 @@ class AuthConfig:
     # what no allow rule grants is denied.
     groups: tuple[GroupConfig, ...] = ()
     acl: tuple[ACLRule, ...] = ()
+    # Who may use the http listener (console, /metrics, admin API and commands): users and
+    # groups by name. Empty while no ACL rule exists: every client the listener lets in; once
+    # ACL rules or admins exist, only the users and groups named here.
+    admins: tuple[str, ...] = ()
     # An empty allow list allows every topic; a deny entry always wins over an allow entry.
     publish_allow: tuple[str, ...] = ()
     publish_deny: tuple[str, ...] = ()

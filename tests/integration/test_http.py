@@ -277,3 +277,24 @@ def test_delete_session_removes_an_offline_persistent_session(
     # Gone from the store: a reconnect finds no session.
     again = paho(process.address, client_id, clean=False, connect=False)
     assert again.connect().session_present is False
+
+
+def test_only_admins_operate_the_broker_once_acls_exist(
+    broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """A device's user must not purge queues: once ACL rules (or admins) are configured, only
+    the users and groups named in auth.admins get the console, /metrics and the API."""
+    process = broker(
+        http=True,
+        auth={
+            "password_file": users_file(tmp_path, {"olga": "ops", "alice": "lamp"}),
+            "groups": [{"name": "operators", "users": ["olga"]}],
+            "admins": ["operators"],
+            "acl": [{"users": ["alice"], "publish": ["devices/alice/#"]}],
+        },
+    )
+    for path in ("/api/status", "/metrics", "/"):
+        status, _headers, body = call(process, path, user=("alice", "lamp"))
+        assert status == 403, (path, body)
+        assert call(process, path, user=("olga", "ops"))[0] == 200, path
+    assert "user alice is not an admin" in process.log_text()

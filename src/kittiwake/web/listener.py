@@ -60,6 +60,7 @@ class HTTPListener:
         self.authentication = authentication
         policy = listener.allow_anonymous
         self.allow_anonymous = None if policy == "auto" else bool(policy)
+        self.operated = operated
         self.app = web.Application(middlewares=[self._authenticate])
         AdminAPI(operated).add_routes(self.app)
         self.app.router.add_get("/", self._console_index)
@@ -116,6 +117,15 @@ class HTTPListener:
             response = error(401, verdict.value)
             response.headers["WWW-Authenticate"] = REALM
             return response
+        if not self.operated.broker.authorizer.may_administer(verdict.name):
+            log.info(
+                "http %s %s from %s refused: user %s is not an admin",
+                request.method,
+                request.path,
+                request.remote,
+                verdict.name or "(anonymous)",
+            )
+            return error(403, "not an admin (auth.admins)")
         if request.method not in SAFE_METHODS and ACTION_HEADER not in request.headers:
             return error(
                 403, f"an action needs the header {ACTION_HEADER} (cross-site requests cannot)"
