@@ -152,6 +152,8 @@ class Broker:
         # Writes from outside the protocols (the Spark sink), at most once per fence.
         self.fenced_writes = FencedWrites(self)
         self._next_anonymous = 0
+        # One bound method for every session's queue, not one made per session.
+        self._on_removed = self._entry_removed
         # Called with the recovered state at the end of recover(): queues this class does not
         # own (queue destinations) rebuild theirs from it.
         self.recovery_hooks: list[Callable[[RecoveredState], None]] = []
@@ -481,7 +483,7 @@ class Broker:
         consumer = Consumer(None, window=limits.max_inflight, name=client_id)
         queue.attach(consumer)
         session = Session(client_id, queue, consumer)
-        queue.on_removed = self._entry_removed
+        queue.on_removed = self._on_removed
         return session
 
     def _entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:

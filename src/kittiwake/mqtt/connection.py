@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol, TypeAlias
+from typing import Any, ClassVar, Final, Protocol, TypeAlias
 
 from kittiwake.broker.authentication import Authentication, Principal, Refusal
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
@@ -78,7 +78,43 @@ class Transport(Protocol):
 
 
 class MQTTConnection:
-    """The protocol state machine of one connection (awaiting CONNECT → connected → closed)."""
+    """The protocol state machine of one connection (awaiting CONNECT → connected → closed).
+
+    Slotted, and a 5.0 client's topic alias maps are made by its CONNECT: ten thousand idle
+    3.x connections carry no per-instance dict and no alias maps they cannot use.
+    """
+
+    __slots__ = (
+        "_answers",
+        "_awaiting_commit",
+        "_checking",
+        "_connect_seen",
+        "_held_input",
+        "_incoming_aliases",
+        "_login",
+        "_max_backlog",
+        "_max_topic_levels",
+        "_outgoing_aliases",
+        "_packet_ids",
+        "_problem_information",
+        "_receive_maximum",
+        "_topic_verdicts",
+        "_watched",
+        "broker",
+        "client_id",
+        "closed",
+        "keepalive",
+        "last_received",
+        "peer",
+        "peer_max_packet_size",
+        "peer_topic_alias_maximum",
+        "permissions",
+        "principal",
+        "protocol_version",
+        "session",
+        "traffic",
+        "transport",
+    )
 
     def __init__(
         self, broker: Broker, transport: Transport, peer: str = "?", login: Login | None = None
@@ -107,10 +143,11 @@ class MQTTConnection:
         # Peer limits (v5 CONNECT properties); defaults are the protocol's.
         self.peer_max_packet_size = 268_435_460
         self.peer_topic_alias_maximum = 0
-        self._outgoing_aliases: dict[str, int] = {}
+        # Topic aliases, 5.0 only: the shared empty map until a 5.0 CONNECT (never written to).
+        self._outgoing_aliases: dict[str, int] = _NO_ALIASES
         # Our QoS 1/2 PUBLISHes in flight: packet id -> the core's delivery.
         self._packet_ids = OutgoingPacketIds()
-        self._incoming_aliases: dict[int, str] = {}
+        self._incoming_aliases: dict[int, str] = _NO_ALIASES
         self._problem_information = True
         # Answers not yet written, in the order of the packets they answer: each waits for
         # its completion and for every answer before it (see _answer). Made by the first
@@ -280,6 +317,8 @@ class MQTTConnection:
                 requested_expiry = expiry = cap
             window = props.receive_maximum if props.receive_maximum is not None else 65535
             self.peer_topic_alias_maximum = props.topic_alias_maximum or 0
+            self._outgoing_aliases = {}
+            self._incoming_aliases = {}
             if props.request_problem_information == 0:
                 self._problem_information = False
         else:
@@ -1058,6 +1097,9 @@ class _HeldOutput:
 
 # Read per delivery; an Enum class attribute lookup costs several plain ones.
 _RECEIVED = DeliveryState.RECEIVED
+
+# Every 3.x connection's topic alias maps (see MQTTConnection.__init__).
+_NO_ALIASES: Final[dict[Any, Any]] = {}
 
 # The properties of every answer to a 3.x client, which has none: one shared empty object
 # (the encoder never reads, nor anything modifies, a 3.x answer's properties).
