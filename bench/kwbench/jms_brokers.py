@@ -34,7 +34,7 @@ JMS_SOURCE = Path(__file__).resolve().parent.parent / "jms" / "JmsBench.java"
 
 # The jars the OpenWire client needs, by their Debian names in /usr/share/java.
 CLIENT_JARS = ("activemq-client", "geronimo-jms_1.1_spec", "hawtbuf", "slf4j-api",
-               "geronimo-j2ee-management_1.1_spec")
+               "geronimo-j2ee-management-1.1-spec")
 
 
 def disk_write_bytes(pid: int) -> int:
@@ -152,6 +152,7 @@ class ActiveMQ(Broker):
         return [self.java, "-Xms256m", "-Xmx1g", "-Djava.awt.headless=true",
                 f"-Dactivemq.home={ACTIVEMQ_HOME}", f"-Dactivemq.base={self.workdir}",
                 f"-Dactivemq.conf={conf}", f"-Dactivemq.data={self.data_dir}",
+                f"-Dactivemq.classpath={conf}",
                 "-jar", str(self.launcher), "start", f"xbean:file:{self.config_path}"]
 
     def write_config(self) -> None:
@@ -159,12 +160,13 @@ class ActiveMQ(Broker):
         self.data_dir.mkdir(parents=True)
         conf = self.workdir / "activemq-conf"
         conf.mkdir(exist_ok=True)
-        # Logging: warnings to stderr (the launcher reads log4j2 settings from activemq.conf).
-        (conf / "log4j2.properties").write_text(
-            "rootLogger.level = WARN\nrootLogger.appenderRef.console.ref = console\n"
-            "appender.console.type = Console\nappender.console.name = console\n"
-            "appender.console.layout.type = PatternLayout\n"
-            "appender.console.layout.pattern = %d %p %c - %m%n\n")
+        # Warnings to the log (Debian's ActiveMQ logs through log4j 1.2, configured from
+        # activemq.conf on its classpath).
+        (conf / "log4j.properties").write_text(
+            "log4j.rootLogger=WARN, console\n"
+            "log4j.appender.console=org.apache.log4j.ConsoleAppender\n"
+            "log4j.appender.console.layout=org.apache.log4j.PatternLayout\n"
+            "log4j.appender.console.layout.ConversionPattern=%d %p %c - %m%n\n")
         self.config_path.write_text(f"""\
 <beans xmlns="http://www.springframework.org/schema/beans"
        xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
