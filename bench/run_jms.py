@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prefetch", type=int, default=1000,
                    help="consumer credit of the Python clients (kittiwake.jms's default; "
                         "ActiveMQ's client keeps its own defaults: 1000 queue, 32766 topic)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the warm-up pass (every scenario at smoke size through every "
+                        "client, not reported) and the Java client's in-JVM warm-up")
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin the broker to CPU 0 and the clients to the rest")
     p.add_argument("--kittiwake-python", default=sys.executable,
@@ -91,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = make_workdir()
     opt = jms_runner.Options(gen_procs=args.gen_procs, gen_cpus=gen_cpus, deadline_s=deadline,
                              idle_timeout_s=5.0 if args.smoke else 10.0, prefetch=args.prefetch,
-                             java=shutil.which("java") or "java")
+                             java=shutil.which("java") or "java",
+                             java_warmup=0 if args.smoke or args.no_warmup else 2000)
+    warmup = not (args.smoke or args.no_warmup)
     notes = [
         f"{len(cpus)} CPU(s); "
         + (f"broker pinned to CPU {sorted(broker_cpus)}, clients to CPU(s) {sorted(gen_cpus)}"
@@ -115,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         "broker CPU: user+sys of the broker process from /proc (all threads; ActiveMQ's JVM "
         "includes its JIT and GC threads); % of one core. gen CPU %: all client processes, "
         f"% of one core ({gen_cores} core(s) available to them). saturated: >= 85%.",
+        ("Warm-up: before the measured runs every scenario ran once at smoke size through "
+         "every client (not reported), and each JVM of the Java client makes 2,000 "
+         "send/receive round trips on a queue of its own before it reports ready (its JIT; "
+         "the Python clients have none)." if warmup else "No warm-up."),
     ]
     meta: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -156,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     k = 0
     t_start = time.monotonic()
     try:
+        if warmup:
+            for s in jms_workloads.select([s.name for s in scenarios], smoke=True, scale=1.0):
+                for broker_name, client in rows:
+                    if broker_name in live and live[broker_name].alive():
+                        r = jms_runner.run_scenario(live[broker_name], client, s, opt)
+                        print(f"[warm-up] {s.name} {broker_name} / {client}: {summary(r)}",
+                              file=sys.stderr, flush=True)
         for s in scenarios:
             for rep in range(args.repeat):
                 rot = rows[rep % len(rows):] + rows[:rep % len(rows)] if rows else []

@@ -6,6 +6,9 @@
 // READY once connected (consumers: subscribed), reads GO from stdin, runs, prints one line
 // "RESULT {json}" with the same fields as the Python clients, exits.
 //
+// Before READY, a JVM warms its JIT up with ``warmup`` NON_PERSISTENT send/receive round trips
+// on a queue of its own (the Python clients have no JIT to warm).
+//
 // Every setting is the client's default (queue prefetch 1000, topic prefetch 32766,
 // PERSISTENT sends synchronous, NON_PERSISTENT and transacted sends asynchronous, commit
 // synchronous), as an application that does not tune the factory gets them.
@@ -82,12 +85,36 @@ public final class JmsBench {
             ARGS.put(a.substring(0, i), a.substring(i + 1));
         }
         ActiveMQConnectionFactory factory = new ActiveMQConnectionFactory(arg("url"));
+        warmUp(factory, Integer.parseInt(ARGS.getOrDefault("warmup", "0")));
         if (arg("role").equals("producer")) {
             produce(factory);
         } else {
             consume(factory);
         }
         System.exit(0);
+    }
+
+    static void warmUp(ActiveMQConnectionFactory factory, int rounds) throws Exception {
+        if (rounds <= 0) {
+            return;
+        }
+        Connection connection = factory.createConnection();
+        connection.start();
+        Session session = connection.createSession(false, Session.AUTO_ACKNOWLEDGE);
+        Destination queue = session.createQueue(
+                "kwbench.warmup." + ProcessHandle.current().pid());
+        MessageProducer producer = session.createProducer(queue);
+        producer.setDeliveryMode(DeliveryMode.NON_PERSISTENT);
+        MessageConsumer consumer = session.createConsumer(queue);
+        for (int i = 0; i < rounds; i++) {
+            producer.send(session.createTextMessage(body(System.nanoTime())));
+            Message message = consumer.receive(5000);
+            if (message == null) {
+                throw new IllegalStateException("warm-up message " + i + " did not come back");
+            }
+            ((TextMessage) message).getText();
+        }
+        connection.close();
     }
 
     static void produce(ActiveMQConnectionFactory factory) throws Exception {

@@ -534,7 +534,7 @@ def _java(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -> None:
     """Runs JmsBench in a JVM; relays READY, GO and RESULT (one JSON line)."""
     args = [f"{k}={spec[k]}" for k in ("role", "url", "kind", "destination", "persistent",
                                          "sync_send", "transacted", "consumers", "count",
-                                         "idle_timeout_s", "deadline_s")]
+                                         "idle_timeout_s", "deadline_s", "warmup")]
     cmd = [spec["java"], *spec.get("java_opts", []), "-cp", spec["classpath"], "JmsBench",
            *args]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

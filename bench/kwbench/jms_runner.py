@@ -36,6 +36,7 @@ class Options:
     prefetch: int
     java: str = "java"
     classpath: str = ""
+    java_warmup: int = 0  # the Java client's JIT warm-up round trips before READY
 
 
 class _JmsWorkers(_Workers):
@@ -61,7 +62,8 @@ def run_scenario(broker: Any, client: str, s: Scenario, opt: Options) -> dict[st
               "transacted": s.transacted, "count": s.count, "cpus": opt.gen_cpus,
               "start_timeout_s": 90.0 if client == "java" else 60.0,
               "deadline_s": opt.deadline_s, "idle_timeout_s": opt.idle_timeout_s,
-              "prefetch": opt.prefetch, "java": opt.java, "classpath": opt.classpath}
+              "prefetch": opt.prefetch, "java": opt.java, "classpath": opt.classpath,
+              "warmup": opt.java_warmup}
     # Python clients spread several consumers over processes; a JVM runs them on threads.
     consumer_procs = 1 if client == "java" else opt.gen_procs
     specs = [{**common, "id": f"cons{n}", "role": "consumer", "consumers": k}
