@@ -5,6 +5,7 @@ no socket, no load generator. Deterministic enough to compare changes on a loade
     python bench/inprocess.py qos1            # QoS 1 1->1: publish, route, deliver, PUBACK, settle
     python bench/inprocess.py topics --filters 10000
     python bench/inprocess.py subscribe --filters 100000
+    python bench/inprocess.py amqp-in         # AMQP publish mapping: a JMS TextMessage to core
 
 Every frame a client would send is encoded before the clock starts; what the broker writes is
 counted, not decoded. Reads are fed as the asyncio shell feeds them: one decoder.feed per read,
@@ -181,9 +182,29 @@ def best(runs: int, measure: Callable[[], float]) -> float:
     return min(measure() for _ in range(runs))
 
 
+def amqp_in(messages: int) -> float:
+    """CPU per message of mapping an incoming AMQP transfer to the core's message
+    (``amqp.message_mapping.from_amqp``): a PERSISTENT 100-character TextMessage encoded as
+    kittiwake.jms sends it."""
+    from kittiwake.amqp.message_mapping import Clocks, from_amqp
+    from kittiwake.jms import Queue, TextMessage
+    from kittiwake.jms import messages as jms_codec
+
+    message = TextMessage("x" * 100)
+    message.jms_message_id = jms_codec.new_message_id()
+    message.jms_timestamp = jms_codec.now_ms()
+    encoded = bytes(jms_codec.encode(message, address="q", destination=Queue("q"),
+                                     delivery_delay_ms=0, allow_pickle=False))
+    clocks = Clocks(now=time.monotonic(), wall_ms=jms_codec.now_ms())
+    started = time.process_time()
+    for _ in range(messages):
+        from_amqp(encoded, topic="q", clocks=clocks, origin="c")
+    return (time.process_time() - started) / messages
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=("qos1", "topics"))
+    parser.add_argument("workload", choices=("qos1", "topics", "amqp-in"))
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--filters", type=int, default=10_000)
@@ -193,6 +214,9 @@ def main() -> None:
     if args.workload == "qos1":
         cost = best(args.runs, lambda: asyncio.run(qos1(args.messages, args.batch)))
         print(f"qos1 1->1: {cost * 1e6:.2f} us CPU per message")
+    elif args.workload == "amqp-in":
+        cost = best(args.runs, lambda: amqp_in(args.messages))
+        print(f"amqp-in: {cost * 1e6:.2f} us CPU per message")
     else:
         results = [
             asyncio.run(topics(args.filters, args.messages, args.batch)) for _ in range(args.runs)

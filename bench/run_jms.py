@@ -57,6 +57,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not pin the broker to CPU 0 and the clients to the rest")
     p.add_argument("--kittiwake-python", default=sys.executable,
                    help="interpreter that runs kittiwake (default: this one)")
+    p.add_argument("--profile", help="comma-separated scenarios to re-run on kittiwake under "
+                                     "py-spy after the measured runs (not in the tables)")
+    p.add_argument("--profile-client", default="proton", choices=("proton", "jms"),
+                   help="the client of the profiled runs (default proton)")
+    p.add_argument("--profile-scale", type=float, default=1.0,
+                   help="message-count scale of the profiled runs (default 1)")
+    p.add_argument("--profile-dir", type=Path, default=BENCH_DIR / "results" / "profiles",
+                   help="where py-spy's flame graphs and stacks go")
     p.add_argument("--out", type=Path, help="JSON result file (default bench/results/STAMP.json)")
     return p.parse_args(argv)
 
@@ -220,12 +228,65 @@ def main(argv: list[str] | None = None) -> int:
         if s.name in by:
             print(report.jms_table(s, by[s.name], gen_cores))
             print()
+    if args.profile and "kittiwake" in live:
+        meta["profiles"] = profile(live["kittiwake"], args, opt)
+
     for b in live.values():
         b.stop()
     report.write_json(out, meta, results)
     print(f"results: {out}")
     shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
+
+
+def profile(b: Any, args: argparse.Namespace, opt: Any) -> dict[str, Any]:
+    """Re-run scenarios on kittiwake under py-spy; print the hottest functions and lines."""
+    import signal
+    import subprocess
+
+    from kwbench import jms_runner, jms_workloads
+    from run import top_functions
+
+    spy = shutil.which("py-spy") or str(BENCH_DIR / ".venv-tools" / "bin" / "py-spy")
+    if not os.path.exists(spy):
+        print("py-spy not found: bench/setup_peers.sh --with-profiler", file=sys.stderr)
+        return {}
+    out: dict[str, Any] = {}
+    args.profile_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for s in jms_workloads.select(args.profile.split(","), smoke=args.smoke,
+                                  scale=args.profile_scale):
+        raw = args.profile_dir / f"jms-{stamp}-{s.name}-{args.profile_client}.txt"
+        svg = raw.with_suffix(".svg")
+        # --gil: the thread holding the GIL, i.e. where the broker's Python time goes.
+        procs = [subprocess.Popen([spy, "record", "--pid", str(b.pid), "--rate", "400",
+                                   "--gil", "--format", fmt, "-o", str(path)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 for fmt, path in (("raw", raw), ("flamegraph", svg))]
+        time.sleep(1.0)
+        r = jms_runner.run_scenario(b, args.profile_client, s, opt)
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        top = top_functions(raw)
+        out[s.name] = {"run": summary(r), "raw": str(raw), "svg": str(svg), **top}
+        print(f"### py-spy profile of kittiwake, {s.name} through {args.profile_client} "
+              f"({summary(r)})\n\nflame graph: {svg}\n")
+        print("| self % | inclusive % | function |")
+        print("|------:|------------:|----------|")
+        for fn, self_pct, incl_pct in top["top"]:
+            print(f"| {self_pct:.1f} | {incl_pct:.1f} | {fn} |")
+        print(f"\n{top['samples']:,} samples of the GIL-holding thread; hottest inclusive:\n")
+        print("| inclusive % | function |")
+        print("|------:|------|")
+        for fn, pct in top.get("top_inclusive", [])[:25]:
+            print(f"| {pct:.1f} | {fn} |")
+        print()
+    return out
 
 
 def summary(r: dict[str, Any]) -> str:
