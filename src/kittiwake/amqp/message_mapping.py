@@ -550,9 +550,26 @@ def header_section(
     ttl: uint | None = None
     if message.expiry is not None:
         ttl = uint(max(1, min(0xFFFFFFFF, round((message.expiry - clocks.now) * 1000))))
+    elif delivery_count < _CACHED_DELIVERY_COUNTS:
+        key = (durable, message.priority, delivery_count)
+        header = _HEADERS.get(key)
+        if header is None:
+            header = _HEADERS[key] = _encoded_header(durable, message.priority, None,
+                                                     delivery_count)
+        return header
+    return _encoded_header(durable, message.priority, ttl, delivery_count)
+
+
+# Headers without a ttl depend on three small values only: encoded once each (a delivery's
+# header is otherwise the one section built per delivery).
+_CACHED_DELIVERY_COUNTS = 16
+_HEADERS: dict[tuple[bool, int, int], bytes] = {}
+
+
+def _encoded_header(durable: bool, priority: int, ttl: uint | None, delivery_count: int) -> bytes:
     fields: list[Any] = [
         durable,
-        ubyte(message.priority),
+        ubyte(priority),
         ttl,
         False,
         uint(delivery_count),

@@ -360,3 +360,21 @@ def test_split_sections_refuses_cut_off_and_unknown_input() -> None:
                     b"\x00\x53\x77\x01", b"\x45"):
         with pytest.raises(MappingError):
             split_sections(garbage)
+
+
+def test_every_delivery_gets_its_own_header_fields() -> None:
+    """Headers are encoded once per (durable, priority, count) and reused: each delivery still
+    reads back its own durability, priority and delivery count, with or without a ttl."""
+    for durable in (False, True):
+        for priority in (0, 4, 9):
+            for count in (0, 1, 15, 16, 300):
+                for expiry in (None, CLOCKS.now + 2.0):
+                    message = CoreMessage(topic="t", payload=b"p", priority=priority,
+                                          expiry=expiry)
+                    for _ in range(2):  # the second one comes from the cache
+                        out = ProtonMessage()
+                        out.decode(to_amqp(message, durable=durable, delivery_count=count,
+                                           clocks=CLOCKS))
+                        assert (out.durable, out.priority, out.delivery_count) == (
+                            durable, priority, count)
+                        assert out.ttl == (pytest.approx(2.0) if expiry else 0)
