@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1,
                    help="runs per scenario and client, rotating their order; the median "
                         "(by msg/s) is shown")
-    p.add_argument("--deadline", type=float, help="seconds one run may take (default 120, "
+    p.add_argument("--deadline", type=float, help="seconds one run may take (default 300, "
                                                   "smoke 30)")
     p.add_argument("--gen-procs", type=int, default=2,
                    help="processes the Python clients spread several consumers over")
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in clients:
         if c not in jms_runner.CLIENTS:
             raise SystemExit(f"unknown client {c!r}; known: {', '.join(jms_runner.CLIENTS)}")
-    deadline = args.deadline or (30.0 if args.smoke else 120.0)
+    deadline = args.deadline or (30.0 if args.smoke else 300.0)
 
     cpus = sorted(os.sched_getaffinity(0))
     broker_cpus: set[int] | None = None
