@@ -553,13 +553,15 @@ class Session:
         return consumer
 
     async def unsubscribe(self, name: str) -> None:
-        """Remove a durable subscription (as Qpid JMS: attach by name alone, then close)."""
+        """Remove a durable subscription (as Qpid JMS: attach by name alone, then close);
+        without a client id, the global one of that name (``name|global``)."""
         self._check()
-        receiver = self.engine.receiver(self.proton_session, name)
+        link_name = name if self.connection.client_id is not None else f"{name}|global"
+        receiver = self.engine.receiver(self.proton_session, link_name)
         receiver.source.address = None  # type: ignore[assignment]
         receiver.target.address = receiver.name
         for consumer in self.consumers:
-            if consumer.link.name == name and not consumer.closed:
+            if consumer.link.name == link_name and not consumer.closed:
                 raise IllegalStateException(f"subscription {name!r} has an active consumer")
         try:
             endpoint = await self.engine.attach(receiver)

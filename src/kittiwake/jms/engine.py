@@ -40,6 +40,8 @@ from kittiwake.jms.exceptions import (
 )
 
 SOLE_CONNECTION = "sole-connection-for-container"
+# In a broker's open: the connection is refused, the close that follows says why.
+ESTABLISHMENT_FAILED = "amqp:connection-establishment-failed"
 _READ_SIZE = 65536
 _names = itertools.count(1)
 
@@ -242,6 +244,9 @@ class EngineConnection:
     def _dispatch(self, event: Event) -> None:
         kind = event.type
         if kind == Event.CONNECTION_REMOTE_OPEN:
+            properties = self.connection.remote_properties
+            if properties and properties.get(symbol(ESTABLISHMENT_FAILED)):
+                return  # a refusal: the close that follows says why
             if not self.opened.done():
                 self.opened.set_result(None)
         elif kind == Event.CONNECTION_REMOTE_CLOSE:
