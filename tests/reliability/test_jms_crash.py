@@ -21,6 +21,8 @@ from kittiwake.jms import (
     AcknowledgeMode,
     ConnectionFactory,
     ConnectionState,
+    IllegalStateException,
+    InvalidDestinationException,
     JMSException,
     Message,
     Queue,
@@ -327,6 +329,43 @@ def test_reconnect_resumes_producers_and_consumers_after_a_broker_crash(tmp_path
         assert not waiter.is_alive()
         # "before" may come again: its acknowledgement can die with the broker (at least once).
         assert bodies[-1:] == ["after"] and set(bodies[:-1]) <= {"before"}
+        connection.close()
+    finally:
+        broker.stop()
+
+
+def test_temporary_destinations_go_with_the_connection_across_a_reconnection(
+    tmp_path: Path,
+) -> None:
+    """JMS: a temporary destination belongs to its connection; a reconnection is a new
+    connection, so the broker deleted it with the old one. The reconnection still succeeds,
+    the temporary destination's consumer is closed, and sending to it fails."""
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique("reconnect-temporary"))
+        factory = ConnectionFactory(broker.amqp_url, reconnect=True, reconnect_delay=0.05)
+        connection = factory.create_connection()
+        reconnected = threading.Event()
+        connection.set_state_listener(
+            lambda state: reconnected.set() if state == ConnectionState.CONNECTED else None
+        )
+        connection.start()
+        session = connection.create_session()
+        temporary = session.create_temporary_queue()
+        on_temporary = session.create_consumer(temporary)
+        consumer = session.create_consumer(destination)
+        broker.kill()
+        broker.restart()
+        assert reconnected.wait(30), "no reconnection"
+        assert connection.get_state() == ConnectionState.CONNECTED
+        with pytest.raises(IllegalStateException):
+            on_temporary.receive(1)
+        with pytest.raises(InvalidDestinationException):
+            session.create_producer(temporary)
+        temporary.delete()  # gone already: nothing to do
+        session.create_producer(destination).send(session.create_text_message("after"))
+        got = consumer.receive(10)
+        assert got is not None and got.get_body() == "after"
         connection.close()
     finally:
         broker.stop()

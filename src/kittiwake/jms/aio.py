@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from enum import IntEnum
 from types import TracebackType
@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from proton import Delivery, Described, Link, Receiver, Sender, Terminus, symbol, ulong
 from proton import Message as ProtonMessage
+from proton import Session as ProtonSession
 
 from kittiwake.jms import messages as codec
 from kittiwake.jms.destinations import (
@@ -190,7 +191,16 @@ class Connection:
         self._reconnected = asyncio.Event()
         self._reconnected.set()
         self._reconnect_task: asyncio.Task[None] | None = None
+        # The AMQP session holding temporary destinations' links (made on first use).
+        self._temporaries: ProtonSession | None = None
+        self._temporaries_engine: EngineConnection | None = None
         engine.on_failure = self._failed
+
+    def _temporaries_session(self) -> ProtonSession:
+        if self._temporaries is None or self._temporaries_engine is not self.engine:
+            self._temporaries = self.engine.session()
+            self._temporaries_engine = self.engine
+        return self._temporaries
 
     def set_state_listener(self, listener: Callable[[ConnectionState], None] | None) -> None:
         self.state_listener = listener
@@ -328,6 +338,68 @@ class Connection:
         await self.close()
 
 
+def _gone_with_old_connection(destination: Destination | None, engine: EngineConnection) -> bool:
+    """A temporary destination made on another (lost) connection than ``engine``."""
+    if not isinstance(destination, (TemporaryQueue, TemporaryTopic)):
+        return False
+    node = destination.lifetime
+    return isinstance(node, TemporaryNode) and node.engine is not engine
+
+
+class TemporaryNode:
+    """A temporary destination this connection created (its TemporaryLifetime): a dynamic
+    node held by a link on the connection's own AMQP session, so it outlives the JMS session
+    that asked for it, and goes with the connection (JMS). A reconnection is a new
+    connection: the broker deleted the node with the old one, and it is not made again."""
+
+    def __init__(self, connection: Connection, endpoint: LinkEndpoint, name: str) -> None:
+        self.connection = connection
+        self.endpoint = endpoint
+        self.engine = connection.engine
+        self.name = name
+        self.destination: Destination | None = None
+        self.deleted = False
+        # Set by the blocking API: runs a coroutine on the connection's I/O thread.
+        self.run: Callable[[Coroutine[Any, Any, None]], None] | None = None
+
+    @classmethod
+    async def create(cls, connection: Connection, *, topic: bool) -> TemporaryNode:
+        engine = connection.engine
+        sender = engine.sender(connection._temporaries_session(), "temporary")
+        sender.target.dynamic = True
+        sender.target.expiry_policy = Terminus.EXPIRE_WITH_LINK
+        put_symbols(sender.target.capabilities, ["temporary-topic" if topic else "temporary-queue"])
+        sender.source.address = sender.name
+        endpoint = await engine.attach(sender)
+        name = sender.remote_target.address
+        if not name:
+            raise JMSException("the broker named no temporary destination")
+        return cls(connection, endpoint, name)
+
+    async def delete_async(self) -> None:
+        connection = self.connection
+        if connection.closed:
+            raise IllegalStateException("the connection that created it is closed")
+        if self.deleted or self.engine is not connection.engine:
+            self.deleted = True  # gone already (twice, or with the connection it was made on)
+            return
+        for session in connection.sessions:
+            for consumer in session.consumers:
+                if not consumer.closed and consumer.destination == self.destination:
+                    raise IllegalStateException(
+                        f"temporary destination {self.name} has a consumer (close it first)"
+                    )
+        self.deleted = True
+        await self.endpoint.close()
+
+    def delete(self) -> None:
+        if self.run is None:
+            raise IllegalStateException("with the asyncio API: await destination.delete_async()")
+        if self.connection.closed:  # its I/O thread is gone too
+            raise IllegalStateException("the connection that created it is closed")
+        self.run(self.delete_async())
+
+
 @dataclass(slots=True)
 class Received:
     """A message the broker delivered to a consumer, with its wire delivery."""
@@ -390,9 +462,18 @@ class Session:
         if self.transacted:
             await self._open()
         for producer in list(self.producers):
-            await producer._reattach()
+            if _gone_with_old_connection(producer.destination, engine):
+                producer.closed = True  # its temporary destination went with the connection
+                self.producers.remove(producer)
+            else:
+                await producer._reattach()
         for consumer in list(self.consumers):
-            await consumer._reattach()
+            if _gone_with_old_connection(consumer.destination, engine):
+                consumer.closed = True
+                consumer._wake()
+                self.consumers.remove(consumer)
+            else:
+                await consumer._reattach()
 
     def get_acknowledge_mode(self) -> AcknowledgeMode:
         return self.mode
@@ -570,26 +651,18 @@ class Session:
         await endpoint.close()
 
     async def create_temporary_queue(self) -> TemporaryQueue:
-        name, deleter = await self._temporary("temporary-queue")
-        return TemporaryQueue(name, deleter)
+        self._check()
+        node = await TemporaryNode.create(self.connection, topic=False)
+        queue = TemporaryQueue(node.name, node)
+        node.destination = queue
+        return queue
 
     async def create_temporary_topic(self) -> TemporaryTopic:
-        name, deleter = await self._temporary("temporary-topic")
-        return TemporaryTopic(name, deleter)
-
-    async def _temporary(self, capability: str) -> tuple[str, Callable[[], Awaitable[None]]]:
-        """A dynamic node; it lives while this link (or the connection) does."""
         self._check()
-        sender = self.engine.sender(self.proton_session, "temporary")
-        sender.target.dynamic = True
-        sender.target.expiry_policy = Terminus.EXPIRE_WITH_LINK
-        put_symbols(sender.target.capabilities, [capability])
-        sender.source.address = sender.name
-        endpoint = await self.engine.attach(sender)
-        name = sender.remote_target.address
-        if not name:
-            raise JMSException("the broker named no temporary destination")
-        return name, endpoint.close
+        node = await TemporaryNode.create(self.connection, topic=True)
+        topic = TemporaryTopic(node.name, node)
+        node.destination = topic
+        return topic
 
     # -- acknowledgement ----------------------------------------------------------------------
 
@@ -928,8 +1001,6 @@ class MessageProducer:
             raise InvalidDestinationException("an anonymous producer needs a destination")
         else:
             target = destination
-        if isinstance(target, (TemporaryQueue, TemporaryTopic)) and target.deleter is None:
-            pass
         mode = DeliveryMode(delivery_mode if delivery_mode is not None else self.delivery_mode)
         ttl = self.time_to_live if time_to_live is None else time_to_live
         now = codec.now_ms()
@@ -1205,6 +1276,8 @@ class MessageConsumer:
         return arrived
 
     def _check_receive(self) -> None:
+        if self.closed:
+            raise IllegalStateException("the consumer is closed")
         if self.listener is not None:
             raise IllegalStateException("this consumer has a message listener")
         self.session._check()

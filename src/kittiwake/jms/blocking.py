@@ -32,6 +32,7 @@ from kittiwake.jms.messages import (
 )
 
 T = TypeVar("T")
+Temporary = TypeVar("Temporary", TemporaryQueue, TemporaryTopic)
 MessageListener = Callable[[Message], None]
 
 
@@ -292,15 +293,21 @@ class Session:
         return QueueBrowser(self, self.io.run(self.core.create_browser(queue, message_selector)))
 
     def create_temporary_queue(self) -> TemporaryQueue:
-        return self.io.run(self.core.create_temporary_queue())
+        return self._blocking_delete(self.io.run(self.core.create_temporary_queue()))
 
     def create_temporary_topic(self) -> TemporaryTopic:
-        return self.io.run(self.core.create_temporary_topic())
+        return self._blocking_delete(self.io.run(self.core.create_temporary_topic()))
+
+    def _blocking_delete(self, destination: Temporary) -> Temporary:
+        """Its ``delete()`` runs on the connection's I/O thread."""
+        lifetime = destination.lifetime
+        if isinstance(lifetime, aio.TemporaryNode):
+            lifetime.run = self.io.run
+        return destination
 
     def delete_temporary(self, destination: TemporaryQueue | TemporaryTopic) -> None:
-        """TemporaryQueue.delete() / TemporaryTopic.delete()."""
-        if destination.deleter is not None:
-            self.io.run(_awaited(destination.deleter))
+        """The same as ``destination.delete()`` (kept for earlier callers)."""
+        destination.delete()
 
     def unsubscribe(self, name: str) -> None:
         self.io.run(self.core.unsubscribe(name))
@@ -331,11 +338,6 @@ class Session:
     ) -> None:
         self.close()
 
-
-async def _awaited(function: Callable[[], Any]) -> None:
-    result = function()
-    if asyncio.iscoroutine(result):
-        await result
 
 
 class MessageProducer:

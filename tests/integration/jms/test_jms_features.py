@@ -112,10 +112,12 @@ def test_temporary_queue_request_reply(connect: Connect) -> None:
     request = client.create_text_message("ping")
     request.set_jms_reply_to(reply_queue)
     client.create_producer(service).send(request)
-    reply = client.create_consumer(reply_queue).receive(5)
+    replies_consumer = client.create_consumer(reply_queue)
+    reply = replies_consumer.receive(5)
     assert reply is not None and reply.get_body() == "PING"
     assert reply.get_jms_correlation_id() == request.get_jms_message_id()
-    client.delete_temporary(reply_queue)
+    replies_consumer.close()  # JMS refuses to delete it while a consumer uses it
+    reply_queue.delete()
     with pytest.raises(InvalidDestinationException):
         client.create_producer(reply_queue)
 
