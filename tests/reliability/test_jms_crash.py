@@ -27,6 +27,7 @@ from kittiwake.jms import (
     Message,
     Queue,
     TextMessage,
+    TransactionRolledBackException,
 )
 from tests.integration.brokerproc import BrokerProcess
 from tests.integration.clients import unique
@@ -369,3 +370,67 @@ def test_temporary_destinations_go_with_the_connection_across_a_reconnection(
         connection.close()
     finally:
         broker.stop()
+
+
+def test_failover_moves_to_the_next_broker_and_back(tmp_path: Path) -> None:
+    """``failover:(a,b)``: when a broker dies, the connection reopens on the next one with its
+    sessions, producers and consumers; a transaction in doubt fails with
+    TransactionRolledBackException; when every broker is gone, after maxReconnectAttempts
+    rounds, the ExceptionListener hears it."""
+    first = BrokerProcess(tmp_path / "a", amqp=True).start()
+    second = BrokerProcess(tmp_path / "b", amqp=True).start()
+    try:
+        url = (
+            f"failover:({first.amqp_url},{second.amqp_url})"
+            "?failover.maxReconnectAttempts=3&failover.initialReconnectDelay=20"
+            "&failover.maxReconnectDelay=200"
+        )
+        connection = ConnectionFactory(url).create_connection()
+        states: list[ConnectionState] = []
+        connected = threading.Event()
+        failures: list[JMSException] = []
+        failed = threading.Event()
+
+        def on_state(state: ConnectionState) -> None:
+            states.append(state)
+            if state == ConnectionState.CONNECTED:
+                connected.set()
+
+        def on_failure(error: JMSException) -> None:
+            failures.append(error)
+            failed.set()
+
+        connection.set_state_listener(on_state)
+        connection.set_exception_listener(on_failure)
+        connection.start()
+        destination = Queue(unique("failover"))
+        session = connection.create_session()
+        producer = session.create_producer(destination)
+        consumer = session.create_consumer(destination)
+        transacted = connection.create_session(transacted=True)
+        transacted.create_producer(destination).send(transacted.create_text_message("doubt"))
+
+        first.kill()  # to the second broker
+        assert connected.wait(30), f"no failover: {states}"
+        with pytest.raises(TransactionRolledBackException):
+            transacted.commit()
+        producer.send(session.create_text_message("on b"))
+        got = consumer.receive(10)
+        assert got is not None and got.get_body() == "on b"
+
+        connected.clear()
+        first.restart()
+        second.kill()  # and back to the first
+        assert connected.wait(30), f"no failover back: {states}"
+        producer.send(session.create_text_message("on a"))
+        got = consumer.receive(10)
+        assert got is not None and got.get_body() == "on a"
+        assert not failures
+
+        first.kill()  # nobody left: maxReconnectAttempts rounds, then the listener
+        assert failed.wait(30), f"never gave up: {states}"
+        assert states[-1] == ConnectionState.FAILED
+        connection.close()
+    finally:
+        first.stop()
+        second.stop()

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from enum import IntEnum
 from types import TracebackType
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from proton import Delivery, Described, Link, Receiver, Sender, Terminus, symbol, ulong
 from proton import Message as ProtonMessage
@@ -34,9 +33,11 @@ from kittiwake.jms.destinations import (
 from kittiwake.jms.engine import EngineConnection, LinkEndpoint, put_symbols
 from kittiwake.jms.exceptions import (
     IllegalStateException,
+    InvalidClientIDException,
     InvalidDestinationException,
     InvalidSelectorException,
     JMSException,
+    JMSSecurityException,
     TransactionRolledBackException,
     from_condition,
 )
@@ -49,11 +50,11 @@ from kittiwake.jms.messages import (
     StreamMessage,
     TextMessage,
 )
+from kittiwake.jms.urls import parse_url
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH = 1000
-DEFAULT_PORT = 5672
 ACCEPTED_OUTCOME = 0x24
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34
@@ -87,8 +88,11 @@ CompletionListener = Callable[[Message, JMSException | None], None]
 
 
 class ConnectionFactory:
-    """Where and how to connect: ``amqp://host:port``; ``disable_ack`` makes every transfer
-    presettled both ways (fire and forget); ``prefetch`` is each consumer's link credit."""
+    """Where and how to connect: ``amqp://host:port``, or Qpid JMS's
+    ``failover:(amqp://a:5672,amqp://b:5672)?failover.maxReconnectAttempts=N`` (reconnects,
+    to the next address in turn, with the options' back-off; see kittiwake.jms.urls);
+    ``disable_ack`` makes every transfer presettled both ways (fire and forget); ``prefetch``
+    is each consumer's link credit."""
 
     def __init__(
         self,
@@ -105,34 +109,35 @@ class ConnectionFactory:
         reconnect_attempts: int = 20,
         reconnect_delay: float = 0.1,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("amqp", ""):
-            raise JMSException(f"unsupported URL scheme {parts.scheme!r} (use amqp://)")
+        parsed = parse_url(url)
         if prefetch < 0:
             raise ValueError("prefetch must be 0 or more")
         self.url = url
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or DEFAULT_PORT
+        self.addresses = parsed.addresses
+        self.host = parsed.addresses[0].host
+        self.port = parsed.addresses[0].port
         self.client_id = client_id
-        self.username = (
-            username
-            if username is not None
-            else (unquote(parts.username) if parts.username else None)
-        )
-        self.password = (
-            password
-            if password is not None
-            else (unquote(parts.password) if parts.password else None)
-        )
+        self.username = username if username is not None else parsed.username
+        self.password = password if password is not None else parsed.password
         self.disable_ack = disable_ack
         self.prefetch = prefetch
         self.allow_pickle = allow_pickle
         self.timeout = timeout
         # Reconnect: reopen the connection, its sessions and links after a failure, waiting
-        # ``reconnect_delay`` (doubling, at most 2 s) between at most ``reconnect_attempts``.
-        self.reconnect = reconnect
-        self.reconnect_attempts = reconnect_attempts
+        # ``reconnect_delay`` (multiplied by ``reconnect_backoff``, at most
+        # ``reconnect_max_delay``) between at most ``reconnect_attempts`` (None: no end)
+        # rounds over the addresses. A failover: URL reconnects with its own options.
+        failover = parsed.failover
+        self.reconnect = reconnect or failover is not None
+        self.reconnect_attempts: int | None = reconnect_attempts
         self.reconnect_delay = reconnect_delay
+        self.reconnect_max_delay = 2.0
+        self.reconnect_backoff = 2.0
+        if failover is not None:
+            self.reconnect_attempts = failover.max_attempts
+            self.reconnect_delay = failover.initial_delay_ms / 1000
+            self.reconnect_max_delay = failover.max_delay_ms / 1000
+            self.reconnect_backoff = failover.backoff
 
     async def create_connection(
         self, username: str | None = None, password: str | None = None
@@ -142,16 +147,39 @@ class ConnectionFactory:
         user = username if username is not None else self.username
         secret = password if password is not None else self.password
 
+        addresses = self.addresses
+        # The address to try first: the last one that answered.
+        current = 0
+
         async def open_engine() -> EngineConnection:
-            return await EngineConnection.open(
-                self.host,
-                self.port,
-                container_id=container or "",
-                sole=explicit,
-                username=user,
-                password=secret,
-                timeout=self.timeout,
-            )
+            """One round over the addresses, from the last good one; the last error when
+            none answers."""
+            nonlocal current
+            error: JMSException | None = None
+            for step in range(len(addresses)):
+                index = (current + step) % len(addresses)
+                address = addresses[index]
+                try:
+                    engine = await EngineConnection.open(
+                        address.host,
+                        address.port,
+                        container_id=container or "",
+                        sole=explicit,
+                        username=user,
+                        password=secret,
+                        timeout=self.timeout,
+                    )
+                except JMSSecurityException:
+                    raise  # the same credentials go to every address
+                except InvalidClientIDException:
+                    raise
+                except JMSException as exc:
+                    error = exc
+                    continue
+                current = index
+                return engine
+            assert error is not None
+            raise error
 
         connection = Connection(self, await open_engine(), self.client_id)
         connection.open_engine = open_engine
@@ -230,10 +258,12 @@ class Connection:
     async def _reconnect(self, error: JMSException) -> None:
         """Reopen the connection, then every session, producer and consumer on it."""
         assert self.open_engine is not None
-        delay = self.factory.reconnect_delay
-        for _attempt in range(self.factory.reconnect_attempts):
+        factory = self.factory
+        delay = factory.reconnect_delay
+        attempts = factory.reconnect_attempts
+        for _attempt in itertools.count() if attempts is None else range(attempts):
             await asyncio.sleep(delay)  # back-off between attempts, not synchronisation
-            delay = min(delay * 2, 2.0)
+            delay = min(delay * factory.reconnect_backoff, factory.reconnect_max_delay)
             if self.closed:
                 return
             try:
