@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -51,6 +52,7 @@ from kittiwake.jms.messages import (
     TextMessage,
 )
 from kittiwake.jms.urls import parse_url
+from kittiwake.jms.vm import open_streams as vm_streams
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,8 @@ CompletionListener = Callable[[Message, JMSException | None], None]
 
 
 class ConnectionFactory:
-    """Where and how to connect: ``amqp://host:port``, or Qpid JMS's
+    """Where and how to connect: ``amqp://host:port``, ``vm://name`` (a broker in this
+    process, started on first use: kittiwake.jms.vm), or Qpid JMS's
     ``failover:(amqp://a:5672,amqp://b:5672)?failover.maxReconnectAttempts=N`` (reconnects,
     to the next address in turn, with the options' back-off; see kittiwake.jms.urls);
     ``disable_ack`` makes every transfer presettled both ways (fire and forget); ``prefetch``
@@ -114,6 +117,7 @@ class ConnectionFactory:
             raise ValueError("prefetch must be 0 or more")
         self.url = url
         self.addresses = parsed.addresses
+        self.vm = parsed.vm
         self.host = parsed.addresses[0].host
         self.port = parsed.addresses[0].port
         self.client_id = client_id
@@ -150,6 +154,8 @@ class ConnectionFactory:
         addresses = self.addresses
         # The address to try first: the last one that answered.
         current = 0
+        vm = self.vm
+        streams = None if vm is None else functools.partial(vm_streams, vm)
 
         async def open_engine() -> EngineConnection:
             """One round over the addresses, from the last good one; the last error when
@@ -168,6 +174,7 @@ class ConnectionFactory:
                         username=user,
                         password=secret,
                         timeout=self.timeout,
+                        streams=streams,
                     )
                 except JMSSecurityException:
                     raise  # the same credentials go to every address

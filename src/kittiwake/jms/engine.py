@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proton import (
@@ -131,7 +131,10 @@ class EngineConnection:
         password: str | None,
         timeout: float,
         ssl_domain: SSLDomain | None = None,
+        streams: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+        | None = None,
     ) -> EngineConnection:
+        """``streams`` replaces the TCP connection (vm://: an in-process pipe)."""
         self = cls(host, port, timeout)
         self.connection.container = container_id
         self.connection.hostname = host
@@ -152,7 +155,8 @@ class EngineConnection:
         self.transport.bind(self.connection)
         try:
             reader, self.writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), timeout
+                streams() if streams is not None else asyncio.open_connection(host, port),
+                timeout,
             )
         except (OSError, TimeoutError) as exc:
             raise JMSException(f"cannot connect to {host}:{port}: {exc}") from None

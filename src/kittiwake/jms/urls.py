@@ -1,6 +1,6 @@
-"""Connection URLs of kittiwake.jms: ``amqp://[user:password@]host[:port]`` and Qpid JMS's
-``failover:(amqp://a:5672,amqp://b:5672)?failover.maxReconnectAttempts=...``. Parsing only;
-connects nothing.
+"""Connection URLs of kittiwake.jms: ``amqp://[user:password@]host[:port]``, Qpid JMS's
+``failover:(amqp://a:5672,amqp://b:5672)?failover.maxReconnectAttempts=...`` and
+``vm://name`` (a broker in this process). Parsing only; connects nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class BrokerURL:
     password: str | None = None
     # Set for a failover: URL; a plain URL reconnects only when the factory says so.
     failover: Failover | None = None
+    # vm://name: the in-process broker's name (no address is dialled).
+    vm: str | None = None
 
 
 def parse_url(url: str) -> BrokerURL:
@@ -57,6 +59,11 @@ def parse_url(url: str) -> BrokerURL:
     names what is wrong with a bad one."""
     if url.startswith("failover:"):
         return _parse_failover(url[len("failover:") :], url)
+    if url.startswith("vm://"):
+        name = urlsplit(url).hostname or ""
+        if not name:
+            raise JMSException(f"no broker name in {url!r} (vm://name)")
+        return BrokerURL((Address(name, 0),), vm=name)
     address, username, password = _parse_amqp(url)
     return BrokerURL((address,), username, password)
 
@@ -64,7 +71,9 @@ def parse_url(url: str) -> BrokerURL:
 def _parse_amqp(url: str) -> tuple[Address, str | None, str | None]:
     parts = urlsplit(url)
     if parts.scheme not in ("amqp", ""):
-        raise JMSException(f"unsupported URL scheme {parts.scheme!r} (use amqp:// or failover:)")
+        raise JMSException(
+            f"unsupported URL scheme {parts.scheme!r} (use amqp://, failover: or vm://)"
+        )
     try:
         port = parts.port or DEFAULT_PORT
     except ValueError:
