@@ -152,9 +152,11 @@ class Broker:
         will: Message | None = None,
         will_delay: int = 0,
         will_expiry: int | None = None,
+        principal: str | None = None,
     ) -> Connected:
         """Attach a connection to its session; whoever held the id before (a session's
-        connection, or a JMS connection) is taken over."""
+        connection, or a JMS connection) is taken over. ``principal`` is the user it connected
+        as (None: anonymous), stored with a persistent session."""
         now = self.clock.now()
         if self.client_ids.holders:
             self.client_ids.take_over(client_id)
@@ -191,6 +193,7 @@ class Broker:
         session.will = will
         session.will_delay = will_delay
         session.will_expiry = will_expiry
+        session.principal = principal
         # The receiver comes with start_delivery: nothing may go out before the CONNACK.
         session.consumer.set_window(max(1, min(window, self.config.limits.max_inflight)))
         session.link = link
@@ -486,6 +489,7 @@ class Broker:
                 will_delay=session.will_delay,
                 will_expiry=session.will_expiry,
                 window=session.window if session.link is not None else 0,
+                principal=session.principal,
             )
         )
 
