@@ -42,13 +42,12 @@ from kittiwake.jms.exceptions import (
     TransactionRolledBackException,
     from_condition,
 )
+from kittiwake.jms.factories import MessageFactory
 from kittiwake.jms.messages import (
     BytesMessage,
     DeliveryMode,
     MapMessage,
     Message,
-    ObjectMessage,
-    StreamMessage,
     TextMessage,
 )
 from kittiwake.jms.urls import parse_url
@@ -446,7 +445,7 @@ class Received:
     message: Message
 
 
-class Session:
+class Session(MessageFactory):
     """A JMS session: its consumers, producers, and (transacted) its current transaction."""
 
     def __init__(self, connection: Connection, mode: AcknowledgeMode) -> None:
@@ -518,31 +517,8 @@ class Session:
     def get_transacted(self) -> bool:
         return self.transacted
 
-    # -- message factories --------------------------------------------------------------------
-
-    def create_message(self) -> Message:
-        return Message()
-
-    def create_text_message(self, text: str | None = None) -> TextMessage:
-        return TextMessage(text)
-
-    def create_bytes_message(self) -> BytesMessage:
-        return BytesMessage()
-
-    def create_map_message(self) -> MapMessage:
-        return MapMessage()
-
-    def create_stream_message(self) -> StreamMessage:
-        return StreamMessage()
-
-    def create_object_message(self, value: Any = None) -> ObjectMessage:
-        return ObjectMessage(value, allow_pickle=self.connection.factory.allow_pickle)
-
-    def create_queue(self, name: str) -> Queue:
-        return Queue(name)
-
-    def create_topic(self, name: str) -> Topic:
-        return Topic(name)
+    def _allows_pickle(self) -> bool:
+        return self.connection.factory.allow_pickle
 
     # -- endpoints ----------------------------------------------------------------------------
 
@@ -1431,7 +1407,7 @@ class QueueBrowser:
         await self.consumer.close()
 
 
-class JMSContext:
+class JMSContext(MessageFactory):
     """JMS 2.0's simplified API: one connection and one session, started on first consume."""
 
     def __init__(self, connection: Connection, session: Session) -> None:
@@ -1439,6 +1415,9 @@ class JMSContext:
         self.session = session
         self.auto_start = True
         self._producer: MessageProducer | None = None
+
+    def _allows_pickle(self) -> bool:
+        return self.connection.factory.allow_pickle
 
     async def create_producer(self) -> JMSProducer:
         if self._producer is None:
@@ -1452,15 +1431,6 @@ class JMSContext:
         if self.auto_start:
             await self.connection.start()
         return consumer
-
-    def create_text_message(self, text: str | None = None) -> TextMessage:
-        return TextMessage(text)
-
-    def create_queue(self, name: str) -> Queue:
-        return Queue(name)
-
-    def create_topic(self, name: str) -> Topic:
-        return Topic(name)
 
     async def create_temporary_queue(self) -> TemporaryQueue:
         return await self.session.create_temporary_queue()

@@ -21,13 +21,12 @@ from kittiwake.jms.exceptions import (
     JMSException,
     JMSRuntimeException,
 )
+from kittiwake.jms.factories import MessageFactory
 from kittiwake.jms.messages import (
     BytesMessage,
     DeliveryMode,
     MapMessage,
     Message,
-    ObjectMessage,
-    StreamMessage,
     TextMessage,
 )
 
@@ -193,7 +192,7 @@ class Connection:
         self.close()
 
 
-class Session:
+class Session(MessageFactory):
     """Single-threaded, as in JMS; its listeners run one at a time on its own thread."""
 
     def __init__(self, connection: Connection, core: aio.Session) -> None:
@@ -221,35 +220,14 @@ class Session:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
+    def _allows_pickle(self) -> bool:
+        return self.core._allows_pickle()
+
     def get_acknowledge_mode(self) -> AcknowledgeMode:
         return self.core.mode
 
     def get_transacted(self) -> bool:
         return self.core.transacted
-
-    def create_message(self) -> Message:
-        return Message()
-
-    def create_text_message(self, text: str | None = None) -> TextMessage:
-        return TextMessage(text)
-
-    def create_bytes_message(self) -> BytesMessage:
-        return BytesMessage()
-
-    def create_map_message(self) -> MapMessage:
-        return MapMessage()
-
-    def create_stream_message(self) -> StreamMessage:
-        return StreamMessage()
-
-    def create_object_message(self, value: Any = None) -> ObjectMessage:
-        return self.core.create_object_message(value)
-
-    def create_queue(self, name: str) -> Queue:
-        return Queue(name)
-
-    def create_topic(self, name: str) -> Topic:
-        return Topic(name)
 
     def create_producer(self, destination: Destination | None = None) -> MessageProducer:
         return MessageProducer(self, self.io.run(self.core.create_producer(destination)))
@@ -489,7 +467,7 @@ def _runtime(function: Callable[[], T]) -> T:
         raise JMSRuntimeException(str(exc), exc.error_code) from exc
 
 
-class JMSContext:
+class JMSContext(MessageFactory):
     """JMS 2.0's simplified API; its methods raise JMSRuntimeException."""
 
     def __init__(self, connection: Connection, session: Session) -> None:
@@ -497,6 +475,9 @@ class JMSContext:
         self.session = session
         self.auto_start = True
         self._producer: MessageProducer | None = None
+
+    def _allows_pickle(self) -> bool:
+        return self.session._allows_pickle()
 
     def create_producer(self) -> JMSProducer:
         if self._producer is None:
@@ -515,15 +496,6 @@ class JMSContext:
 
     def create_browser(self, queue: Queue, message_selector: str | None = None) -> QueueBrowser:
         return _runtime(lambda: self.session.create_browser(queue, message_selector))
-
-    def create_text_message(self, text: str | None = None) -> TextMessage:
-        return TextMessage(text)
-
-    def create_queue(self, name: str) -> Queue:
-        return Queue(name)
-
-    def create_topic(self, name: str) -> Topic:
-        return Topic(name)
 
     def create_temporary_queue(self) -> TemporaryQueue:
         return _runtime(self.session.create_temporary_queue)
