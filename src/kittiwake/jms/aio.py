@@ -42,13 +42,10 @@ from kittiwake.jms.exceptions import (
     TransactionRolledBackException,
     from_condition,
 )
-from kittiwake.jms.factories import MessageFactory
+from kittiwake.jms.factories import MessageFactory, ProducerSettings
 from kittiwake.jms.messages import (
-    BytesMessage,
     DeliveryMode,
-    MapMessage,
     Message,
-    TextMessage,
 )
 from kittiwake.jms.urls import parse_url
 from kittiwake.jms.vm import open_streams as vm_streams
@@ -1456,55 +1453,19 @@ class JMSContext(MessageFactory):
         await self.close()
 
 
-class JMSProducer:
+class JMSProducer(ProducerSettings):
     """JMS 2.0's producer: settings chain, and ``send(destination, body)`` takes a message,
     a str (TextMessage), bytes (BytesMessage) or a dict (MapMessage)."""
 
     def __init__(self, context: JMSContext, producer: MessageProducer) -> None:
+        super().__init__()
         self.context = context
         self.producer = producer
-        self.delivery_mode = DeliveryMode.PERSISTENT
-        self.priority = codec.DEFAULT_PRIORITY
-        self.time_to_live = 0
-        self.delivery_delay = 0
-        self.properties: dict[str, Any] = {}
-
-    def set_delivery_mode(self, mode: DeliveryMode) -> JMSProducer:
-        self.delivery_mode = mode
-        return self
-
-    def set_priority(self, priority: int) -> JMSProducer:
-        self.priority = priority
-        return self
-
-    def set_time_to_live(self, milliseconds: int) -> JMSProducer:
-        self.time_to_live = milliseconds
-        return self
-
-    def set_delivery_delay(self, milliseconds: int) -> JMSProducer:
-        self.delivery_delay = milliseconds
-        return self
-
-    def set_property(self, name: str, value: Any) -> JMSProducer:
-        self.properties[name] = value
-        return self
 
     async def send(
         self, destination: Destination, body: Message | str | bytes | dict[str, Any] | None
     ) -> JMSProducer:
-        message: Message
-        if isinstance(body, Message):
-            message = body
-        elif isinstance(body, str):
-            message = TextMessage(body)
-        elif isinstance(body, bytes):
-            message = BytesMessage(body)
-        elif isinstance(body, dict):
-            message = MapMessage(body)
-        else:
-            message = Message()
-        for name, value in self.properties.items():
-            message.set_object_property(name, value)
+        message = self.message_of(body)
         self.producer.delivery_delay = self.delivery_delay
         await self.producer.send(
             message,

@@ -21,13 +21,10 @@ from kittiwake.jms.exceptions import (
     JMSException,
     JMSRuntimeException,
 )
-from kittiwake.jms.factories import MessageFactory
+from kittiwake.jms.factories import MessageFactory, ProducerSettings
 from kittiwake.jms.messages import (
-    BytesMessage,
     DeliveryMode,
-    MapMessage,
     Message,
-    TextMessage,
 )
 
 T = TypeVar("T")
@@ -530,53 +527,17 @@ class JMSContext(MessageFactory):
         self.close()
 
 
-class JMSProducer:
+class JMSProducer(ProducerSettings):
     """Settings chain; ``send(destination, body)`` takes a Message, str, bytes or dict."""
 
     def __init__(self, producer: MessageProducer) -> None:
+        super().__init__()
         self.producer = producer
-        self.delivery_mode = DeliveryMode.PERSISTENT
-        self.priority = 4
-        self.time_to_live = 0
-        self.delivery_delay = 0
-        self.properties: dict[str, Any] = {}
-
-    def set_delivery_mode(self, mode: DeliveryMode) -> JMSProducer:
-        self.delivery_mode = mode
-        return self
-
-    def set_priority(self, priority: int) -> JMSProducer:
-        self.priority = priority
-        return self
-
-    def set_time_to_live(self, milliseconds: int) -> JMSProducer:
-        self.time_to_live = milliseconds
-        return self
-
-    def set_delivery_delay(self, milliseconds: int) -> JMSProducer:
-        self.delivery_delay = milliseconds
-        return self
-
-    def set_property(self, name: str, value: Any) -> JMSProducer:
-        self.properties[name] = value
-        return self
 
     def send(
         self, destination: Destination, body: Message | str | bytes | dict[str, Any] | None
     ) -> JMSProducer:
-        message: Message
-        if isinstance(body, Message):
-            message = body
-        elif isinstance(body, str):
-            message = TextMessage(body)
-        elif isinstance(body, bytes):
-            message = BytesMessage(body)
-        elif isinstance(body, dict):
-            message = MapMessage(body)
-        else:
-            message = Message()
-        for name, value in self.properties.items():
-            message.set_object_property(name, value)
+        message = self.message_of(body)
         self.producer.set_delivery_delay(self.delivery_delay)
         _runtime(
             lambda: self.producer.send(
