@@ -101,9 +101,24 @@ class LimitsConfig:
     max_queued_bytes: int = 64 * 1024 * 1024
     queue_full_policy: QueueFullPolicy = "reject_new"
     # Producer flow control: a QoS 1/2 publisher's acknowledgement waits while a connected
-    # subscriber it feeds has more than this many messages queued (until half drained), so a
-    # fast publisher cannot bury a slow subscriber. 0 disables.
+    # subscriber it feeds has this many messages, or this many bytes, queued (until half
+    # drained), so a fast publisher cannot bury a slow subscriber. 0 disables either count.
+    # Keep them well below max_queued_messages / max_queued_bytes: publishers already in flight
+    # still arrive after the acknowledgements stop (see publisher_pause_bytes).
     flow_control_depth: int = 1000
+    flow_control_bytes: int = 16 * 1024 * 1024
+    # A congested subscriber that makes no progress (starts no new delivery, i.e. acknowledges
+    # nothing) for this many seconds stops holding publishers back: its own queue fills to its
+    # limits and queue_full_policy applies. 0 = a congested subscriber holds them for ever.
+    stalled_subscriber_timeout: float = 5.0
+    # Bytes of QoS 1/2 publications one connection may have waiting for their acknowledgement
+    # before the broker stops reading from it until half of them are answered: bounds what a
+    # held-back publisher still pushes in, however large its messages. 0 = never stop reading.
+    publisher_pause_bytes: int = 8 * 1024 * 1024
+    # Broker-wide bound on bytes queued for all sessions and shared subscriptions together:
+    # above it every QoS 1/2 publisher's acknowledgement waits until the total is back under
+    # half of it (checked twice a second). 0 = no bound.
+    max_total_queued_bytes: int = 1024 * 1024 * 1024
     # Topic aliases a v5 client may use towards us.
     topic_alias_maximum: int = 64
     max_topic_levels: int = 128

@@ -75,6 +75,11 @@ class BrokerStats:
     bytes_received: int = 0
     bytes_sent: int = 0
     clients_connected: int = 0
+    # Congested subscribers found making no progress (flow_control.py), ever and now.
+    subscriber_stalls: int = 0
+    stalled_subscribers: int = 0
+    # Times the broker-wide queued-bytes bound held every publisher back.
+    total_bound_engaged: int = 0
 
 
 class Connected(NamedTuple):
@@ -117,7 +122,7 @@ class Broker:
             self.tree, self.store.journals_qos0 if self.journal_qos0 else None
         )
         self.timers = SessionTimers()
-        self.flow = FlowControl(self.config.limits.flow_control_depth)
+        self.flow = FlowControl(self.config.limits, self.stats)
         self.pumps = PumpSchedule(self)
         # Pump a session (or group) at the end of this loop turn.
         self.pump_soon = self.pumps.soon
@@ -332,6 +337,17 @@ class Broker:
                 self.store.set_retained(message.topic, None)
         for session in self.pumps.due(now):
             dispatch.pump(self, session)
+        self.flow.check(now, self.queued_bytes())
+
+    def queued_bytes(self) -> int:
+        """Bytes waiting in every session's and shared group's queue (one pass: a tick's
+        cost, never the publish path's)."""
+        total = 0
+        for session in self.sessions.values():
+            total += session.queue.bytes
+        for group in self.shared_groups.values():
+            total += group.queue.bytes
+        return total
 
     # -- subscriptions (see subscriptions.py) ----------------------------------------------
 
