@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import tomllib
 import types
 import typing
@@ -105,6 +106,7 @@ class LimitsConfig:
     # drained), so a fast publisher cannot bury a slow subscriber. 0 disables either count.
     # Keep them well below max_queued_messages / max_queued_bytes: publishers already in flight
     # still arrive after the acknowledgements stop (see publisher_pause_bytes).
+    # (The byte count is capped at half of max_queued_bytes, so it always engages first.)
     flow_control_depth: int = 1000
     flow_control_bytes: int = 16 * 1024 * 1024
     # A congested subscriber that makes no progress (starts no new delivery, i.e. acknowledges
@@ -445,6 +447,8 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'topic_alias_maximum')}: must be 0..65535")
         if not 16 <= obj.max_packet_size <= 268_435_460:
             raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
+        if not math.isfinite(obj.stalled_subscriber_timeout):
+            raise ConfigError(f"{_join(where, 'stalled_subscriber_timeout')}: must be finite")
         for name in ("max_put_rows", "max_put_bytes", "max_concurrent_puts"):
             if getattr(obj, name) < 1:
                 raise ConfigError(f"{_join(where, name)}: must be at least 1")

@@ -179,6 +179,14 @@ def test_wrong_type_is_refused(tmp_path: Path, toml: str, key: str) -> None:
         ({"queues": {"max_delivery_attempts": -1}}, "queues.max_delivery_attempts"),
         ({"queues": {"dead_letter_queue": "DLQ.{name}"}}, "queues.dead_letter_queue"),
         ({"queues": {"expiry_queue": "Expired.{0}"}}, "queues.expiry_queue"),
+        ({"limits": {"flow_control_bytes": -1}}, "limits.flow_control_bytes"),
+        ({"limits": {"stalled_subscriber_timeout": -1.0}}, "limits.stalled_subscriber_timeout"),
+        (
+            {"limits": {"stalled_subscriber_timeout": float("inf")}},
+            "limits.stalled_subscriber_timeout",
+        ),
+        ({"limits": {"publisher_pause_bytes": -1}}, "limits.publisher_pause_bytes"),
+        ({"limits": {"max_total_queued_bytes": -1}}, "limits.max_total_queued_bytes"),
     ],
 )
 def test_out_of_range_is_refused(raw: dict, key: str) -> None:
@@ -199,6 +207,14 @@ def test_out_of_range_is_refused(raw: dict, key: str) -> None:
         {"sessions": {"max_keepalive": 65535}},
         {"sys": {"interval": 0}},
         {"queues": {"dead_letter_queue": "DLQ.{queue}", "expiry_queue": ""}},
+        {
+            "limits": {
+                "flow_control_bytes": 0,
+                "stalled_subscriber_timeout": 0,
+                "publisher_pause_bytes": 0,
+                "max_total_queued_bytes": 0,
+            }
+        },
     ],
 )
 def test_range_edges_are_accepted(raw: dict) -> None:
