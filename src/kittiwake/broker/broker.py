@@ -47,7 +47,12 @@ from kittiwake.broker.store import (
     Store,
     SubscriptionRecord,
 )
-from kittiwake.broker.subscriptions import Subscribed, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.subscriptions import (
+    RetainedCursor,
+    Subscribed,
+    SubscribeRefusal,
+    SubscriptionOptions,
+)
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.wills import SessionTimers
 from kittiwake.clock import Clock, MonotonicClock
@@ -110,6 +115,9 @@ class Broker:
         self.authorizer = Authorizer(self.config.auth)
         self.sessions: dict[str, Session] = {}
         self.retained = RetainedMessages()
+        # Sessions still being sent the retained messages of a new wildcard subscription,
+        # as their window opens (subscriptions.feed_retained); empty nearly always.
+        self.retained_cursors: dict[Session, list[RetainedCursor]] = {}
         self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=self.config.limits.match_cache_size)
         self.shared_groups: dict[tuple[str, str], SharedGroup] = {}
         self.stats = BrokerStats()
@@ -307,6 +315,7 @@ class Broker:
         for subscription in list(session.subscriptions.values()):
             subscriptions.remove_subscription(self, subscription)
         session.subscriptions.clear()
+        self.retained_cursors.pop(session, None)
         session.queue.drain()
         session.consumer.unsettled.clear()
         session.queue.in_flight = 0
@@ -355,6 +364,7 @@ class Broker:
     subscribe = subscriptions.subscribe
     unsubscribe = subscriptions.unsubscribe
     send_retained = subscriptions.send_retained
+    feed_retained = subscriptions.feed_retained
 
     @property
     def subscription_count(self) -> int:
@@ -390,7 +400,7 @@ class Broker:
         if delivery.entry.persistent and queue.durable:
             # Its stored entry is removed (see _entry_removed): the answer waits for that.
             completion = self.store.commit()  # _durable(), without a call per acknowledgement
-        if queue.count:
+        if queue.count or self.retained_cursors:
             self.pump_soon(session)
         return True, completion
 

@@ -63,7 +63,9 @@ class FlowControl:
         # disables that count (a bound no queue reaches).
         self.depth = limits.flow_control_depth or sys.maxsize
         # Capped at half a queue's byte limit: backpressure engages before the limit does.
-        self.depth_bytes = min(limits.flow_control_bytes or sys.maxsize, limits.max_queued_bytes // 2)
+        self.depth_bytes = min(
+            limits.flow_control_bytes or sys.maxsize, limits.max_queued_bytes // 2
+        )
         self.stall_timeout = limits.stalled_subscriber_timeout
         self.max_total_bytes = limits.max_total_queued_bytes
         self.stats = stats
