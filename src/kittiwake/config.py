@@ -91,6 +91,12 @@ class LimitsConfig:
     """Every resource a client can make the broker spend, bounded."""
 
     max_connections: int = 100_000
+    # Connections open at once from one client address, and new connections per second from
+    # one address (a burst of one second's worth is allowed); 0 = no limit. Refused on every
+    # listener kind (MQTT 5: CONNACK 0x97 / 0x9F). Generous: many clients can share an address
+    # (NAT, a gateway, loopback in tests and benchmarks).
+    max_connections_per_address: int = 0
+    max_connection_rate: float = 0.0
     # Largest MQTT packet accepted from a client (bytes, fixed header included).
     max_packet_size: int = 16 * 1024 * 1024
     # QoS 1/2 publications a client may have unacknowledged towards us (v5 Receive Maximum).
@@ -447,6 +453,8 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'topic_alias_maximum')}: must be 0..65535")
         if not 16 <= obj.max_packet_size <= 268_435_460:
             raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
+        if not math.isfinite(obj.max_connection_rate):
+            raise ConfigError(f"{_join(where, 'max_connection_rate')}: must be finite")
         if not math.isfinite(obj.stalled_subscriber_timeout):
             raise ConfigError(f"{_join(where, 'stalled_subscriber_timeout')}: must be finite")
         for name in ("max_put_rows", "max_put_bytes", "max_concurrent_puts"):

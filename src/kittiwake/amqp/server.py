@@ -31,6 +31,7 @@ class AMQPServerProtocol(asyncio.Protocol):
     """One TCP connection."""
 
     __slots__ = (
+        "_admitted",
         "_allow_anonymous",
         "_flush_scheduled",
         "_loop",
@@ -47,6 +48,8 @@ class AMQPServerProtocol(asyncio.Protocol):
         self._flush_scheduled = False
         self.transport: asyncio.Transport | None = None
         self.connection: AMQPConnection | None = None
+        # The client address counted by the broker's admission, until the connection ends.
+        self._admitted: str | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -59,6 +62,13 @@ class AMQPServerProtocol(asyncio.Protocol):
             return
         authentication = self._server.authentication
         address = peer[0] if isinstance(peer, tuple) else str(peer)
+        refusal = broker.admission.admit(address)
+        if refusal is not None:
+            # Refused before any AMQP frame is read: the socket is closed (no open to answer).
+            log.warning("refusing amqp %s: %s", peer_text, refusal.value)
+            transport.close()
+            return
+        self._admitted = address
         connection = AMQPConnection(
             broker.config.amqp,
             broker.clock,
@@ -87,6 +97,9 @@ class AMQPServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        if self._admitted is not None:
+            self._server.broker.admission.release(self._admitted)
+            self._admitted = None
         if self.connection is not None:
             self.connection.end_of_stream()
 

@@ -21,6 +21,7 @@ from kittiwake import __version__
 from kittiwake.broker import dispatch, publishing, recovery, subscriptions, wills
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
+from kittiwake.broker.connection_admission import ConnectionAdmission
 from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, resend
 from kittiwake.broker.fenced_writes import FencedWrites
@@ -113,6 +114,8 @@ class Broker:
         self.clock: Clock = clock or MonotonicClock()
         self.store: Store = store or MemoryStore()
         self.authorizer = Authorizer(self.config.auth)
+        # New connections per client address, for every listener (connection_admission.py).
+        self.admission = ConnectionAdmission(self.config.limits, self.clock)
         self.sessions: dict[str, Session] = {}
         self.retained = RetainedMessages()
         # Sessions still being sent the retained messages of a new wildcard subscription,

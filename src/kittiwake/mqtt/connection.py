@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias
 from kittiwake.broker.authentication import Authentication, Principal, Refusal
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import NOT_FOUND, Completion, all_of
+from kittiwake.broker.connection_admission import AdmissionRefusal
 from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message, MQTT5Fields
 from kittiwake.broker.queues import QueuedMessage
@@ -59,6 +60,10 @@ log = logging.getLogger(__name__)
 
 PINGRESP = b"\xd0\x00"
 _PUBLISH = 3
+_ADMISSION_REASON = {
+    AdmissionRefusal.RATE: ReasonCode.CONNECTION_RATE_EXCEEDED,
+    AdmissionRefusal.QUOTA: ReasonCode.QUOTA_EXCEEDED,
+}
 _REFUSAL_REASON = {
     SubscribeRefusal.INVALID_FILTER: ReasonCode.TOPIC_FILTER_INVALID,
     SubscribeRefusal.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
@@ -101,6 +106,9 @@ class MQTTConnection:
         self.closed = False
         # A CONNECT was decoded, so a v5 client can be answered with a CONNACK reason code.
         self._connect_seen = False
+        # Set when the broker did not admit this connection (too many, or too fast, from its
+        # address): its CONNECT is refused with the reason.
+        self.admission_refusal: AdmissionRefusal | None = None
         limits = broker.config.limits
         # Peer limits (v5 CONNECT properties); defaults are the protocol's.
         self.peer_max_packet_size = 268_435_460
@@ -215,6 +223,10 @@ class MQTTConnection:
         if version == 5 and props.maximum_packet_size is not None:
             # Before any answer, refusals included (MQTT-3.1.2-24).
             self.peer_max_packet_size = props.maximum_packet_size
+        if self.admission_refusal is not None:
+            return self._refuse(
+                _ADMISSION_REASON[self.admission_refusal], self.admission_refusal.value
+            )
         broker = self.broker
         config = broker.config
         client_id = packet.client_id
