@@ -186,6 +186,21 @@ class ACLRule:
     subscribe: tuple[str, ...] = ()
     deny_publish: tuple[str, ...] = ()
     deny_subscribe: tuple[str, ...] = ()
+    # JMS queues (their names matched as MQTT topic filters): sending to one, receiving
+    # (consuming) from one, browsing one.
+    send: tuple[str, ...] = ()
+    receive: tuple[str, ...] = ()
+    browse: tuple[str, ...] = ()
+    deny_send: tuple[str, ...] = ()
+    deny_receive: tuple[str, ...] = ()
+    deny_browse: tuple[str, ...] = ()
+
+
+# Every list of filters an ACL rule holds.
+ACL_RULE_FILTERS = (
+    "publish", "subscribe", "deny_publish", "deny_subscribe",
+    "send", "receive", "browse", "deny_send", "deny_receive", "deny_browse",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,7 +437,7 @@ def _check_ranges(obj: Any, where: str) -> None:
     if isinstance(obj, ListenerConfig) and not 0 <= obj.port <= 65535:
         raise ConfigError(f"{_join(where, 'port')}: {obj.port} is not a TCP port")
     if isinstance(obj, ACLRule):
-        for name in ("publish", "subscribe", "deny_publish", "deny_subscribe"):
+        for name in ACL_RULE_FILTERS:
             for i, topic_filter in enumerate(getattr(obj, name)):
                 try:
                     validate_topic_filter(topic_filter)

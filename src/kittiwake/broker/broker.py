@@ -161,8 +161,10 @@ class Broker:
         will: Message | None = None,
         will_delay: int = 0,
         will_expiry: int | None = None,
+        principal: str | None = None,
     ) -> Connected:
-        """Attach a connection to its session."""
+        """Attach a connection to its session; ``principal`` is the user it connected as
+        (None: anonymous), stored with a persistent session."""
         now = self.clock.now()
         existing = self.sessions.get(client_id)
         # Whether the store was asked to change anything: then the answer waits for it.
@@ -197,6 +199,7 @@ class Broker:
         session.will = will
         session.will_delay = will_delay
         session.will_expiry = will_expiry
+        session.principal = principal
         # The receiver comes with start_delivery: nothing may go out before the CONNACK.
         session.consumer.set_window(max(1, min(window, self.config.limits.max_inflight)))
         session.link = link
@@ -505,6 +508,7 @@ class Broker:
                 will_delay=session.will_delay,
                 will_expiry=session.will_expiry,
                 window=session.window if session.link is not None else 0,
+                principal=session.principal,
             )
         )
 

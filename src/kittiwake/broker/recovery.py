@@ -38,6 +38,9 @@ def recover(broker: Broker) -> None:
         session.will_delay = record.will_delay
         session.will_expiry = record.will_expiry
         broker.sessions[record.client_id] = session
+        # Filtered by its user's rules from now on, not only once its client is back.
+        session.principal = record.principal
+        session.permissions = broker.authorizer.permissions(record.principal, record.client_id)
         for stored in record.subscriptions:
             options = SubscriptionOptions(
                 stored.max_qos,

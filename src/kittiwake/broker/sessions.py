@@ -113,9 +113,12 @@ class Session:
     # Clock times while disconnected: when the session ends, when the will is due.
     expires_at: float | None = None
     will_at: float | None = None
-    # What its client's principal may publish and receive; None until a connection or a
-    # subscription sets it (a session recovered from the store, until its client is back).
+    # What its client's principal may publish and receive; None until a connection, a
+    # subscription or recovery sets it.
     permissions: Permissions | None = None
+    # The user its client connected as (None: anonymous), stored with the session so that
+    # recovery filters it by the same rules before its client is back.
+    principal: str | None = None
 
     def hold_key(self, key: int) -> None:
         keys = self.exactly_once_keys

@@ -43,6 +43,8 @@ class SessionRecord:
     # After a crash, that many queued entries may have been sent with their lazy in-flight
     # marks lost: recovery counts them as possibly delivered.
     window: int = 0
+    # The user its client connected as; None: anonymous (or stored before schema 7).
+    principal: str | None = None
 
 
 @dataclass(slots=True)

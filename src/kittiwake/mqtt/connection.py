@@ -301,6 +301,7 @@ class MQTTConnection:
             will=will_message,
             will_delay=will_delay,
             will_expiry=will_expiry,
+            principal=principal_name,
         )
         self.session = session
         if session.permissions is not self.permissions:

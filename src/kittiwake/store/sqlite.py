@@ -385,13 +385,14 @@ class SQLiteStore:
         client_id = record.client_id
         self._add(
             "INSERT OR REPLACE INTO sessions (client_id, expiry_interval, will_delay, will_expiry,"
-            " in_flight_window) VALUES (?, ?, ?, ?, ?)",
+            " in_flight_window, principal) VALUES (?, ?, ?, ?, ?, ?)",
             (
                 client_id,
                 record.expiry_interval,
                 record.will_delay,
                 record.will_expiry,
                 record.window,
+                record.principal,
             ),
         )
         self._add("DELETE FROM subscriptions WHERE client_id=?", (client_id,))
@@ -450,12 +451,15 @@ class SQLiteStore:
                 "(SELECT message_id FROM queue_entries WHERE topic IS NULL) ORDER BY message_id"
             ):
                 state.messages[row[0]] = message_from_row(row, offset)
-            for client_id, expiry_interval, will_delay, will_expiry, window in connection.execute(
-                "SELECT client_id, expiry_interval, will_delay, will_expiry, in_flight_window "
-                "FROM sessions"
+            for (
+                client_id, expiry_interval, will_delay, will_expiry, window, principal
+            ) in connection.execute(
+                "SELECT client_id, expiry_interval, will_delay, will_expiry, in_flight_window, "
+                "principal FROM sessions"
             ):
                 state.sessions[client_id] = SessionRecord(
-                    client_id, expiry_interval, [], None, will_delay, will_expiry, window
+                    client_id, expiry_interval, [], None, will_delay, will_expiry, window,
+                    principal,
                 )
             for row in connection.execute(
                 f"SELECT client_id, {', '.join(SUBSCRIPTION_COLUMNS)} FROM subscriptions "
