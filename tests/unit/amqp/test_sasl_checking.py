@@ -4,6 +4,7 @@ outcome waits for the answer, and what the client pipelined meanwhile is kept, i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
 from proton import Described, symbol, ulong
@@ -16,8 +17,14 @@ INIT = encode_frame(
 )
 
 
-def pending_server() -> tuple[SaslServer, asyncio.Future[bool]]:
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def pending_server(loop: asyncio.AbstractEventLoop) -> tuple[SaslServer, asyncio.Future[bool]]:
     answer: asyncio.Future[bool] = loop.create_future()
     server = SaslServer(allow_anonymous=False, check=lambda user, password: answer)
     server.start()
@@ -25,8 +32,10 @@ def pending_server() -> tuple[SaslServer, asyncio.Future[bool]]:
 
 
 @pytest.mark.parametrize("accepted", [True, False])
-def test_the_outcome_waits_for_the_check_and_pipelined_bytes_are_kept(accepted: bool) -> None:
-    server, answer = pending_server()
+def test_the_outcome_waits_for_the_check_and_pipelined_bytes_are_kept(
+    accepted: bool, loop: asyncio.AbstractEventLoop
+) -> None:
+    server, answer = pending_server(loop)
     assert server.receive(INIT + AMQP_HEADER[:3]) == b""
     assert server.checking is answer and not server.done
     assert server.receive(AMQP_HEADER[3:]) == b""
@@ -39,8 +48,8 @@ def test_the_outcome_waits_for_the_check_and_pipelined_bytes_are_kept(accepted: 
     assert server.rest == AMQP_HEADER
 
 
-def test_a_flood_while_checking_is_a_framing_error() -> None:
-    server, _ = pending_server()
+def test_a_flood_while_checking_is_a_framing_error(loop: asyncio.AbstractEventLoop) -> None:
+    server, _ = pending_server(loop)
     server.receive(INIT)
     with pytest.raises(FramingError):
         server.receive(b"\x00" * (MAX_PIPELINED_WHILE_CHECKING + 1))
