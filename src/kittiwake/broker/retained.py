@@ -129,7 +129,7 @@ class RetainedMessages:
         started = self._updates
         since = self._since
         by_topic = self._by_topic
-        for message in _walk(self._root, topic_filter.split("/"), 0):
+        for message in _walk(self._root, topic_filter.split("/")):
             topic = message.topic
             # Still the topic's message, and set before the cursor started.
             if by_topic.get(topic) is message and since[topic] <= started:
@@ -148,40 +148,34 @@ class RetainedMessages:
         return expired
 
 
-def _walk(level: _Level, names: list[str], depth: int) -> Iterator[Message]:
-    """The messages under ``level`` that the filter levels ``names[depth:]`` match.
+def _walk(root: _Level, names: list[str]) -> Iterator[Message]:
+    """The messages in the tree that the filter levels ``names`` match, depth first.
 
-    Children are listed when their parent is reached and looked up again when visited, so the
-    tree may change while a walk is suspended. A wildcard in the first level never matches a
-    topic starting with '$' (MQTT-4.7.2-1).
+    Iterative (a topic may have thousands of levels; recursion would overflow). A child is
+    looked up when it is visited, not when its parent is, so the tree may change while a walk
+    is suspended. A wildcard in the first level never matches a topic starting with '$'
+    (MQTT-4.7.2-1).
     """
-    if depth == len(names):
-        if level.message is not None:
-            yield level.message
-        return
-    name = names[depth]
-    if name == "#":
-        yield from _everything(level, skip_dollar=depth == 0)
-    elif name == "+":
-        for child_name in list(level.children):
+    last = len(names)
+    # (parent, child name or None for the parent itself, filter levels matched, under '#')
+    stack: list[tuple[_Level, str | None, int, bool]] = [(root, None, 0, False)]
+    while stack:
+        parent, name, depth, everything = stack.pop()
+        level = parent if name is None else parent.children.get(name)
+        if level is None:
+            continue
+        if not everything and depth < last and names[depth] == "#":
+            everything = True  # '#' matches its parent level too, and everything below
+        if everything or depth == last:
+            if level.message is not None:
+                yield level.message
+            if not everything:
+                continue
+        elif names[depth] != "+":
+            stack.append((level, names[depth], depth + 1, False))
+            continue
+        # '+' or under '#': every child, in order (pushed last first)
+        for child_name in reversed(list(level.children)):
             if depth == 0 and child_name.startswith("$"):
                 continue
-            child = level.children.get(child_name)
-            if child is not None:
-                yield from _walk(child, names, depth + 1)
-    else:
-        child = level.children.get(name)
-        if child is not None:
-            yield from _walk(child, names, depth + 1)
-
-
-def _everything(level: _Level, *, skip_dollar: bool) -> Iterator[Message]:
-    """The message at ``level`` ('#' matches its parent level too) and all below it."""
-    if level.message is not None:
-        yield level.message
-    for child_name in list(level.children):
-        if skip_dollar and child_name.startswith("$"):
-            continue
-        child = level.children.get(child_name)
-        if child is not None:
-            yield from _everything(child, skip_dollar=False)
+            stack.append((level, child_name, depth + 1, everything))

@@ -346,3 +346,15 @@ def test_unsubscribing_stops_the_retained_messages_not_yet_sent(harness) -> None
         harness.ack(session, consumer, delivered.delivery_id)
     assert len(consumer.deliveries) == 2
     assert not harness.broker.retained_cursors
+
+
+def test_a_cursor_copes_with_topics_of_thousands_of_levels() -> None:
+    """Found by the fuzzer: the walk once recursed per level and overflowed the stack."""
+    retained = RetainedMessages()
+    deep = "/".join(["x"] * 5000)
+    retained.update(Message(deep, b"deep", retain=True))
+    retained.update(Message("x", b"shallow", retain=True))
+    assert sorted(m.payload for m in retained.cursor("#")) == [b"deep", b"shallow"]
+    assert [m.payload for m in retained.cursor("x/+/#")] == [b"deep"]
+    retained.update(Message(deep, b"", retain=True))
+    assert [m.payload for m in retained.cursor("#")] == [b"shallow"]
