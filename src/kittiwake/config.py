@@ -27,16 +27,24 @@ class ConfigError(ValueError):
     """The configuration file cannot be used; the message names the file and the key."""
 
 
-ListenerProtocol = Literal["mqtt", "websockets", "amqp", "flight"]
+ListenerProtocol = Literal["mqtt", "websockets", "amqp", "flight", "http"]
 # The port a listener binds when its table names none: MQTT's and AMQP's registered ports
-# (plain and TLS), the customary ones of MQTT over WebSockets, and Arrow Flight's (the Spark
-# data source's executors connect there).
-DEFAULT_PORTS: dict[str, int] = {"mqtt": 1883, "websockets": 8080, "amqp": 5672, "flight": 8815}
+# (plain and TLS), the customary ones of MQTT over WebSockets, Arrow Flight's (the Spark
+# data source's executors connect there) and HTTP's alternative ports (the operators' listener:
+# console, /metrics, admin API).
+DEFAULT_PORTS: dict[str, int] = {
+    "mqtt": 1883,
+    "websockets": 8080,
+    "amqp": 5672,
+    "flight": 8815,
+    "http": 9080,
+}
 DEFAULT_TLS_PORTS: dict[str, int] = {
     "mqtt": 8883,
     "websockets": 8443,
     "amqp": 5671,
     "flight": 8815,
+    "http": 9443,
 }
 _PROTOCOL_DEFAULT_PORT = -1
 # Whether clients without credentials get in: "auto" = as the next level up says.
@@ -69,7 +77,8 @@ class TLSConfig:
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
     """One socket the broker accepts connections on: MQTT clients (over TCP or WebSockets),
-    AMQP 1.0 clients, or Arrow Flight (the journal's range reads for Spark executors)."""
+    AMQP 1.0 clients, Arrow Flight (the journal's range reads for Spark executors), or HTTP
+    (operators: the web console, /metrics and the admin API)."""
 
     protocol: ListenerProtocol = "mqtt"
     host: str = "127.0.0.1"
@@ -222,6 +231,10 @@ class AuthConfig:
     # what no allow rule grants is denied.
     groups: tuple[GroupConfig, ...] = ()
     acl: tuple[ACLRule, ...] = ()
+    # Who may use the http listener (console, /metrics, admin API and commands): users and
+    # groups by name. Empty while no ACL rule exists: every client the listener lets in; once
+    # ACL rules or admins exist, only the users and groups named here.
+    admins: tuple[str, ...] = ()
     # An empty allow list allows every topic; a deny entry always wins over an allow entry.
     publish_allow: tuple[str, ...] = ()
     publish_deny: tuple[str, ...] = ()
@@ -318,6 +331,9 @@ class Config:
     queues: QueuesConfig = field(default_factory=QueuesConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # "text": one readable line per record; "json": one JSON object per line (timestamp,
+    # level, logger, message, and the connection's id where there is one) for log collectors.
+    log_format: Literal["text", "json"] = "text"
     # Use uvloop when it is installed.
     uvloop: bool = True
 

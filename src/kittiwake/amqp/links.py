@@ -103,6 +103,8 @@ class LinkLayer:
         self.queues = queues
         self.temporaries = temporaries
         self.id = f"$amqp/{next(_connection_ids)}"
+        # AMQP's message counts (/metrics): one increment per transfer each way.
+        self.traffic = broker.stats.protocol("amqp")
         self.producers: dict[Link, ProducerLink] = {}
         self.consumers: dict[Link, ConsumerLink] = {}
         # Temporary destinations made by a dynamic attach, deleted when that link closes.
@@ -460,6 +462,7 @@ class ProducerLink:
             self.layer.coordinator.control(delivery, bytes(data))
             self.layer.connection.wake()
             return
+        self.layer.traffic.messages_received += 1
         try:
             self._publish(delivery, bytes(data))
         except MappingError as exc:
@@ -640,6 +643,7 @@ class ConsumerLink:
         wire = link.delivery(tag)
         link.send(encoded)
         link.advance()
+        self.layer.traffic.messages_sent += 1
         if self.presettled or entry.qos == 0:
             wire.settle()
         self.layer.connection.wake()

@@ -144,6 +144,17 @@ class Authorizer:
     def acl_configured(self) -> bool:
         return bool(self._config.acl)
 
+    def may_administer(self, user: str | None) -> bool:
+        """May this user operate the broker (console, metrics, admin API)? Anyone let in
+        while neither ACL rules nor admins are configured; then only the named users and
+        the members of the named groups."""
+        admins = self._config.admins
+        if not admins and not self._config.acl:
+            return True
+        if user is None:
+            return False
+        return user in admins or bool(self.groups_of(user).intersection(admins))
+
     def groups_of(self, user: str | None) -> frozenset[str]:
         return frozenset(self._groups.get(user, ())) if user is not None else frozenset()
 
