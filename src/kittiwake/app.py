@@ -102,7 +102,7 @@ class BrokerApp:
         self._cancel_ticks: Callable[[], None] | None = None
         self._cancel_queue_ticks: Callable[[], None] | None = None
 
-    async def start(self) -> None:
+    async def start(self, *, freeze_gc: bool = True) -> None:
         loop = asyncio.get_running_loop()
         self.broker.recover()
         self._cancel_ticks = self.broker.schedule_ticks(loop)
@@ -127,7 +127,8 @@ class BrokerApp:
             self.throughput.start(loop)
         # Everything built so far lives as long as the broker: keep it out of every future
         # garbage collection, so a full collection never walks it mid-traffic.
-        gc.freeze()
+        if freeze_gc:
+            gc.freeze()
         log.info("kittiwake %s ready", self.broker.version)
 
     async def stop(self) -> None:

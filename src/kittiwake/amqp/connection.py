@@ -56,6 +56,10 @@ CONTAINER_ID = "kittiwake"
 OFFERED_CAPABILITIES = ("ANONYMOUS-RELAY", "DELAYED_DELIVERY", "sole-connection-for-container")
 
 
+# An open property: this open is followed by a close saying why the connection is refused.
+ESTABLISHMENT_FAILED = "amqp:connection-establishment-failed"
+
+
 def symbols(names: tuple[str, ...]) -> SymbolList:
     return SymbolList([symbol(n) for n in names])
 
@@ -402,6 +406,9 @@ class AMQPConnection:
             desired = engine.remote_desired_capabilities
             names = frozenset(str(c) for c in desired) if desired else frozenset()
             refusal = self.handler.connection_opened(engine.remote_container or "", names)
+        if refusal is not None:
+            # Tells the client the close that follows is the answer (as Qpid JMS reads it).
+            engine.properties = {symbol(ESTABLISHMENT_FAILED): True}
         engine.open()
         if refusal is not None:
             # The client id is in use (DESIGN.md section 5): open, then close at once.

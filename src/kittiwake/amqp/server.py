@@ -232,6 +232,16 @@ class AMQPServer:
             self._ticker = loop.call_later(TICK_INTERVAL, self._tick)
         return address[0], address[1]
 
+    def accept_in_process(self, transport: asyncio.Transport) -> AMQPServerProtocol:
+        """A connection from this process over an in-memory transport (kittiwake.embedded),
+        handled as a listener's connection is."""
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().call_later(TICK_INTERVAL, self._tick)
+        protocol = AMQPServerProtocol(self)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        return protocol
+
     def _tick(self) -> None:
         """One timer for every connection's engine timers, instead of one timer each."""
         now = self.broker.clock.now()

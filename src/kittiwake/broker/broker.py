@@ -3,10 +3,11 @@
 (see completion.py): this package alone decides what must be durable before a client is told.
 
 The rest lives where its name says: the publish path in publishing.py, queues to connections
-in dispatch.py, subscribing in subscriptions.py, shared subscriptions in shared_groups.py,
-recovery in recovery.py, wills and session expiry in wills.py, producer flow control in
-flow_control.py. Knows no protocol and no store implementation; runs on one event loop and
-never blocks; it holds no locks.
+in dispatch.py, subscribing in subscriptions.py, MQTT shared subscriptions in shared_groups.py
+and JMS ones in shared_subscriptions.py, the client-id registry in client_ids.py, recovery in
+recovery.py, wills and session expiry in wills.py, producer flow control in flow_control.py.
+Knows no protocol and no store implementation; runs on one event loop and never blocks; it
+holds no locks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import NamedTuple
 from kittiwake import __version__
 from kittiwake.broker import dispatch, publishing, recovery, subscriptions, wills
 from kittiwake.broker.authorization import Authorizer
+from kittiwake.broker.client_ids import ClientIds
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.connection_admission import ConnectionAdmission
 from kittiwake.broker.consumers import Consumer, Delivery, Settlement
@@ -41,6 +43,7 @@ from kittiwake.broker.sessions import (
     session_queue_name,
 )
 from kittiwake.broker.shared_groups import MemberReceiver, SharedGroup
+from kittiwake.broker.shared_subscriptions import SharedSubscriptions
 from kittiwake.broker.store import (
     MemoryStore,
     RecoveredState,
@@ -144,12 +147,16 @@ class Broker:
         # New connections per client address, for every listener (connection_admission.py).
         self.admission = ConnectionAdmission(self.config.limits, self.clock)
         self.sessions: dict[str, Session] = {}
+        # Ids held by connections of other protocols than MQTT (JMS), one registry with them.
+        self.client_ids = ClientIds(self.sessions)
         self.retained = RetainedMessages()
         # Sessions still being sent the retained messages of a new wildcard subscription,
         # as their window opens (subscriptions.feed_retained); empty nearly always.
         self.retained_cursors: dict[Session, list[RetainedCursor]] = {}
         self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=self.config.limits.match_cache_size)
         self.shared_groups: dict[tuple[str, str], SharedGroup] = {}
+        # JMS shared subscriptions (a namespace apart from MQTT's groups, DESIGN.md section 5).
+        self.shared_subscriptions = SharedSubscriptions(self)
         self.stats = BrokerStats()
         self.started_at = self.clock.now()
         self.version = __version__
@@ -190,9 +197,12 @@ class Broker:
         will_expiry: int | None = None,
         principal: str | None = None,
     ) -> Connected:
-        """Attach a connection to its session; ``principal`` is the user it connected as
-        (None: anonymous), stored with a persistent session."""
+        """Attach a connection to its session; whoever held the id before (a session's
+        connection, or a JMS connection) is taken over. ``principal`` is the user it connected
+        as (None: anonymous), stored with a persistent session."""
         now = self.clock.now()
+        if self.client_ids.holders:
+            self.client_ids.take_over(client_id)
         existing = self.sessions.get(client_id)
         # Whether the store was asked to change anything: then the answer waits for it.
         stored = existing is not None and existing.persistent
