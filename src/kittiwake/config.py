@@ -260,6 +260,10 @@ class JournalConfig:
     # Filters whose QoS 0 publications the journal keeps too: an opt-in, because each costs a
     # disk write that QoS 0 otherwise never pays (no acknowledgement waits for it).
     qos0_topics: tuple[str, ...] = ()
+    # Seconds the broker remembers a finished batch write of the Spark sink (df.write, whose
+    # driver committed it): until then a late task of it, or a rerun with the same writeId,
+    # publishes nothing again; after it, that writer's last fence is dropped.
+    finished_write_retention: float = 7 * 24 * 3600.0
 
     @property
     def enabled(self) -> bool:

@@ -211,8 +211,8 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
 
         def answer() -> list[flight.Result]:
             if kind == ACTION_COMMIT_WRITES:
-                writer_id, batch = parse_commit_writes(body)
-                self._require_writes().commit(writer_id, batch)
+                writer_id, batch, finished = parse_commit_writes(body)
+                self._require_writes().commit(writer_id, batch, finished=finished)
                 return [flight.Result(b"{}")]
             if kind == ACTION_LATEST:
                 bounds = self.reader.bounds()

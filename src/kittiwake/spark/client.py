@@ -191,8 +191,9 @@ class SinkClient(_FlightCaller):
 
         return self._retried(send)
 
-    def commit(self, writer: str, batch: int) -> None:
-        action = flight.Action(ACTION_COMMIT_WRITES, commit_writes_body(writer, batch))
+    def commit(self, writer: str, batch: int, *, finished: bool = False) -> None:
+        body = commit_writes_body(writer, batch, finished)
+        action = flight.Action(ACTION_COMMIT_WRITES, body)
 
         def send(connection: Any) -> None:
             list(connection.do_action(action, self._call_options))
