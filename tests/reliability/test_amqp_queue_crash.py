@@ -66,6 +66,37 @@ def test_entries_within_the_credit_at_a_kill_come_back_counted(
         ctl.shutdown()
 
 
+@KILL_AFTER
+def test_a_second_kill_still_counts_both_attempts(tmp_path: Path, kill_after: float) -> None:
+    """The count recovery adds for a possibly lost mark is written back: a redelivery killed
+    again before its own mark is written still comes back with both attempts counted
+    (never under-counted). Before the write-back the first kill's attempt was forgotten."""
+    ctl = BrokerCtl(tmp_path / "b", amqp=True)
+    try:
+        process = ctl.start()
+        queue = unique("twice-q")
+        connection = BlockingConnection(process.amqp_url, timeout=10)
+        connection.create_sender(queue).send(Message(body="m0", durable=True))
+        receiver = connection.create_receiver(queue, credit=0)
+        receiver.link.flow(1)
+        assert receiver.receive(timeout=5).delivery_count == 0  # never settled
+        time.sleep(kill_after)
+        ctl.kill9()
+        for attempts in (1, 2):
+            process = ctl.start()
+            connection = BlockingConnection(process.amqp_url, timeout=10)
+            receiver = connection.create_receiver(queue, credit=0)
+            receiver.link.flow(1)
+            message = receiver.receive(timeout=5)  # never settled either
+            assert (message.body, message.delivery_count) == ("m0", attempts)
+            time.sleep(kill_after)
+            ctl.kill9()
+        process = ctl.start()
+        assert receive_all(process.amqp_url, queue, 1) == [("m0", 3)]
+    finally:
+        ctl.shutdown()
+
+
 def test_a_graceful_stop_counts_only_what_went_out(tmp_path: Path) -> None:
     """Consumers detach on a graceful stop: no window is left, only marked entries count."""
     ctl = BrokerCtl(tmp_path / "b", amqp=True)

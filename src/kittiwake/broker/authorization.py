@@ -104,7 +104,7 @@ class Authorizer:
         self._groups = groups
         # The principal-free answers (the broker-wide lists alone): wills of sessions whose
         # principal is unknown, readers without a user.
-        self._everyone = self.permissions(None, "")
+        self._everyone = self._rules_for(None, "")
 
     @property
     def acl_configured(self) -> bool:
@@ -114,7 +114,16 @@ class Authorizer:
         return frozenset(self._groups.get(user, ())) if user is not None else frozenset()
 
     def permissions(self, user: str | None, client_id: str) -> Permissions:
-        """The rules for ``user`` (None: anonymous) connected as ``client_id``."""
+        """The rules for ``user`` (None: anonymous) connected as ``client_id``.
+
+        Without ACLs the rules name no one: every principal shares one Permissions (and its
+        read cache) instead of a copy per connection.
+        """
+        if not self._config.acl:
+            return self._everyone
+        return self._rules_for(user, client_id)
+
+    def _rules_for(self, user: str | None, client_id: str) -> Permissions:
         config = self._config
         publish_allow = list(config.publish_allow)
         publish_deny = list(config.publish_deny)

@@ -26,6 +26,7 @@ from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, resend
 from kittiwake.broker.fenced_writes import FencedWrites
 from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
+from kittiwake.broker.periodic import run_every
 from kittiwake.broker.publishing import PendingCommits
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
@@ -144,8 +145,10 @@ class Broker:
         will: Message | None = None,
         will_delay: int = 0,
         will_expiry: int | None = None,
+        principal: str | None = None,
     ) -> Connected:
-        """Attach a connection to its session."""
+        """Attach a connection to its session; ``principal`` is the user it connected as
+        (None: anonymous), stored with a persistent session."""
         now = self.clock.now()
         existing = self.sessions.get(client_id)
         # Whether the store was asked to change anything: then the answer waits for it.
@@ -180,6 +183,7 @@ class Broker:
         session.will = will
         session.will_delay = will_delay
         session.will_expiry = will_expiry
+        session.principal = principal
         # The receiver comes with start_delivery: nothing may go out before the CONNACK.
         session.consumer.set_window(max(1, min(window, self.config.limits.max_inflight)))
         session.link = link
@@ -304,7 +308,7 @@ class Broker:
         session.queue.drain()
         session.consumer.unsettled.clear()
         session.queue.in_flight = 0
-        session.exactly_once_keys.clear()
+        session.clear_keys()
         self.timers.attach(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
@@ -395,7 +399,7 @@ class Broker:
         stored with the publication, until :meth:`end_exactly_once`."""
         if key in session.exactly_once_keys:
             return False
-        session.exactly_once_keys.add(key)
+        session.hold_key(key)
         if session.persistent:
             self.store.add_duplicate(session_producer_name(session.client_id), key)
         return True
@@ -414,7 +418,7 @@ class Broker:
         and the key may be used again."""
         if key not in session.exactly_once_keys:
             return NOT_FOUND
-        session.exactly_once_keys.discard(key)
+        session.release_key(key)
         if not session.persistent:
             return True, None
         self.store.remove_duplicate(session_producer_name(session.client_id), key)
@@ -476,6 +480,7 @@ class Broker:
                 will_delay=session.will_delay,
                 will_expiry=session.will_expiry,
                 window=session.window if session.link is not None else 0,
+                principal=session.principal,
             )
         )
 
@@ -487,25 +492,9 @@ class Broker:
         From here on, pumps triggered by acknowledgements and publications are batched per
         loop turn on this loop.
         """
-        handle: asyncio.TimerHandle | None = None
         self.pumps.loop = loop
         self.flow.loop = loop
-
-        def run() -> None:
-            nonlocal handle
-            try:
-                self.tick()
-            except Exception:  # a timer bug must not stop every later timer
-                log.exception("broker tick failed")
-            handle = loop.call_later(interval, run)
-
-        handle = loop.call_later(interval, run)
-
-        def cancel() -> None:
-            if handle is not None:
-                handle.cancel()
-
-        return cancel
+        return run_every(loop, interval, self.tick, "broker tick")
 
 
 # Read per acknowledgement; an Enum class attribute lookup costs several plain ones.

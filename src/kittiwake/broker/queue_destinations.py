@@ -24,6 +24,7 @@ from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.dead_letters import DeadLetters
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
+from kittiwake.broker.periodic import run_every
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.routing import Router
 from kittiwake.broker.store import RecoveredState
@@ -134,6 +135,7 @@ class QueueDestinations:
             waiting = sorted(unmarked[name], key=lambda e: -e.message.priority)
             for entry in waiting[:room]:
                 entry.delivery_count += 1
+                self.broker.store.count_possible_delivery(name, entry.message.message_id)
         if recovered:
             log.info("recovered %d queue destination entries", recovered)
 
@@ -347,20 +349,4 @@ class QueueDestinations:
         """Run :meth:`tick` every ``interval`` seconds and batch pumps per loop turn from now
         on; returns a canceller."""
         self._loop = loop
-        handle: asyncio.TimerHandle | None = None
-
-        def run() -> None:
-            nonlocal handle
-            try:
-                self.tick()
-            except Exception:
-                log.exception("queue destinations tick failed")
-            handle = loop.call_later(interval, run)
-
-        handle = loop.call_later(interval, run)
-
-        def cancel() -> None:
-            if handle is not None:
-                handle.cancel()
-
-        return cancel
+        return run_every(loop, interval, self.tick, "queue destinations tick")

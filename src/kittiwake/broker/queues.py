@@ -183,8 +183,9 @@ class Queue:
         self._selective = 0
         self._sequence = 0
         self._next_delivery_id = 0
-        # FIFO entries live in a deque; priority entries in a heap of (-priority, seq, entry).
-        self._ready: deque[QueuedMessage] = deque()
+        # FIFO entries live in a deque, made on the first one (760 bytes that most idle
+        # sessions never need); priority entries in a heap of (-priority, seq, entry).
+        self._ready: deque[QueuedMessage] | None = None
         self._heap: list[tuple[int, int, QueuedMessage]] = []
         # Entries not yet visible: (delivery_time, seq, entry).
         self._delayed: list[tuple[float, int, QueuedMessage]] = []
@@ -307,7 +308,7 @@ class Queue:
         """
         entries = self.entries()
         self._returned.clear()
-        self._ready.clear()
+        self._ready = None
         self._heap.clear()
         self._delayed.clear()
         self.bytes = 0
@@ -318,7 +319,7 @@ class Queue:
         """A snapshot of the waiting entries in no guaranteed order."""
         return (
             [e for _, e in self._returned]
-            + list(self._ready)
+            + list(self._ready or ())
             + [e for _, _, e in self._heap]
             + [e for _, _, e in self._delayed]
         )
@@ -607,7 +608,8 @@ class Queue:
                 rank = -entry.message.priority if by_priority else 0
                 ranked.append((rank, sequence, BrowsedEntry(entry, state, delivery)))
 
-        waiting = [e for _, e in self._returned] + list(self._ready) + [e for *_, e in self._heap]
+        waiting = [e for _, e in self._returned] + list(self._ready or ())
+        waiting += [e for *_, e in self._heap]
         for entry in waiting:
             add(entry, EntryState.WAITING, entry.sequence)
         due_now = sorted((item for item in self._delayed if item[0] <= now), key=_by_time)
@@ -647,7 +649,10 @@ class Queue:
         elif self.ordering == "priority":
             heapq.heappush(self._heap, (-message.priority, entry.sequence, entry))
         else:
-            self._ready.append(entry)
+            ready = self._ready
+            if ready is None:
+                ready = self._ready = deque()
+            ready.append(entry)
 
     def _release_delayed(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
@@ -659,7 +664,13 @@ class Queue:
             if self.ordering == "priority":
                 heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
             else:
-                self._ready.append(entry)
+                self._append_ready(entry)
+
+    def _append_ready(self, entry: QueuedMessage) -> None:
+        ready = self._ready
+        if ready is None:
+            ready = self._ready = deque()
+        ready.append(entry)
 
     def _discard_oldest(self, needed_bytes: int, victims: list[QueuedMessage]) -> bool:
         """Drop oldest visible entries until the new one fits; False if it never can."""

@@ -38,6 +38,9 @@ def recover(broker: Broker) -> None:
         session.will_delay = record.will_delay
         session.will_expiry = record.will_expiry
         broker.sessions[record.client_id] = session
+        # Filtered by its user's rules from now on, not only once its client is back.
+        session.principal = record.principal
+        session.permissions = broker.authorizer.permissions(record.principal, record.client_id)
         for stored in record.subscriptions:
             options = SubscriptionOptions(
                 stored.max_qos,
@@ -117,10 +120,12 @@ def recover(broker: Broker) -> None:
         windows[group.queue] = sum(
             windows.get(m.session.queue, 0) for m in group.members.values()
         )
+    store = broker.store
     for queue, entries in waiting.items():
         room = windows.get(queue, 0) - marked.get(queue, 0)
         for entry in entries[: max(0, room)]:
             entry.delivery_count += 1
+            store.count_possible_delivery(queue.name, entry.message.message_id)
     for hook in broker.recovery_hooks:
         hook(state)  # other owners of stored queues (queue destinations) take theirs
     log.info(

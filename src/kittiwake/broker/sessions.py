@@ -9,6 +9,7 @@ to its wire ids.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 
 # A session expiry interval meaning "never expires" (the MQTT 5 value 0xFFFFFFFF).
 NEVER_EXPIRES = 0xFFFFFFFF
+
+# The exactly-once keys of every session that holds none (most of them): an empty set of its
+# own would cost each idle session 216 bytes.
+_NO_KEYS: frozenset[int] = frozenset()
 
 
 def session_queue_name(client_id: str) -> str:
@@ -94,8 +99,9 @@ class Session:
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
     # Its memberships of shared subscription groups, by full filter ($share/...).
     members: dict[str, Member] = field(default_factory=dict)
-    # Ids of exactly-once publications received from the client and not yet released.
-    exactly_once_keys: set[int] = field(default_factory=set)
+    # Ids of exactly-once publications received from the client and not yet released
+    # (changed only through hold_key / release_key / clear_keys).
+    exactly_once_keys: Set[int] = _NO_KEYS
     # The connection, while there is one.
     link: SessionLink | None = None
     will: Message | None = None
@@ -107,9 +113,27 @@ class Session:
     # Clock times while disconnected: when the session ends, when the will is due.
     expires_at: float | None = None
     will_at: float | None = None
-    # What its client's principal may publish and receive; None until a connection or a
-    # subscription sets it (a session recovered from the store, until its client is back).
+    # What its client's principal may publish and receive; None until a connection, a
+    # subscription or recovery sets it.
     permissions: Permissions | None = None
+    # The user its client connected as (None: anonymous), stored with the session so that
+    # recovery filters it by the same rules before its client is back.
+    principal: str | None = None
+
+    def hold_key(self, key: int) -> None:
+        keys = self.exactly_once_keys
+        if isinstance(keys, set):
+            keys.add(key)
+        else:
+            self.exactly_once_keys = {*keys, key}
+
+    def release_key(self, key: int) -> None:
+        keys = self.exactly_once_keys
+        if isinstance(keys, set):
+            keys.discard(key)
+
+    def clear_keys(self) -> None:
+        self.exactly_once_keys = _NO_KEYS
 
     @property
     def persistent(self) -> bool:

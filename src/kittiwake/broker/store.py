@@ -43,6 +43,8 @@ class SessionRecord:
     # After a crash, that many queued entries may have been sent with their lazy in-flight
     # marks lost: recovery counts them as possibly delivered.
     window: int = 0
+    # The user its client connected as; None: anonymous (or stored before schema 7).
+    principal: str | None = None
 
 
 @dataclass(slots=True)
@@ -119,6 +121,11 @@ class Store(Protocol):
         written sends the message again as a first delivery, which at-least-once allows. An
         exactly-once delivery must keep its id, so its marks are never lazy.
         """
+
+    def count_possible_delivery(self, queue: str, message_id: int) -> None:
+        """Recovery counted a queued message as possibly delivered (a crash may have lost its
+        in-flight mark): add that attempt to its stored count, so a second crash before the
+        next mark still counts it."""
 
     def remove(self, queue: str, message_id: int) -> None:
         """The queue is done with this message (acknowledged, expired or discarded)."""
@@ -209,6 +216,11 @@ class MemoryStore:
             record.state = state
             if state == "sent":
                 record.delivery_count += 1
+
+    def count_possible_delivery(self, queue: str, message_id: int) -> None:
+        record = self.queued.get((queue, message_id))
+        if record is not None:
+            record.delivery_count += 1
 
     def remove(self, queue: str, message_id: int) -> None:
         if self.queued.pop((queue, message_id), None) is not None:

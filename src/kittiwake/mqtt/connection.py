@@ -110,8 +110,9 @@ class MQTTConnection:
         self._incoming_aliases: dict[int, str] = {}
         self._problem_information = True
         # Answers not yet written, in the order of the packets they answer: each waits for
-        # its completion and for every answer before it (see _answer).
-        self._answers: deque[_Answer] = deque()
+        # its completion and for every answer before it (see _answer). Made by the first
+        # answer that has to wait: an idle connection never needs the deque's 760 bytes.
+        self._answers: deque[_Answer] | None = None
         # The completion whose callback was last registered, so the acknowledgements of a run
         # of publications in one commit register one callback, not one each.
         self._watched: asyncio.Future[None] | None = None
@@ -279,6 +280,7 @@ class MQTTConnection:
             will=will_message,
             will_delay=will_delay,
             will_expiry=will_expiry,
+            principal=principal_name,
         )
         self.session = session
         if session.permissions is not self.permissions:
@@ -926,6 +928,8 @@ class MQTTConnection:
             if then is not None:
                 then()
             return
+        if answers is None:
+            answers = self._answers = deque()
         answers.append((completion, data, kind, packet_id, then))
         if kind == _PUBACK:
             self._awaiting_commit += 1
@@ -936,6 +940,8 @@ class MQTTConnection:
     def _answers_ready(self, _completion: object = None) -> None:
         """Write every answer at the head of the line whose completion is done, together."""
         answers = self._answers
+        if answers is None:
+            return
         ready: list[bytes] = []
         succeeded: asyncio.Future[None] | None = None
         while answers and not self.closed:

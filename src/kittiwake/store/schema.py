@@ -17,7 +17,7 @@ from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields
 from kittiwake.broker.sessions import session_producer_name, session_queue_name
 from kittiwake.store.codec import encode_properties, message_row
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 Step = list[str] | Callable[[sqlite3.Connection], None]
 
@@ -301,6 +301,10 @@ MIGRATIONS: dict[int, Step] = {
             in_flight_window INTEGER NOT NULL
         ) WITHOUT ROWID"""
     ],
+    # 6 → 7: a session remembers the user its client connected as (NULL: anonymous), so
+    # recovery filters what it may read before the client is back. A session stored before
+    # is recovered as anonymous until its client reconnects: it may be sent less, never more.
+    7: ["ALTER TABLE sessions ADD COLUMN principal TEXT"],
 }
 
 

@@ -79,6 +79,9 @@ _MARK = (
     "UPDATE queue_entries SET delivery_id=?, state=?, delivery_count=delivery_count+? "
     "WHERE queue=? AND message_id=?"
 )
+_COUNT_POSSIBLE_DELIVERY = (
+    "UPDATE queue_entries SET delivery_count=delivery_count+1 WHERE queue=? AND message_id=?"
+)
 _REMOVE = "DELETE FROM queue_entries WHERE queue=? AND message_id=?"
 _SET_LAST_ID = "UPDATE meta SET value=? WHERE key='last_message_id'"
 # Every journal row at or below this id may be gone (retention): readers start above it. Kept
@@ -354,6 +357,9 @@ class SQLiteStore:
         else:
             self._add(_MARK, (delivery_id, state, bump, queue, message_id))
 
+    def count_possible_delivery(self, queue: str, message_id: int) -> None:
+        self._add(_COUNT_POSSIBLE_DELIVERY, (queue, message_id))
+
     def remove(self, queue: str, message_id: int) -> None:
         if self._marks:
             self._marks.pop((queue, message_id), None)
@@ -379,13 +385,14 @@ class SQLiteStore:
         client_id = record.client_id
         self._add(
             "INSERT OR REPLACE INTO sessions (client_id, expiry_interval, will_delay, will_expiry,"
-            " in_flight_window) VALUES (?, ?, ?, ?, ?)",
+            " in_flight_window, principal) VALUES (?, ?, ?, ?, ?, ?)",
             (
                 client_id,
                 record.expiry_interval,
                 record.will_delay,
                 record.will_expiry,
                 record.window,
+                record.principal,
             ),
         )
         self._add("DELETE FROM subscriptions WHERE client_id=?", (client_id,))
@@ -444,12 +451,15 @@ class SQLiteStore:
                 "(SELECT message_id FROM queue_entries WHERE topic IS NULL) ORDER BY message_id"
             ):
                 state.messages[row[0]] = message_from_row(row, offset)
-            for client_id, expiry_interval, will_delay, will_expiry, window in connection.execute(
-                "SELECT client_id, expiry_interval, will_delay, will_expiry, in_flight_window "
-                "FROM sessions"
+            for (
+                client_id, expiry_interval, will_delay, will_expiry, window, principal
+            ) in connection.execute(
+                "SELECT client_id, expiry_interval, will_delay, will_expiry, in_flight_window, "
+                "principal FROM sessions"
             ):
                 state.sessions[client_id] = SessionRecord(
-                    client_id, expiry_interval, [], None, will_delay, will_expiry, window
+                    client_id, expiry_interval, [], None, will_delay, will_expiry, window,
+                    principal,
                 )
             for row in connection.execute(
                 f"SELECT client_id, {', '.join(SUBSCRIPTION_COLUMNS)} FROM subscriptions "

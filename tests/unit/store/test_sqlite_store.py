@@ -1282,6 +1282,43 @@ class Life:
         self.store.close()
 
 
+def test_broker_delivery_count_survives_a_second_crash(tmp_path: Path) -> None:
+    """Recovery counts an entry whose in-flight mark a crash may have lost as possibly
+    delivered; that extra count is written back, so a second crash that loses the mark of the
+    redelivery too still counts both attempts (DESIGN.md section 2: never under-counted).
+    Before the write-back the third life saw one earlier attempt, not two."""
+
+    async def first() -> None:
+        life = Life(tmp_path)
+        session, consumer, _ = life.connect("sub")
+        await life.settle()
+        life.subscribe(session, "t", 1)
+        await life.settle()
+        await life.publish("t", b"twice lost", 1)
+        assert [entry.delivery_count for _, entry, _ in consumer.deliveries] == [0]
+        await life.crash()
+
+    async def second() -> None:
+        life = Life(tmp_path)
+        _, consumer, _ = life.connect("sub")
+        await life.settle()
+        assert [entry.delivery_count for _, entry, _ in consumer.deliveries] == [1]
+        await life.crash()  # the redelivery's lazy mark is not due yet: lost again
+
+    async def third() -> None:
+        life = Life(tmp_path)
+        _, consumer, _ = life.connect("sub")
+        await life.settle()
+        assert consumer.payloads == [b"twice lost"]
+        _, entry, redelivered = consumer.deliveries[0]
+        assert redelivered
+        assert entry.delivery_count == 2  # both attempts whose marks the crashes lost
+
+    run(first)
+    run(second)
+    run(third)
+
+
 def test_broker_queued_message_for_offline_session_survives_restart(tmp_path: Path) -> None:
     async def first() -> None:
         life = Life(tmp_path)
@@ -1676,9 +1713,41 @@ def test_migration_from_a_version_5_database_adds_queue_windows(tmp_path: Path) 
     run(write)
     connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
     connection.execute("DROP TABLE queue_windows")
+    connection.execute("ALTER TABLE sessions DROP COLUMN principal")  # added by version 7
     connection.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
     connection.close()
     state = reopen(tmp_path)
-    assert schema_version(tmp_path) == SCHEMA_VERSION == 6
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 7
     assert "queue_windows" in tables(tmp_path)
     assert state.sessions["c"].window == 4 and state.queue_windows == {}
+
+
+def test_migration_from_a_version_6_database_adds_the_session_principal(tmp_path: Path) -> None:
+    """A version 6 database is today's without sessions.principal: its sessions come back as
+    anonymous ones (filtered by the anonymous rules until their clients reconnect: sent less,
+    never more); a session saved since keeps its user."""
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("old", 60, window=2, principal="alice"))
+        await settle(store)
+        store.close()
+
+    run(write)
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    connection.execute("ALTER TABLE sessions DROP COLUMN principal")
+    connection.execute("UPDATE meta SET value='6' WHERE key='schema_version'")
+    connection.close()
+    state = reopen(tmp_path)
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 7
+    assert state.sessions["old"].principal is None and state.sessions["old"].window == 2
+
+    async def write_again() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.recover()
+        store.save_session(SessionRecord("new", 60, principal="alice"))
+        await settle(store)
+        store.close()
+
+    run(write_again)
+    assert reopen(tmp_path).sessions["new"].principal == "alice"
