@@ -40,6 +40,9 @@ from kittiwake.flight.listener import FlightListener, FlightUnavailable
 from kittiwake.mqtt.server import MQTTServer
 from kittiwake.store.journal_selection import JournalSelection
 from kittiwake.store.sqlite import SQLiteStore
+from kittiwake.web.admin_api import Operated
+from kittiwake.web.listener import HTTPListener
+from kittiwake.web.throughput import Throughput
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,22 @@ class BrokerApp:
             for listener in config.listeners
             if listener.protocol == "flight"
         ]
+        # The operators' HTTP listeners (console, /metrics, admin API) and the throughput
+        # samples their console draws; made only when one is configured.
+        self.throughput: Throughput | None = None
+        self.http: list[HTTPListener] = []
+        http_listeners = [each for each in config.listeners if each.protocol == "http"]
+        if http_listeners:
+            self.throughput = Throughput(
+                self.broker.stats,
+                lambda: len(self.mqtt.connections) + len(self.amqp.connections),
+                lambda: clock.wall_ms() / 1000,
+            )
+            operated = Operated(self.broker, self.queues, self.mqtt, self.amqp, self.throughput)
+            self.http = [
+                HTTPListener(listener, self.authentication, operated)
+                for listener in http_listeners
+            ]
         self.addresses: list[tuple[str, int]] = []
         self._cancel_ticks: Callable[[], None] | None = None
         self._cancel_queue_ticks: Callable[[], None] | None = None
@@ -92,9 +111,12 @@ class BrokerApp:
         self._cancel_ticks = self.broker.schedule_ticks(loop)
         self._cancel_queue_ticks = self.queues.schedule_ticks(loop)
         flight = iter(self.flight)
+        http = iter(self.http)
         for listener in self.config.listeners:
             if listener.protocol == "flight":
                 self.addresses.append(await next(flight).start())
+            elif listener.protocol == "http":
+                self.addresses.append(await next(http).start())
             elif listener.protocol == "amqp":
                 self.addresses.append(
                     await self.amqp.listen(listener.host, listener.port, listener=listener)
@@ -104,6 +126,8 @@ class BrokerApp:
                     await self.mqtt.listen(listener.host, listener.port, listener=listener)
                 )
         self.sys.start()
+        if self.throughput is not None:
+            self.throughput.start(loop)
         # Everything built so far lives as long as the broker: keep it out of every future
         # garbage collection, so a full collection never walks it mid-traffic.
         gc.freeze()
@@ -111,6 +135,11 @@ class BrokerApp:
 
     async def stop(self) -> None:
         log.info("kittiwake stopping")
+        if self.throughput is not None:
+            self.throughput.stop()
+        # Operators' listeners first: an action must not race the shutdown below.
+        for http in self.http:
+            await http.stop()
         self.sys.stop()
         if self._cancel_ticks is not None:
             self._cancel_ticks()

@@ -1,5 +1,6 @@
 """The ``kittiwake`` command: ``kittiwake serve [--config FILE]``, ``kittiwake passwd FILE
-USER`` (users and passwords) and ``kittiwake --version``."""
+USER`` (users and passwords), the admin commands against a running broker (``kittiwake status``,
+``clients``, ``queues``, ``purge QUEUE``...; see admin_commands.py) and ``kittiwake --version``."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from kittiwake import __version__, passwd
+from kittiwake import __version__, admin_commands, passwd
 from kittiwake.app import serve
 from kittiwake.config import ConfigError, load_config
 from kittiwake.flight.listener import FlightUnavailable
+from kittiwake.logs import configure_logging
 from kittiwake.store.sqlite import StoreError
 
 
@@ -29,9 +31,12 @@ def main(argv: list[str] | None = None) -> int:
             help="add a user, change a password or delete a user (-D) in a password file",
         )
     )
+    admin_commands.add_commands(commands)
     args = parser.parse_args(argv)
     if args.command == "passwd":
         return passwd.run(args)
+    if admin_commands.is_admin_command(args.command):
+        return admin_commands.run(args)
     if args.command != "serve":
         parser.print_help()
         return 2
@@ -40,10 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kittiwake: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(config.log_level, config.log_format)
     try:
         _run(serve(config), use_uvloop=config.uvloop)
     except (OSError, StoreError, FlightUnavailable, ConfigError) as exc:

@@ -26,16 +26,24 @@ class ConfigError(ValueError):
     """The configuration file cannot be used; the message names the file and the key."""
 
 
-ListenerProtocol = Literal["mqtt", "websockets", "amqp", "flight"]
+ListenerProtocol = Literal["mqtt", "websockets", "amqp", "flight", "http"]
 # The port a listener binds when its table names none: MQTT's and AMQP's registered ports
-# (plain and TLS), the customary ones of MQTT over WebSockets, and Arrow Flight's (the Spark
-# data source's executors connect there).
-DEFAULT_PORTS: dict[str, int] = {"mqtt": 1883, "websockets": 8080, "amqp": 5672, "flight": 8815}
+# (plain and TLS), the customary ones of MQTT over WebSockets, Arrow Flight's (the Spark
+# data source's executors connect there) and HTTP's alternative ports (the operators' listener:
+# console, /metrics, admin API).
+DEFAULT_PORTS: dict[str, int] = {
+    "mqtt": 1883,
+    "websockets": 8080,
+    "amqp": 5672,
+    "flight": 8815,
+    "http": 8080,
+}
 DEFAULT_TLS_PORTS: dict[str, int] = {
     "mqtt": 8883,
     "websockets": 8443,
     "amqp": 5671,
     "flight": 8815,
+    "http": 8443,
 }
 _PROTOCOL_DEFAULT_PORT = -1
 # Whether clients without credentials get in: "auto" = as the next level up says.
@@ -68,7 +76,8 @@ class TLSConfig:
 @dataclass(frozen=True, slots=True)
 class ListenerConfig:
     """One socket the broker accepts connections on: MQTT clients (over TCP or WebSockets),
-    AMQP 1.0 clients, or Arrow Flight (the journal's range reads for Spark executors)."""
+    AMQP 1.0 clients, Arrow Flight (the journal's range reads for Spark executors), or HTTP
+    (operators: the web console, /metrics and the admin API)."""
 
     protocol: ListenerProtocol = "mqtt"
     host: str = "127.0.0.1"
@@ -163,6 +172,21 @@ class ACLRule:
     subscribe: tuple[str, ...] = ()
     deny_publish: tuple[str, ...] = ()
     deny_subscribe: tuple[str, ...] = ()
+    # JMS queues (their names matched as MQTT topic filters): sending to one, receiving
+    # (consuming) from one, browsing one.
+    send: tuple[str, ...] = ()
+    receive: tuple[str, ...] = ()
+    browse: tuple[str, ...] = ()
+    deny_send: tuple[str, ...] = ()
+    deny_receive: tuple[str, ...] = ()
+    deny_browse: tuple[str, ...] = ()
+
+
+# Every list of filters an ACL rule holds.
+ACL_RULE_FILTERS = (
+    "publish", "subscribe", "deny_publish", "deny_subscribe",
+    "send", "receive", "browse", "deny_send", "deny_receive", "deny_browse",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +311,9 @@ class Config:
     queues: QueuesConfig = field(default_factory=QueuesConfig)
     journal: JournalConfig = field(default_factory=JournalConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # "text": one readable line per record; "json": one JSON object per line (timestamp,
+    # level, logger, message, and the connection's id where there is one) for log collectors.
+    log_format: Literal["text", "json"] = "text"
     # Use uvloop when it is installed.
     uvloop: bool = True
 
@@ -423,7 +450,7 @@ def _check_ranges(obj: Any, where: str) -> None:
     if isinstance(obj, ListenerConfig) and obj.protocol == "flight":
         _check_flight_certificates(obj.tls, _join(where, "tls"))
     if isinstance(obj, ACLRule):
-        for name in ("publish", "subscribe", "deny_publish", "deny_subscribe"):
+        for name in ACL_RULE_FILTERS:
             for i, topic_filter in enumerate(getattr(obj, name)):
                 try:
                     validate_topic_filter(topic_filter)

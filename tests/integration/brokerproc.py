@@ -106,6 +106,7 @@ class BrokerProcess:
         flight: bool = False,
         listener: dict[str, Any] | None = None,
         amqp: bool = False,
+        http: bool | dict[str, Any] = False,
         **sections: dict[str, Any],
     ) -> None:
         self.workdir = workdir
@@ -121,6 +122,12 @@ class BrokerProcess:
         # With ``amqp``, an AMQP listener too, on ``amqp_port`` (bound before MQTT's, too).
         self.amqp = amqp
         self.amqp_port = 0
+        # With ``http``, an HTTP listener too (console, /metrics, admin API), on ``http_port``;
+        # a dict gives extra keys of its table (allow_anonymous, tls...).
+        self.http: dict[str, Any] | None = (
+            None if http is False else ({} if http is True else dict(http))
+        )
+        self.http_port = 0
         self.sections = sections
         self.proc: subprocess.Popen[bytes] | None = None
         self.config_path = workdir / "kittiwake.toml"
@@ -136,6 +143,10 @@ class BrokerProcess:
     @property
     def amqp_url(self) -> str:
         return f"amqp://{self.host}:{self.amqp_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
 
     def start(self, attempts: int = 3) -> BrokerProcess:
         """Start on a free port; retried on a fresh port if another process took it first."""
@@ -157,7 +168,7 @@ class BrokerProcess:
             self.port = free_port()
         config: dict[str, Any] = {"log_level": "debug"}
         for name, values in self.sections.items():
-            if name in ("log_level", "uvloop"):
+            if name in ("log_level", "log_format", "uvloop"):
                 config[name] = values
             else:
                 config[name] = dict(values)
@@ -169,6 +180,12 @@ class BrokerProcess:
                 self.amqp_port = free_port()
             config["listeners"].insert(
                 0, {"protocol": "amqp", "host": self.host, "port": self.amqp_port}
+            )
+        if self.http is not None:
+            if not same_ports:
+                self.http_port = free_port()
+            config["listeners"].insert(
+                0, {"protocol": "http", **self.http, "host": self.host, "port": self.http_port}
             )
         if self.flight:
             if not same_ports:

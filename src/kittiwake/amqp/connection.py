@@ -10,6 +10,7 @@ AMQP), then the AMQP header and frames through the engine, then closed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from enum import Enum
@@ -41,6 +42,7 @@ from kittiwake.amqp.frames import (
 from kittiwake.amqp.sasl import CredentialCheck, Principal, SaslServer
 from kittiwake.clock import Clock
 from kittiwake.config import AMQPConfig
+from kittiwake.logs import ConnectionLog, connection_log
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,17 @@ class AMQPConnection:
 
     # -- the shell's side -------------------------------------------------------------------
 
+    @property
+    def _log(self) -> ConnectionLog:
+        """The module's logger, its records tagged with this connection's id (the client's
+        container id once its open arrived, its address before)."""
+        container = None
+        if self.opened:
+            # A container id that is not UTF-8 is the very thing some records report.
+            with contextlib.suppress(UnicodeDecodeError):
+                container = self.engine.remote_container
+        return connection_log(log, container or self.peer)
+
     def receive(self, data: bytes) -> None:
         """Bytes from the peer; whatever goes wrong closes this connection with a reason."""
         if self.closed or not data:
@@ -148,10 +161,10 @@ class AMQPConnection:
         except UnicodeDecodeError:
             # proton's binding decodes the peer's strings (container id, names) strictly when
             # they are read: invalid UTF-8 is the peer's malformed input, not our bug.
-            log.info("amqp %s: a string in its frames is not valid UTF-8", self.peer)
+            self._log.info("amqp %s: a string in its frames is not valid UTF-8", self.peer)
             self.fail("amqp:decode-error", "a string in the frames is not valid UTF-8")
         except Exception:  # an engine or handler bug must not escape to the loop
-            log.exception("amqp %s: internal error", self.peer)
+            self._log.exception("amqp %s: internal error", self.peer)
             self.fail("amqp:internal-error", "internal error in the broker")
 
     def data_to_send(self) -> bytes:
@@ -186,7 +199,7 @@ class AMQPConnection:
             deadline = self.transport.tick(self.clock.now())
             self._process_events()
         except Exception:
-            log.exception("amqp %s: internal error in tick", self.peer)
+            self._log.exception("amqp %s: internal error in tick", self.peer)
             self.fail("amqp:internal-error", "internal error in the broker")
             return None
         self._check_engine_state()
@@ -235,7 +248,7 @@ class AMQPConnection:
                 return
             self.principal = self.sasl.principal
             if self.principal is None:
-                log.info("amqp %s: authentication failed", self.peer)
+                self._log.info("amqp %s: authentication failed", self.peer)
                 self.error = ("amqp:unauthorized-access", "authentication failed")
                 self._finish()
                 return
@@ -260,7 +273,7 @@ class AMQPConnection:
 
     def _refuse_header(self, supported: bytes = SASL_HEADER) -> None:
         """Section 2.2: answer an unsupported header with a supported one, then close."""
-        log.info("amqp %s: unsupported protocol header %r", self.peer, self._header)
+        self._log.info("amqp %s: unsupported protocol header %r", self.peer, self._header)
         self._output.append(supported)
         self.error = ("amqp:connection:framing-error", "unsupported protocol header")
         self._finish()
@@ -304,7 +317,7 @@ class AMQPConnection:
                 self.fail("amqp:decode-error", "undecodable frame")
                 return
             self.error = (condition.name, condition.description or "")
-            log.info("amqp %s: %s (%s)", self.peer, condition.name, condition.description)
+            self._log.info("amqp %s: %s (%s)", self.peer, condition.name, condition.description)
             self._finish()
             return
         if transport.closed or (self._peer_closed and transport.pending() < 0):
@@ -354,7 +367,7 @@ class AMQPConnection:
         elif kind is Event.CONNECTION_REMOTE_CLOSE:
             condition = self.engine.remote_condition
             if condition is not None:
-                log.info("amqp %s: peer closed with %s", self.peer, condition.name)
+                self._log.info("amqp %s: peer closed with %s", self.peer, condition.name)
             self._end_handler()
             self.engine.close()
 
@@ -370,7 +383,7 @@ class AMQPConnection:
         engine.open()
         if refusal is not None:
             # The client id is in use (DESIGN.md section 5): open, then close at once.
-            log.info("amqp %s: %s", self.peer, refusal)
+            self._log.info("amqp %s: %s", self.peer, refusal)
             self.error = (INVALID_FIELD, refusal)
             info: dict[Any, Any] = {symbol("invalid-field"): symbol("container-id")}
             engine.condition = Condition(INVALID_FIELD, refusal, info)
@@ -438,7 +451,7 @@ class AMQPConnection:
         """Close the connection with an error condition (bad input, a broken limit)."""
         if self.closed:
             return
-        log.info("amqp %s: closing: %s (%s)", self.peer, condition, description)
+        self._log.info("amqp %s: closing: %s (%s)", self.peer, condition, description)
         self.error = (condition, description)
         if self.phase is Phase.OPEN:
             engine = self.engine
@@ -472,4 +485,4 @@ class AMQPConnection:
             try:
                 self.handler.connection_ended()
             except Exception:
-                log.exception("amqp %s: error while ending the connection's links", self.peer)
+                self._log.exception("amqp %s: error while ending the connection's links", self.peer)

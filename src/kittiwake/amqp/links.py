@@ -38,6 +38,7 @@ from kittiwake.amqp.frames import (
     NOT_FOUND,
     NOT_IMPLEMENTED,
     RESOURCE_LIMIT_EXCEEDED,
+    UNAUTHORIZED_ACCESS,
 )
 from kittiwake.amqp.message_mapping import (
     Clocks,
@@ -61,6 +62,7 @@ from kittiwake.amqp.terminus import (
     set_capabilities,
     subscription_name,
 )
+from kittiwake.broker.authorization import Permissions
 from kittiwake.broker.broker import Broker, Subscribed, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Settlement
@@ -101,6 +103,8 @@ class LinkLayer:
         self.queues = queues
         self.temporaries = temporaries
         self.id = f"$amqp/{next(_connection_ids)}"
+        # AMQP's message counts (/metrics): one increment per transfer each way.
+        self.traffic = broker.stats.protocol("amqp")
         self.producers: dict[Link, ProducerLink] = {}
         self.consumers: dict[Link, ConsumerLink] = {}
         # Temporary destinations made by a dynamic attach, deleted when that link closes.
@@ -113,6 +117,40 @@ class LinkLayer:
         # connection of the server.
         self.shared = shared if shared is not None else {}
         self.ended = False
+        self._permissions: Permissions | None = None
+
+    @property
+    def principal_name(self) -> str | None:
+        """The user this connection authenticated as (None: anonymous)."""
+        principal = self.connection.principal
+        return principal.username if principal is not None else None
+
+    @property
+    def permissions(self) -> Permissions:
+        """What this connection's user may do: made on first use (links attach only after
+        SASL said who it is) and kept, like an MQTT connection's."""
+        permissions = self._permissions
+        if permissions is None:
+            permissions = self._permissions = self.broker.authorizer.permissions(
+                self.principal_name, self.connection.engine.remote_container or ""
+            )
+        return permissions
+
+    def check_queue_access(self, action: str, queue: str) -> None:
+        """A queue named by a link or a transfer: refused unless this user may ``action`` it
+        (send, receive or browse). A temporary queue belongs to its connection: no rule
+        applies to it."""
+        if self.temporaries.is_temporary(queue):
+            return
+        if not self.permissions.queues.may(action, queue):
+            log.info(
+                "amqp %s: user %s may not %s queue %r",
+                self.connection.peer,
+                self.principal_name or "(anonymous)",
+                action,
+                queue,
+            )
+            raise TerminusError(f"may not {action} queue {queue}", UNAUTHORIZED_ACCESS)
 
     def clocks(self) -> Clocks:
         clock = self.broker.clock
@@ -232,6 +270,8 @@ class LinkLayer:
             if request.name is not None:
                 _check_name(request)
                 self.check_temporary(request.kind, request.name, consuming=False)
+                if request.kind is NodeKind.QUEUE:
+                    self.check_queue_access("send", request.name)
             _set_address(link.target, link.remote_target.address)
         link.target.durability = link.remote_target.durability
         link.target.expiry_policy = link.remote_target.expiry_policy
@@ -321,6 +361,15 @@ class LinkLayer:
         _check_name(request)
         if not request.dynamic:
             self.check_temporary(request.kind, request.name or "", consuming=True)
+            if request.kind is NodeKind.QUEUE:
+                self.check_queue_access("browse" if browse else "receive", request.name or "")
+            elif (
+                request.shared
+                and not self.temporaries.is_temporary(request.name or "")
+                and not self.permissions.may_subscribe_wholly(request.name or "")
+            ):
+                # A shared subscription's queue cannot be filtered per consumer.
+                raise TerminusError(f"may not subscribe to {request.name}", UNAUTHORIZED_ACCESS)
         source = link.source
         if request.dynamic or lookup:
             _set_address(source, request.name)
@@ -413,6 +462,7 @@ class ProducerLink:
             self.layer.coordinator.control(delivery, bytes(data))
             self.layer.connection.wake()
             return
+        self.layer.traffic.messages_received += 1
         try:
             self._publish(delivery, bytes(data))
         except MappingError as exc:
@@ -442,6 +492,21 @@ class ProducerLink:
             return
         if presettled and not message.persistent:
             message.qos = 0  # acknowledgements disabled: at most once (DESIGN.md section 2)
+        if kind is NodeKind.TOPIC:
+            try:
+                validate_topic_name(name)
+            except TopicError as exc:
+                self._reject(delivery, "amqp:invalid-field", f"not a valid topic name: {exc}")
+                return
+            if not layer.permissions.may_publish(name):
+                self._reject(delivery, UNAUTHORIZED_ACCESS, f"may not publish to {name}")
+                return
+        elif request.name is None:  # an anonymous relay's queue: checked per transfer
+            try:
+                layer.check_queue_access("send", name)
+            except TerminusError as exc:
+                self._reject(delivery, exc.condition, str(exc))
+                return
         if delivery.remote_state == TRANSACTIONAL_STATE:
             staged = layer.coordinator.find(delivery.remote.data)
             if staged is None:
@@ -453,14 +518,6 @@ class ProducerLink:
             layer.coordinator.stage_send(delivery, staged, destination, message)
             return
         if kind is NodeKind.TOPIC:
-            try:
-                validate_topic_name(name)
-            except TopicError as exc:
-                self._reject(delivery, "amqp:invalid-field", f"not a valid topic name: {exc}")
-                return
-            if not layer.broker.authorizer.may_publish(name):
-                self._reject(delivery, "amqp:unauthorized-access", f"may not publish to {name}")
-                return
             completion = layer.broker.publish(message)
         else:
             accepted, completion = layer.queues.send(name, message)
@@ -586,6 +643,7 @@ class ConsumerLink:
         wire = link.delivery(tag)
         link.send(encoded)
         link.advance()
+        self.layer.traffic.messages_sent += 1
         if self.presettled or entry.qos == 0:
             wire.settle()
         self.layer.connection.wake()
@@ -774,8 +832,11 @@ class TopicConsumerLink(ConsumerLink):
             clean_start=not self.durable or replace,
             expiry_interval=NEVER_EXPIRES if self.durable else 0,
             window=1,
+            principal=self.layer.principal_name,
         )
         session = self.session = connected.session
+        # Filtered by what this connection's user may read, as an MQTT session is.
+        session.permissions = self.layer.permissions
         # Link credit, not a window: spent by deliveries, topped up only by the client. None
         # until the filters are in place (below).
         session.consumer.credit = Credit(available=0)

@@ -75,7 +75,7 @@ class AMQPServerProtocol(asyncio.Protocol):
         connection = self.connection
         if connection is None or connection.closed:
             return
-        self._server.broker.stats.bytes_received += len(data)
+        self._server.traffic.bytes_received += len(data)
         connection.receive(data)
         self._flush()
 
@@ -104,7 +104,7 @@ class AMQPServerProtocol(asyncio.Protocol):
             return
         data = connection.data_to_send()
         if data:
-            self._server.broker.stats.bytes_sent += len(data)
+            self._server.traffic.bytes_sent += len(data)
             transport.write(data)
         if connection.closed:
             transport.close()
@@ -117,6 +117,12 @@ class AMQPServerProtocol(asyncio.Protocol):
             connection.fail("amqp:resource-limit-exceeded", "no open within the time allowed")
         else:
             connection.tick()
+        self._flush()
+
+    def close_by_operator(self) -> None:
+        """An operator disconnects the client."""
+        if self.connection is not None:
+            self.connection.fail("amqp:connection:forced", "disconnected by an operator")
         self._flush()
 
     def shutdown(self) -> None:
@@ -142,6 +148,8 @@ class AMQPServer:
             authentication = Authentication(allow_anonymous=None if policy == "auto" else policy)
         # The broker's one authentication service (DESIGN.md section 5): SASL PLAIN checks it.
         self.authentication = authentication
+        # AMQP's traffic, for $SYS and /metrics.
+        self.traffic = broker.stats.protocol("amqp")
         self.connections: set[AMQPServerProtocol] = set()
         self._servers: list[asyncio.Server] = []
         self._ticker: asyncio.TimerHandle | None = None

@@ -10,6 +10,10 @@ match a forbidden topic" (DESIGN.md §4): a filter is refused only when it lies 
 deny rule, or wholly outside every allow rule; the topics a granted filter may not receive are
 filtered at delivery (:meth:`Permissions.may_read`), retained messages included.
 
+JMS queues have rules of their own (``send``, ``receive``, ``browse`` and their denies, queue
+names matched as MQTT topic filters); no broker-wide list applies to them, and without ACL rules
+every queue is open.
+
 Answers are cached per principal (a :class:`Permissions` lives as long as its connection),
 never globally. Knows no protocol: front ends turn a refusal into reason codes.
 """
@@ -25,6 +29,24 @@ from kittiwake.config import AuthConfig
 _MAX_CACHED: Final = 4096
 
 
+class QueueRules:
+    """What one principal may do with JMS queues, per action: (allow or None for all, deny)."""
+
+    __slots__ = ("_rules",)
+
+    def __init__(self, rules: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]]) -> None:
+        self._rules = rules
+
+    def may(self, action: str, queue: str) -> bool:
+        allow, deny = self._rules.get(action, (None, ()))
+        return _allowed(queue, allow, deny)
+
+
+# Without ACL rules every queue is open to everyone.
+OPEN_QUEUES: Final = QueueRules({})
+QUEUE_ACTIONS: Final = ("send", "receive", "browse")
+
+
 class Permissions:
     """One principal's rules, with %u and %c already substituted, and its cached answers."""
 
@@ -32,6 +54,7 @@ class Permissions:
         "_read_cache",
         "publish_allow",
         "publish_deny",
+        "queues",
         "read_allow",
         "read_deny",
         "restricts_reading",
@@ -43,6 +66,7 @@ class Permissions:
         publish_deny: tuple[str, ...],
         read_allow: tuple[str, ...] | None,
         read_deny: tuple[str, ...],
+        queues: QueueRules = OPEN_QUEUES,
     ) -> None:
         # None: everything is allowed (no allow list, no ACL); () allows nothing.
         self.publish_allow = publish_allow
@@ -52,6 +76,16 @@ class Permissions:
         # False when no topic can be withheld from this principal: delivery skips the check.
         self.restricts_reading = read_allow is not None or bool(read_deny)
         self._read_cache: dict[str, bool] = {}
+        self.queues = queues
+
+    def may_send(self, queue: str) -> bool:
+        return self.queues.may("send", queue)
+
+    def may_receive(self, queue: str) -> bool:
+        return self.queues.may("receive", queue)
+
+    def may_browse(self, queue: str) -> bool:
+        return self.queues.may("browse", queue)
 
     def may_publish(self, topic: str) -> bool:
         """Callers cache the answer per topic (a connection's topic verdicts)."""
@@ -129,6 +163,8 @@ class Authorizer:
         publish_deny = list(config.publish_deny)
         read_allow = list(config.subscribe_allow)
         read_deny = list(config.subscribe_deny)
+        queue_allow: dict[str, list[str]] = {action: [] for action in QUEUE_ACTIONS}
+        queue_deny: dict[str, list[str]] = {action: [] for action in QUEUE_ACTIONS}
         groups = self.groups_of(user)
         for rule in config.acl:
             named = rule.users or rule.groups or rule.clients
@@ -143,17 +179,34 @@ class Authorizer:
                 (rule.deny_publish, publish_deny),
                 (rule.subscribe, read_allow),
                 (rule.deny_subscribe, read_deny),
+                (rule.send, queue_allow["send"]),
+                (rule.deny_send, queue_deny["send"]),
+                (rule.receive, queue_allow["receive"]),
+                (rule.deny_receive, queue_deny["receive"]),
+                (rule.browse, queue_allow["browse"]),
+                (rule.deny_browse, queue_deny["browse"]),
             ):
                 for pattern in source:
                     topic_filter = _substituted(pattern, user, client_id)
                     if topic_filter is not None:
                         target.append(topic_filter)
         default_deny = bool(config.acl)
+        queues = (
+            QueueRules(
+                {
+                    action: (tuple(queue_allow[action]), tuple(queue_deny[action]))
+                    for action in QUEUE_ACTIONS
+                }
+            )
+            if default_deny
+            else OPEN_QUEUES
+        )
         return Permissions(
             tuple(publish_allow) if publish_allow or default_deny else None,
             tuple(publish_deny),
             tuple(read_allow) if read_allow or default_deny else None,
             tuple(read_deny),
+            queues,
         )
 
     # Principal-free checks (the broker-wide lists and, for ACLs, the rules naming no one).

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kittiwake import __version__
@@ -57,6 +57,7 @@ __all__ = [
     "Broker",
     "BrokerStats",
     "Connected",
+    "ProtocolStats",
     "SubscribeRefusal",
     "Subscribed",
     "SubscriptionOptions",
@@ -66,15 +67,41 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
+class ProtocolStats:
+    """One protocol's traffic, counted by its front end with plain increments (a front end
+    keeps a reference, so counting is one attribute update); read at scrape time."""
+
+    messages_received: int = 0
+    messages_sent: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+
+
+@dataclass(slots=True)
 class BrokerStats:
-    """Counters for $SYS and the logs."""
+    """Counters for $SYS, /metrics and the logs."""
 
     messages_received: int = 0
     messages_sent: int = 0
     messages_dropped: int = 0
-    bytes_received: int = 0
-    bytes_sent: int = 0
     clients_connected: int = 0
+    # Per protocol, by the front end's name for itself ("mqtt", "amqp"...).
+    protocols: dict[str, ProtocolStats] = field(default_factory=dict)
+
+    def protocol(self, name: str) -> ProtocolStats:
+        """The counters of one protocol, made on first use."""
+        stats = self.protocols.get(name)
+        if stats is None:
+            stats = self.protocols[name] = ProtocolStats()
+        return stats
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(p.bytes_received for p in self.protocols.values())
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(p.bytes_sent for p in self.protocols.values())
 
 
 class Connected(NamedTuple):
@@ -247,6 +274,23 @@ class Broker:
         self._end_connection(
             session, publish_will=publish_will, now=self.clock.now(), keep_will=keep_will
         )
+
+    def delete_session(self, client_id: str) -> bool | None:
+        """An operator deletes a session without a connection (an MQTT persistent session, a
+        JMS durable subscription) with what waits in it: True once done, False when there is
+        no such session, None when a connection holds it (disconnect that first)."""
+        session = self.sessions.get(client_id)
+        if session is None:
+            return False
+        if session.link is not None:
+            return None
+        log.info("session %s deleted by an operator", client_id)
+        # Its will is the client's last word for an unexpected end; an operator's delete is
+        # not one.
+        session.will = None
+        session.will_at = None
+        self._end_session(session, self.clock.now())
+        return True
 
     def set_session_expiry(self, session: Session, expiry_interval: int) -> Completion:
         """A v5 DISCONNECT may change the expiry interval."""

@@ -8,7 +8,7 @@ The crash rule (DESIGN.md section 2): an in-flight mark is written lazily, so a 
 it. Each queue's in-flight window (what its consumers could hold at once) is stored before
 it grows, and recovery counts that many waiting entries as possibly delivered.
 
-Not yet here: configured (declared) queues, admin deletion.
+Not yet here: configured (declared) queues.
 """
 
 from __future__ import annotations
@@ -91,6 +91,20 @@ class QueueDestinations:
         if self._windows.pop(name, 0):
             self.store.save_queue_window(name, 0)
         return True
+
+    def purge(self, name: str) -> int | None:
+        """An operator empties a queue: every waiting entry goes (in-flight ones stay with
+        their consumers), stored ones from the store too. How many went; None: no such queue
+        (a purge never creates one)."""
+        queue = self.router.queues.get(name)
+        if queue is None:
+            return None
+        entries = queue.drain()
+        for entry in entries:
+            self._forget(queue, entry)
+        if entries:
+            log.info("queue %s purged by an operator: %d messages", name, len(entries))
+        return len(entries)
 
     def _forget(self, queue: Queue, entry: QueuedMessage) -> None:
         if entry.persistent:

@@ -31,6 +31,10 @@ class RetainedMessages:
     def get(self, topic: str) -> Message | None:
         return self._by_topic.get(topic)
 
+    def messages(self) -> list[Message]:
+        """Every retained message (a copy of the list: operators' views, not the hot path)."""
+        return list(self._by_topic.values())
+
     def update(self, message: Message) -> Message | None:
         """Apply a retained publication; returns the message it replaced or cleared.
 

@@ -29,6 +29,7 @@ from kittiwake.broker.topics import (
     parse_shared,
     validate_topic_name,
 )
+from kittiwake.logs import ConnectionLog, connection_log
 from kittiwake.mqtt.answers import encode_answer, response_information
 from kittiwake.mqtt.codec import encode_ack, encode_publish, encode_publish_head
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError, quoted
@@ -85,6 +86,8 @@ class MQTTConnection:
         self.broker = broker
         self.transport = transport
         self.peer = peer
+        # MQTT's message counts (/metrics): one increment per publication each way.
+        self.traffic = broker.stats.protocol("mqtt")
         self.session: Session | None = None
         # Who the client is, once its CONNECT's credentials checked out.
         self.principal: Principal | None = None
@@ -131,6 +134,12 @@ class MQTTConnection:
         # message (a cache per connection, keyed by its principal by construction).
         self._topic_verdicts: dict[str, bool] = {}
 
+    @property
+    def _log(self) -> ConnectionLog:
+        """The module's logger, its records tagged with this connection's id (the client id
+        once known, its address before)."""
+        return connection_log(log, self.client_id or self.peer)
+
     # -- input ----------------------------------------------------------------------------
 
     def handle(self, packet: Packet) -> None:
@@ -159,7 +168,9 @@ class MQTTConnection:
         ``decoded_version`` is the level the decoder read from a CONNECT it then found
         malformed, so a 5.0 client still gets a CONNACK with the reason code (MQTT 5 §3.1.4).
         """
-        log.info("client %s (%s): protocol error: %s", self.client_id or "-", self.peer, error)
+        self._log.info(
+            "client %s (%s): protocol error: %s", self.client_id or "-", self.peer, error
+        )
         if self.closed:
             return
         if self.session is None:
@@ -184,7 +195,7 @@ class MQTTConnection:
         return self.keepalive > 0 and now - self.last_received > 1.5 * self.keepalive
 
     def close_for_keepalive(self) -> None:
-        log.info("client %s (%s): keepalive timeout", self.client_id, self.peer)
+        self._log.info("client %s (%s): keepalive timeout", self.client_id, self.peer)
         if self.protocol_version == 5:
             self._disconnect_with(ReasonCode.KEEP_ALIVE_TIMEOUT)
         self._close(publish_will=True)
@@ -196,6 +207,16 @@ class MQTTConnection:
         if self.protocol_version == 5 and self.session is not None:
             self._disconnect_with(ReasonCode.SERVER_SHUTTING_DOWN)
         self._close(publish_will=False, keep_will=True)
+
+    def close_by_operator(self) -> None:
+        """An operator disconnects the client: v5 is told why (Administrative action); its
+        will goes out, as for any end the client did not ask for."""
+        if self.closed:
+            return
+        self._log.info("client %s (%s): disconnected by an operator", self.client_id, self.peer)
+        if self.protocol_version == 5 and self.session is not None:
+            self._disconnect_with(ReasonCode.ADMINISTRATIVE_ACTION, "disconnected by an operator")
+        self._close(publish_will=True)
 
     # -- CONNECT --------------------------------------------------------------------------
 
@@ -287,7 +308,7 @@ class MQTTConnection:
             # Delivery is filtered by what this principal may read (route plans).
             session.permissions = self.permissions
             broker.routes.changed()
-        log.info(
+        self._log.info(
             "client %s connected from %s (user %s, MQTT %s, clean=%s, keepalive=%ss, present=%s)",
             client_id,
             self.peer,
@@ -339,7 +360,7 @@ class MQTTConnection:
             try:
                 verdict = check.result()
             except Exception:
-                log.exception("client %s: the credentials check failed", self.peer)
+                self._log.exception("client %s: the credentials check failed", self.peer)
                 verdict = Refusal.BAD_CREDENTIALS
             if isinstance(verdict, Refusal):
                 self._refuse_login(packet, verdict)
@@ -357,7 +378,7 @@ class MQTTConnection:
         check.add_done_callback(checked)
 
     def _refuse_login(self, packet: Connect, refusal: Refusal) -> None:
-        log.warning(
+        self._log.warning(
             "login refused: user %r, client id %r, from %s: %s",
             packet.username,
             quoted(packet.client_id),
@@ -373,7 +394,7 @@ class MQTTConnection:
 
     def _refuse_unstored_connect(self) -> None:
         """The session's state could not be stored: refuse, as for a server unavailable."""
-        log.error("client %s: session not stored (store write failed)", self.client_id)
+        self._log.error("client %s: session not stored (store write failed)", self.client_id)
         held = self.transport
         if isinstance(held, _HeldOutput):
             self.transport = held.transport
@@ -404,7 +425,7 @@ class MQTTConnection:
         return message, props.will_delay_interval or 0, props.message_expiry_interval
 
     def _refuse(self, code: int, why: str) -> None:
-        log.info("client %s refused: %s", self.peer, why)
+        self._log.info("client %s refused: %s", self.peer, why)
         code = int(code)
         if self.protocol_version == 5 and code < 0x80:
             code = {
@@ -427,6 +448,7 @@ class MQTTConnection:
     def _on_publish(self, packet: Publish) -> None:
         session = self.session
         assert session is not None
+        self.traffic.messages_received += 1
         version = self.protocol_version
         props = packet.properties
         topic = packet.topic
@@ -462,7 +484,7 @@ class MQTTConnection:
                 f"more than {self._receive_maximum} unacknowledged QoS 1/2 publications",
             )
         if not allowed:
-            log.info(
+            self._log.info(
                 "client %s (user %s, %s): publish to %s not authorised",
                 self.client_id,
                 _user_text(self.principal),
@@ -499,7 +521,7 @@ class MQTTConnection:
         v5 gets a negative PUBACK/PUBREC (the exchange ends, so a QoS 2 id is forgotten);
         3.1.1 has no negative acknowledgement, so the client is disconnected and will resend.
         """
-        log.error("client %s: message not stored (store write failed)", self.client_id)
+        self._log.error("client %s: message not stored (store write failed)", self.client_id)
         if qos == 2:
             self.broker.end_exactly_once(session, packet_id)
         if self.protocol_version < 5:
@@ -539,6 +561,7 @@ class MQTTConnection:
     def deliver_frame(self, frame: bytes) -> None:
         """Write an already encoded QoS 0 PUBLISH (see :meth:`_forward`)."""
         if not self._cannot_take_qos0():
+            self.traffic.messages_sent += 1
             self.transport.write(frame)
 
     def _cannot_take_qos0(self) -> bool:
@@ -657,7 +680,7 @@ class MQTTConnection:
             )
             outcome = self.broker.subscribe(session, request.topic_filter, options)
             if isinstance(outcome, SubscribeRefusal):
-                log.info(
+                self._log.info(
                     "client %s (user %s, %s): subscription to %s refused: %s",
                     self.client_id,
                     _user_text(self.principal),
@@ -717,7 +740,7 @@ class MQTTConnection:
                 expiry = min(expiry, self.broker.config.sessions.max_session_expiry)
                 self.broker.set_session_expiry(session, expiry)
         publish_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
-        log.info("client %s disconnected (reason 0x%02x)", self.client_id, packet.reason_code)
+        self._log.info("client %s disconnected (reason 0x%02x)", self.client_id, packet.reason_code)
         self._close(publish_will=publish_will)
 
     def _on_auth(self, packet: Auth) -> None:
@@ -773,6 +796,7 @@ class MQTTConnection:
             self._publish(0, entry, False)
 
     def _publish(self, delivery_id: int, entry: QueuedMessage, resend: bool) -> None:
+        self.traffic.messages_sent += 1
         qos = entry.qos
         message = entry.message
         if self.protocol_version == 5:
@@ -807,7 +831,7 @@ class MQTTConnection:
                 data = head
         if len(data) > self.peer_max_packet_size:
             # MQTT-3.1.2-25: never send more than the client accepts; the message is dropped.
-            log.info(
+            self._log.info(
                 "client %s: message on %s exceeds its maximum packet size; dropped",
                 self.client_id,
                 message.topic,
@@ -983,7 +1007,9 @@ class MQTTConnection:
         elif kind:
             self._refuse_unstored(session, 1 if kind == _PUBACK else 2, packet_id)
         else:
-            log.error("client %s: state not stored (store write failed); closing", self.client_id)
+            self._log.error(
+                "client %s: state not stored (store write failed); closing", self.client_id
+            )
             self._close(publish_will=False)
 
     def _close(self, *, publish_will: bool, keep_will: bool = False) -> None:

@@ -145,9 +145,8 @@ class MQTTServerProtocol(asyncio.Protocol):
                     MQTTProtocolError(0x82, "the first packet must be CONNECT")
                 )
                 return
-        broker = self._server.broker
-        broker.stats.bytes_received += len(data)
-        connection.last_received = broker.clock.now()
+        self._server.traffic.bytes_received += len(data)
+        connection.last_received = self._server.broker.clock.now()
         handle_input(connection, self.decoder, data)
 
     def eof_received(self) -> bool:
@@ -225,7 +224,7 @@ class MQTTServerProtocol(asyncio.Protocol):
             return
         data = buffer[0] if len(buffer) == 1 else b"".join(buffer)
         buffer.clear()
-        self._server.broker.stats.bytes_sent += len(data)
+        self._server.traffic.bytes_sent += len(data)
         self.send_mqtt(transport, data)
 
     def send_mqtt(self, transport: asyncio.Transport, data: bytes) -> None:
@@ -242,6 +241,8 @@ class MQTTServer:
             policy = broker.config.auth.allow_anonymous
             authentication = Authentication(allow_anonymous=None if policy == "auto" else policy)
         self.authentication = authentication
+        # MQTT's traffic (over TCP and WebSockets alike), for $SYS and /metrics.
+        self.traffic = broker.stats.protocol("mqtt")
         self.connections: set[MQTTServerProtocol] = set()
         self._servers: list[asyncio.Server] = []
         self._sweeper: asyncio.TimerHandle | None = None

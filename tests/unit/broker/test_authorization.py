@@ -251,3 +251,34 @@ def test_unauthorised_will_is_not_published(make_harness) -> None:
     session, _, _ = h.connect("c", will=Message("wills/c", b"gone"))
     h.broker.disconnect(session, publish_will=True)
     assert consumer.deliveries == []
+
+
+def test_queue_rules_per_action_with_substitution_and_deny() -> None:
+    authorizer = Authorizer(
+        AuthConfig(
+            acl=(
+                ACLRule(users=("alice",), send=("orders", "inbox/#"), receive=("inbox/%u",),
+                        browse=("#",), deny_browse=("payroll",)),
+                ACLRule(send=("public",)),
+            )
+        )
+    )
+    alice = authorizer.permissions("alice", "c1")
+    assert alice.may_send("orders") and alice.may_send("inbox/bob") and alice.may_send("public")
+    assert not alice.may_send("payroll")
+    assert alice.may_receive("inbox/alice") and not alice.may_receive("inbox/bob")
+    assert alice.may_browse("orders") and not alice.may_browse("payroll")
+    anonymous = authorizer.permissions(None, "c2")
+    assert anonymous.may_send("public")
+    assert not anonymous.may_receive("inbox/alice") and not anonymous.may_browse("orders")
+
+
+def test_without_acl_rules_every_queue_is_open() -> None:
+    permissions = Authorizer(AuthConfig(publish_deny=("secret/#",))).permissions("bob", "c")
+    assert permissions.may_send("any") and permissions.may_receive("any")
+    assert permissions.may_browse("secret/queue")  # topic lists do not apply to queues
+
+
+def test_queue_rules_are_validated_as_filters() -> None:
+    with pytest.raises(Exception, match="send"):
+        config_from_dict({"auth": {"acl": [{"send": ["bad/#/x"]}]}})

@@ -1,0 +1,279 @@
+"""The operators' HTTP listener over real sockets: authentication like every other client,
+/metrics with real MQTT and AMQP traffic, the admin API's views and actions (a paho MQTT 5
+client sees DISCONNECT 0x98, a proton client's queue is purged)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from paho.mqtt.client import MQTTv5
+from prometheus_client.parser import text_string_to_metric_families
+from proton import Message, Timeout
+from proton.utils import BlockingConnection
+
+from kittiwake.broker.authentication import PasswordHash, format_password_file
+
+from .brokerproc import BrokerProcess
+from .clients import unique
+
+ACTION = {"X-Kittiwake-Action": "1"}
+
+
+def call(
+    process: BrokerProcess,
+    path: str,
+    *,
+    method: str = "GET",
+    user: tuple[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of one request; an HTTP error status is an answer too."""
+    request = urllib.request.Request(
+        process.http_url + path, method=method, headers=dict(headers or {})
+    )
+    if user is not None:
+        token = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def get_json(process: BrokerProcess, path: str, **kwargs: Any) -> Any:
+    status, _headers, body = call(process, path, **kwargs)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def metric_values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition text, by (name, sorted labels)."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def users_file(tmp_path: Path, users: dict[str, str]) -> str:
+    path = tmp_path / "users"
+    path.write_text(
+        format_password_file(
+            {name: PasswordHash.make(password, log2_n=4) for name, password in users.items()}
+        ),
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+@pytest.fixture
+def secured(broker: Callable[..., BrokerProcess], tmp_path: Path) -> BrokerProcess:
+    return broker(
+        http=True, auth={"password_file": users_file(tmp_path, {"admin": "s3cret"})}
+    )
+
+
+def test_requests_need_valid_credentials_once_users_exist(secured: BrokerProcess) -> None:
+    for user in (None, ("admin", "wrong"), ("nobody", "s3cret")):
+        status, headers, body = call(secured, "/api/status", user=user)
+        assert status == 401, (user, body)
+        assert headers["WWW-Authenticate"].startswith("Basic ")
+        assert "error" in json.loads(body)
+    for path in ("/metrics", "/", "/console/console.js"):
+        assert call(secured, path)[0] == 401, path
+    assert call(secured, "/console/console.js", user=("admin", "s3cret"))[0] == 200
+    status, _headers, body = call(secured, "/api/status", user=("admin", "s3cret"))
+    assert status == 200
+    assert json.loads(body)["version"]
+
+
+def test_anonymous_requests_where_the_listener_allows_them(
+    broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    process = broker(
+        http={"allow_anonymous": True},
+        auth={"password_file": users_file(tmp_path, {"admin": "s3cret"})},
+    )
+    assert call(process, "/api/status")[0] == 200
+    # No users at all: open, as for MQTT (DESIGN.md section 5).
+    assert call(broker(http=True), "/api/status")[0] == 200
+
+
+def test_an_action_needs_the_action_header(broker: Callable[..., BrokerProcess]) -> None:
+    process = broker(http=True, amqp=True, store={"backend": "memory"})
+    status, _headers, body = call(process, "/api/queues/nothing/purge", method="POST")
+    assert status == 403, body
+    status, _headers, body = call(process, "/api/queues/nothing/purge", method="POST",
+                                  headers=ACTION)
+    assert status == 404
+    assert "nothing" in json.loads(body)["error"]
+
+
+def test_metrics_count_real_traffic_per_protocol(
+    broker: Callable[..., BrokerProcess], paho: Callable[..., Any]
+) -> None:
+    process = broker(http=True, amqp=True)
+    subscriber = paho(process.address)
+    topic = unique("metrics")
+    subscriber.subscribe(topic, qos=1)
+    publisher = paho(process.address)
+    for n in range(5):
+        publisher.publish(topic, f"m{n}".encode(), qos=1)
+    assert len(subscriber.get_many(5)) == 5
+    amqp = BlockingConnection(process.amqp_url, timeout=10)
+    try:
+        queue = unique("mq")
+        amqp.create_sender(queue).send(Message(body="to a queue", durable=True))
+
+        def scrape() -> dict[Any, float]:
+            status, headers, body = call(process, "/metrics")
+            assert status == 200
+            assert headers["Content-Type"].startswith("text/plain")
+            return metric_values(body.decode())
+
+        values = wait_for(
+            lambda: (v := scrape())
+            and v.get(("kittiwake_messages_received_total", (("protocol", "amqp"),)), 0) >= 1
+            and v,
+            what="the AMQP message counted",
+        )
+    finally:
+        amqp.close()
+    mqtt = (("protocol", "mqtt"),)
+    assert values[("kittiwake_messages_received_total", mqtt)] >= 5
+    assert values[("kittiwake_messages_sent_total", mqtt)] >= 5
+    assert values[("kittiwake_bytes_received_total", mqtt)] > 0
+    assert values[("kittiwake_bytes_sent_total", mqtt)] > 0
+    assert values[("kittiwake_bytes_received_total", (("protocol", "amqp"),))] > 0
+    assert values[("kittiwake_connections", mqtt)] == 2
+    assert values[("kittiwake_queue_depth", (("kind", "queue"), ("queue", queue)))] == 1
+    # The persistent publications were committed: the histogram saw them.
+    assert values[("kittiwake_store_commit_seconds_count", ())] >= 1
+    assert values[("kittiwake_store_commit_seconds_bucket", (("le", "+Inf"),))] == values[
+        ("kittiwake_store_commit_seconds_count", ())
+    ]
+    for name in ("kittiwake_messages_dropped_total", "kittiwake_messages_expired_total",
+                 "kittiwake_messages_dead_lettered_total"):
+        assert (name, ()) in values
+
+
+def test_views_show_clients_sessions_subscriptions_and_retained(
+    broker: Callable[..., BrokerProcess], paho: Callable[..., Any]
+) -> None:
+    process = broker(http=True)
+    client_id = unique("viewer")
+    client = paho(process.address, client_id, protocol=MQTTv5)
+    topic = unique("views")
+    client.subscribe(f"{topic}/#", qos=1)
+    client.publish(f"{topic}/kept", b"retained!", qos=1, retain=True)
+    assert client.get().payload == b"retained!"
+
+    clients = get_json(process, "/api/clients")
+    (mine,) = [c for c in clients if c["client_id"] == client_id]
+    assert mine["protocol"] == "mqtt 5"
+    assert mine["peer"].startswith("127.0.0.1:")
+    sessions = get_json(process, "/api/sessions")
+    assert any(s["client_id"] == client_id and s["connected"] for s in sessions)
+    subscriptions = get_json(process, "/api/subscriptions")
+    assert {"client_id": client_id, "topic_filter": f"{topic}/#", "max_qos": 1}.items() <= next(
+        s for s in subscriptions if s["client_id"] == client_id
+    ).items()
+    retained = get_json(process, "/api/retained")
+    assert {"topic": f"{topic}/kept", "bytes": 9, "qos": 1}.items() <= next(
+        r for r in retained if r["topic"] == f"{topic}/kept"
+    ).items()
+    status = get_json(process, "/api/status")
+    assert status["connections"]["mqtt"] == 1
+    assert status["retained_messages"] >= 1
+
+
+def test_disconnect_tells_an_mqtt5_client_administrative_action(
+    broker: Callable[..., BrokerProcess], paho: Callable[..., Any]
+) -> None:
+    process = broker(http=True)
+    client_id = unique("kicked")
+    client = paho(process.address, client_id, protocol=MQTTv5)
+    status, _headers, body = call(
+        process, f"/api/clients/{client_id}/disconnect", method="POST", headers=ACTION
+    )
+    assert status == 200, body
+    assert json.loads(body) == {"client_id": client_id, "disconnected": 1}
+    assert client.wait_disconnected().reason_code == 0x98
+    assert call(process, f"/api/clients/{client_id}/disconnect", method="POST",
+                headers=ACTION)[0] == 404
+
+
+def test_purge_empties_a_queue_and_the_store(broker: Callable[..., BrokerProcess]) -> None:
+    process = broker(http=True, amqp=True)
+    queue = unique("purged")
+    connection = BlockingConnection(process.amqp_url, timeout=10)
+    try:
+        sender = connection.create_sender(queue)
+        for n in range(3):
+            sender.send(Message(body=f"m{n}", durable=True))
+        queues = get_json(process, "/api/queues")
+        assert next(q for q in queues if q["name"] == queue)["depth"] == 3
+        status, _headers, body = call(
+            process, f"/api/queues/{queue}/purge", method="POST", headers=ACTION
+        )
+        assert status == 200, body
+        assert json.loads(body) == {"queue": queue, "purged": 3}
+    finally:
+        connection.close()
+    # Purged from the store too: nothing comes back after a restart.
+    process.stop()
+    process.restart()
+    connection = BlockingConnection(process.amqp_url, timeout=10)
+    try:
+        receiver = connection.create_receiver(queue)
+        with pytest.raises(Timeout):
+            receiver.receive(timeout=0.5)
+    finally:
+        connection.close()
+
+
+def test_delete_session_removes_an_offline_persistent_session(
+    broker: Callable[..., BrokerProcess], paho: Callable[..., Any]
+) -> None:
+    process = broker(http=True)
+    client_id = unique("offline")
+    client = paho(process.address, client_id, clean=False)
+    client.subscribe(unique("t"), qos=1)
+    status, _h, body = call(process, f"/api/sessions/{client_id}", method="DELETE",
+                            headers=ACTION)
+    assert status == 409, body  # connected: disconnect first
+    client.disconnect()
+    wait_for(
+        lambda: any(
+            s["client_id"] == client_id and not s["connected"]
+            for s in get_json(process, "/api/sessions")
+        ),
+        what="the session to be offline",
+    )
+    status, _h, body = call(process, f"/api/sessions/{client_id}", method="DELETE",
+                            headers=ACTION)
+    assert status == 200, body
+    assert all(s["client_id"] != client_id for s in get_json(process, "/api/sessions"))
+    # Gone from the store: a reconnect finds no session.
+    again = paho(process.address, client_id, clean=False, connect=False)
+    assert again.connect().session_present is False
