@@ -227,6 +227,9 @@ class AuthConfig:
     # logins are refused unchecked until the window ends; 0 = no limit.
     max_failed_logins: int = 10
     failed_login_window: float = 60.0
+    # Seconds a bearer token stays valid: the Flight listener issues one on a Basic login
+    # (its Handshake), and later calls send it instead of the password. At least 1.
+    token_lifetime: float = 3600.0
     # Groups of users, and per user/group/client rules ([[auth.acl]]); once any rule exists,
     # what no allow rule grants is denied.
     groups: tuple[GroupConfig, ...] = ()
@@ -311,6 +314,10 @@ class JournalConfig:
     # Filters whose QoS 0 publications the journal keeps too: an opt-in, because each costs a
     # disk write that QoS 0 otherwise never pays (no acknowledgement waits for it).
     qos0_topics: tuple[str, ...] = ()
+    # Seconds the broker remembers a finished batch write of the Spark sink (df.write, whose
+    # driver committed it): until then a late task of it, or a rerun with the same writeId,
+    # publishes nothing again; after it, that writer's last fence is dropped.
+    finished_write_retention: float = 7 * 24 * 3600.0
 
     @property
     def enabled(self) -> bool:
@@ -445,6 +452,21 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _check_flight_certificates(tls: TLSConfig, where: str) -> None:
+    """What a flight listener can do with client certificates: gRPC asks for one only when it
+    requires it, and hands over the name it proves, not the whole subject."""
+    if tls.certificate_user == "subject":
+        raise ConfigError(
+            f"{_join(where, 'certificate_user')}: a flight listener names the user by \"cn\" "
+            "only (gRPC hands over the certificate's name, not its whole subject)"
+        )
+    if tls.certificate_user == "cn" and not tls.require_client_certificate:
+        raise ConfigError(
+            f"{_join(where, 'require_client_certificate')}: a flight listener reads client "
+            "certificates only when it requires them; set it to true with certificate_user"
+        )
+
+
 def _check_ranges(obj: Any, where: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -452,6 +474,8 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, f.name)}: must not be negative, got {value}")
     if isinstance(obj, ListenerConfig) and not 0 <= obj.port <= 65535:
         raise ConfigError(f"{_join(where, 'port')}: {obj.port} is not a TCP port")
+    if isinstance(obj, ListenerConfig) and obj.protocol == "flight":
+        _check_flight_certificates(obj.tls, _join(where, "tls"))
     if isinstance(obj, ACLRule):
         for name in ACL_RULE_FILTERS:
             for i, topic_filter in enumerate(getattr(obj, name)):
@@ -475,6 +499,8 @@ def _check_ranges(obj: Any, where: str) -> None:
                 f"{_join(where, 'ca')}: client certificates are checked against a CA; name its "
                 "PEM file"
             )
+    if isinstance(obj, AuthConfig) and obj.token_lifetime < 1:
+        raise ConfigError(f"{_join(where, 'token_lifetime')}: must be at least 1 second")
     if isinstance(obj, LimitsConfig):
         if not 1 <= obj.receive_maximum <= 65535:
             raise ConfigError(f"{_join(where, 'receive_maximum')}: must be 1..65535")

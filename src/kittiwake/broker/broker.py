@@ -388,8 +388,8 @@ class Broker:
         log.debug("session %s ended", session.client_id)
 
     def tick(self) -> None:
-        """Fire due timers: wills, session expiry, retained expiry, delayed messages. Called
-        about once a second."""
+        """Fire due timers: wills, session expiry, retained expiry, finished fenced writers,
+        delayed messages. Called about once a second."""
         now = self.clock.now()
         for session in self.timers.due(now):
             if session.will_at is not None and now >= session.will_at:
@@ -404,6 +404,7 @@ class Broker:
         for message in self.retained.remove_expired(now):
             if message.persistent:
                 self.store.set_retained(message.topic, None)
+        self.fenced_writes.drop_finished()
         for session in self.pumps.due(now):
             dispatch.pump(self, session)
         self.flow.check(now, self.queued_bytes())
