@@ -35,6 +35,7 @@ from kittiwake.config import (
     ListenerConfig,
     StoreConfig,
 )
+from kittiwake.flight.auth import BearerTokens
 from kittiwake.flight.listener import FlightListener, FlightUnavailable
 from kittiwake.mqtt.server import MQTTServer
 from kittiwake.store.journal_selection import JournalSelection
@@ -77,6 +78,8 @@ class BrokerApp:
             self.authentication,
         )
         self.sys = SysPublisher(self.broker, config.sys.interval)
+        # The bearer tokens Flight logins issue, one table for every flight listener.
+        self.flight_tokens = BearerTokens(auth.token_lifetime, clock.now)
         self.flight = [
             self._flight_listener(listener)
             for listener in config.listeners
@@ -171,6 +174,7 @@ class BrokerApp:
             tls=listener.tls,
             fenced_writes=self.broker.fenced_writes,
             limits=self.config.limits,
+            tokens=self.flight_tokens,
         )
 
     async def reload_users(self) -> None:
