@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 CONFIG ?= kittiwake.toml
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test venv test-deps build-deps system-deps browser-deps java lint typecheck bench bench-spark demo clean
+.PHONY: run test venv test-deps build-deps system-deps browser-deps java lint typecheck bench bench-jms bench-spark demo clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import venv' 2>/dev/null && $(PYTHON) -m venv $(VENV) 2>/dev/null || \
@@ -70,6 +70,12 @@ lint: test-deps
 bench: venv
 	bash bench/setup_peers.sh
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# The four JMS scenarios against ActiveMQ 5.17 in the same run (kittiwake through proton's
+# client and kittiwake.jms, ActiveMQ through its OpenWire JMS client). BENCH_ARGS=--smoke.
+bench-jms: venv
+	bash bench/setup_peers.sh --with-activemq
+	$(BIN)/python bench/run_jms.py $(BENCH_ARGS)
 
 # The Spark data source's read throughput over Flight (batch and stream, local[2]), and the
 # end-to-end exactly-once pipeline (read, transform, write back).

@@ -7,6 +7,8 @@ enough to compare changes on a loaded machine (CPU time, or instruction counts u
     python bench/inprocess.py qos1 --publishers 10   # QoS 1 fan-in 10->1
     python bench/inprocess.py connections --connections 2000   # bytes per idle connection
     python bench/inprocess.py topics --filters 10000
+    python bench/inprocess.py amqp-in         # AMQP publish mapping: a JMS TextMessage to core
+    python bench/inprocess.py amqp-out        # AMQP delivery mapping: that message to a consumer
 
 Every frame a client would send is encoded before the clock starts; what the broker writes is
 counted, not decoded. Reads are fed as the asyncio shell feeds them: one decoder.feed per read,
@@ -329,9 +331,51 @@ def best(runs: int, measure: Callable[[], float]) -> float:
     return min(measure() for _ in range(runs))
 
 
+def amqp_out(messages: int) -> float:
+    """CPU per delivery of mapping that core message back to AMQP for a consumer
+    (``amqp.message_mapping.to_amqp``: its sections were kept, the header is per delivery)."""
+    from kittiwake.amqp.message_mapping import Clocks, DestinationType, from_amqp, to_amqp
+    from kittiwake.jms import Queue, TextMessage
+    from kittiwake.jms import messages as jms_codec
+
+    text = TextMessage("x" * 100)
+    text.jms_message_id = jms_codec.new_message_id()
+    encoded = bytes(jms_codec.encode(text, address="q", destination=Queue("q"),
+                                     delivery_delay_ms=0, allow_pickle=False))
+    clocks = Clocks(now=time.monotonic(), wall_ms=jms_codec.now_ms())
+    message = from_amqp(encoded, topic="q", clocks=clocks, origin="c").message
+    started = time.process_time()
+    for _ in range(messages):
+        to_amqp(message, durable=False, delivery_count=0, clocks=clocks,
+                destination_type=DestinationType.QUEUE)
+    return (time.process_time() - started) / messages
+
+
+def amqp_in(messages: int) -> float:
+    """CPU per message of mapping an incoming AMQP transfer to the core's message
+    (``amqp.message_mapping.from_amqp``): a PERSISTENT 100-character TextMessage encoded as
+    kittiwake.jms sends it."""
+    from kittiwake.amqp.message_mapping import Clocks, from_amqp
+    from kittiwake.jms import Queue, TextMessage
+    from kittiwake.jms import messages as jms_codec
+
+    message = TextMessage("x" * 100)
+    message.jms_message_id = jms_codec.new_message_id()
+    message.jms_timestamp = jms_codec.now_ms()
+    encoded = bytes(jms_codec.encode(message, address="q", destination=Queue("q"),
+                                     delivery_delay_ms=0, allow_pickle=False))
+    clocks = Clocks(now=time.monotonic(), wall_ms=jms_codec.now_ms())
+    started = time.process_time()
+    for _ in range(messages):
+        from_amqp(encoded, topic="q", clocks=clocks, origin="c")
+    return (time.process_time() - started) / messages
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=("qos1", "topics", "connections"))
+    parser.add_argument(
+        "workload", choices=("qos1", "topics", "connections", "amqp-in", "amqp-out")
+    )
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--filters", type=int, default=10_000)
@@ -350,6 +394,12 @@ def main() -> None:
             args.runs, lambda: asyncio.run(qos1(args.messages, args.batch, args.publishers))
         )
         print(f"qos1 {args.publishers}->1: {cost * 1e6:.2f} us CPU per message")
+    elif args.workload == "amqp-in":
+        cost = best(args.runs, lambda: amqp_in(args.messages))
+        print(f"amqp-in: {cost * 1e6:.2f} us CPU per message")
+    elif args.workload == "amqp-out":
+        cost = best(args.runs, lambda: amqp_out(args.messages))
+        print(f"amqp-out: {cost * 1e6:.2f} us CPU per delivery")
     else:
         results = [
             asyncio.run(topics(args.filters, args.messages, args.batch)) for _ in range(args.runs)

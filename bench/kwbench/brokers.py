@@ -68,6 +68,12 @@ class Broker:
         self.durable = False  # run with the durable store on (see write_config)
 
     # -- to implement ------------------------------------------------------------------
+    probe_what = "an MQTT CONNECT"
+
+    def probe(self) -> None:
+        """Raise OSError unless the broker answers on ``self.port``."""
+        probe(self.port)
+
     def command(self) -> list[str]:
         raise NotImplementedError
 
@@ -105,13 +111,13 @@ class Broker:
                 raise BrokerUnavailable(f"{self.name} exited with {self.proc.returncode}: "
                                         f"{self.log_tail()}")
             try:
-                probe(self.port)
+                self.probe()
                 return
             except OSError as exc:
                 last_error = exc
                 time.sleep(0.1)
         self.stop()
-        raise BrokerUnavailable(f"{self.name} did not answer an MQTT CONNECT on port "
+        raise BrokerUnavailable(f"{self.name} did not answer {self.probe_what} on port "
                                 f"{self.port} within {timeout}s ({last_error}): "
                                 f"{self.log_tail()}")
 

@@ -140,3 +140,42 @@ def default_path(results_dir: Path, smoke: bool) -> Path:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def jms_table(s: Any, runs: dict[str, list[dict[str, Any]]], gen_cores: int) -> str:
+    """One JMS scenario: a row per broker and client (median of the repeats by msg/s), with
+    kittiwake's ratios to ActiveMQ's row from the same run."""
+    chosen = {row: pick(rs, "msg_per_s") for row, rs in runs.items()}
+    peer = next((r for row, r in chosen.items() if row.startswith("activemq")), None)
+    header = ["broker / client", "msg/s", "p50 ms", "p99 ms", "delivered", "lost",
+              "broker CPU s", "broker CPU %", "CPU us/msg", "disk KB/msg", "gen CPU %",
+              "other CPU %", "saturated", "kw/AMQ msg/s", "kw/AMQ CPU/msg"]
+    rows = []
+    for row, r in chosen.items():
+        if r.get("received") is None:
+            text = r.get("unavailable") or "failed: " + "; ".join(r.get("errors", []))[:80]
+            rows.append([row, text] + [""] * (len(header) - 2))
+            continue
+        lost = _f(r["lost"]) + (" (timed out)" if r.get("timed_out") else "")
+        if row.startswith("kittiwake") and peer is not None and peer.get("received"):
+            ratio = _ratio(r.get("msg_per_s"), peer.get("msg_per_s"))
+            ratio_cpu = _ratio(r.get("broker_cpu_us_per_msg"),
+                               peer.get("broker_cpu_us_per_msg"))
+        else:
+            ratio = ratio_cpu = "-"
+        disk = r.get("disk_bytes_per_msg")
+        rows.append([
+            row, _f(r["msg_per_s"]), _f(r["p50_ms"], "{:.2f}"), _f(r["p99_ms"], "{:.2f}"),
+            f"{r['received']:,}/{r['expected']:,}", lost, _f(r["broker_cpu_s"], "{:.2f}"),
+            _f(r["broker_cpu_pct"], "{:.0f}"), _f(r["broker_cpu_us_per_msg"], "{:.1f}"),
+            _f(disk / 1024 if disk is not None else None, "{:.2f}"),
+            _f(r["gen_cpu_pct"], "{:.0f}"), _f(r.get("other_cpu_pct"), "{:.0f}"),
+            saturated(r, gen_cores), ratio, ratio_cpu,
+        ])
+    unit = "deliveries" if s.consumers > 1 else "messages"
+    title = (f"### {s.name}: {s.title} ({s.deliveries:,} {unit}, 100-byte text messages; "
+             f"msg/s = {unit}/s)")
+    stores = sorted({f"{row.split(' / ')[0]}: {r['store']}" for row, r in chosen.items()
+                     if r.get("store")})
+    note = ("\n\nstores: " + "; ".join(stores)) if s.persistent and stores else ""
+    return title + "\n\n" + _table(header, rows) + note

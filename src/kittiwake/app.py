@@ -35,6 +35,7 @@ from kittiwake.config import (
     ListenerConfig,
     StoreConfig,
 )
+from kittiwake.flight.auth import BearerTokens
 from kittiwake.flight.listener import FlightListener, FlightUnavailable
 from kittiwake.mqtt.server import MQTTServer
 from kittiwake.store.journal_selection import JournalSelection
@@ -77,6 +78,8 @@ class BrokerApp:
             self.authentication,
         )
         self.sys = SysPublisher(self.broker, config.sys.interval)
+        # The bearer tokens Flight logins issue, one table for every flight listener.
+        self.flight_tokens = BearerTokens(auth.token_lifetime, clock.now)
         self.flight = [
             self._flight_listener(listener)
             for listener in config.listeners
@@ -102,7 +105,7 @@ class BrokerApp:
         self._cancel_ticks: Callable[[], None] | None = None
         self._cancel_queue_ticks: Callable[[], None] | None = None
 
-    async def start(self) -> None:
+    async def start(self, *, freeze_gc: bool = True) -> None:
         loop = asyncio.get_running_loop()
         self.broker.recover()
         self._cancel_ticks = self.broker.schedule_ticks(loop)
@@ -127,7 +130,8 @@ class BrokerApp:
             self.throughput.start(loop)
         # Everything built so far lives as long as the broker: keep it out of every future
         # garbage collection, so a full collection never walks it mid-traffic.
-        gc.freeze()
+        if freeze_gc:
+            gc.freeze()
         log.info("kittiwake %s ready", self.broker.version)
 
     async def stop(self) -> None:
@@ -170,6 +174,7 @@ class BrokerApp:
             tls=listener.tls,
             fenced_writes=self.broker.fenced_writes,
             limits=self.config.limits,
+            tokens=self.flight_tokens,
         )
 
     async def reload_users(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import tomllib
 import types
 import typing
@@ -99,6 +100,12 @@ class LimitsConfig:
     """Every resource a client can make the broker spend, bounded."""
 
     max_connections: int = 100_000
+    # Connections open at once from one client address, and new connections per second from
+    # one address (a burst of one second's worth is allowed); 0 = no limit. Refused on every
+    # listener kind (MQTT 5: CONNACK 0x97 / 0x9F). Generous: many clients can share an address
+    # (NAT, a gateway, loopback in tests and benchmarks).
+    max_connections_per_address: int = 0
+    max_connection_rate: float = 0.0
     # Largest MQTT packet accepted from a client (bytes, fixed header included).
     max_packet_size: int = 16 * 1024 * 1024
     # QoS 1/2 publications a client may have unacknowledged towards us (v5 Receive Maximum).
@@ -110,9 +117,25 @@ class LimitsConfig:
     max_queued_bytes: int = 64 * 1024 * 1024
     queue_full_policy: QueueFullPolicy = "reject_new"
     # Producer flow control: a QoS 1/2 publisher's acknowledgement waits while a connected
-    # subscriber it feeds has more than this many messages queued (until half drained), so a
-    # fast publisher cannot bury a slow subscriber. 0 disables.
+    # subscriber it feeds has this many messages, or this many bytes, queued (until half
+    # drained), so a fast publisher cannot bury a slow subscriber. 0 disables either count.
+    # Keep them well below max_queued_messages / max_queued_bytes: publishers already in flight
+    # still arrive after the acknowledgements stop (see publisher_pause_bytes).
+    # (The byte count is capped at half of max_queued_bytes, so it always engages first.)
     flow_control_depth: int = 1000
+    flow_control_bytes: int = 16 * 1024 * 1024
+    # A congested subscriber that makes no progress (starts no new delivery, i.e. acknowledges
+    # nothing) for this many seconds stops holding publishers back: its own queue fills to its
+    # limits and queue_full_policy applies. 0 = a congested subscriber holds them for ever.
+    stalled_subscriber_timeout: float = 5.0
+    # Bytes of QoS 1/2 publications one connection may have waiting for their acknowledgement
+    # before the broker stops reading from it until half of them are answered: bounds what a
+    # held-back publisher still pushes in, however large its messages. 0 = never stop reading.
+    publisher_pause_bytes: int = 8 * 1024 * 1024
+    # Broker-wide bound on bytes queued for all sessions and shared subscriptions together:
+    # above it every QoS 1/2 publisher's acknowledgement waits until the total is back under
+    # half of it (checked twice a second). 0 = no bound.
+    max_total_queued_bytes: int = 1024 * 1024 * 1024
     # Topic aliases a v5 client may use towards us.
     topic_alias_maximum: int = 64
     max_topic_levels: int = 128
@@ -204,6 +227,9 @@ class AuthConfig:
     # logins are refused unchecked until the window ends; 0 = no limit.
     max_failed_logins: int = 10
     failed_login_window: float = 60.0
+    # Seconds a bearer token stays valid: the Flight listener issues one on a Basic login
+    # (its Handshake), and later calls send it instead of the password. At least 1.
+    token_lifetime: float = 3600.0
     # Groups of users, and per user/group/client rules ([[auth.acl]]); once any rule exists,
     # what no allow rule grants is denied.
     groups: tuple[GroupConfig, ...] = ()
@@ -288,6 +314,10 @@ class JournalConfig:
     # Filters whose QoS 0 publications the journal keeps too: an opt-in, because each costs a
     # disk write that QoS 0 otherwise never pays (no acknowledgement waits for it).
     qos0_topics: tuple[str, ...] = ()
+    # Seconds the broker remembers a finished batch write of the Spark sink (df.write, whose
+    # driver committed it): until then a late task of it, or a rerun with the same writeId,
+    # publishes nothing again; after it, that writer's last fence is dropped.
+    finished_write_retention: float = 7 * 24 * 3600.0
 
     @property
     def enabled(self) -> bool:
@@ -422,6 +452,21 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _check_flight_certificates(tls: TLSConfig, where: str) -> None:
+    """What a flight listener can do with client certificates: gRPC asks for one only when it
+    requires it, and hands over the name it proves, not the whole subject."""
+    if tls.certificate_user == "subject":
+        raise ConfigError(
+            f"{_join(where, 'certificate_user')}: a flight listener names the user by \"cn\" "
+            "only (gRPC hands over the certificate's name, not its whole subject)"
+        )
+    if tls.certificate_user == "cn" and not tls.require_client_certificate:
+        raise ConfigError(
+            f"{_join(where, 'require_client_certificate')}: a flight listener reads client "
+            "certificates only when it requires them; set it to true with certificate_user"
+        )
+
+
 def _check_ranges(obj: Any, where: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -429,6 +474,8 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, f.name)}: must not be negative, got {value}")
     if isinstance(obj, ListenerConfig) and not 0 <= obj.port <= 65535:
         raise ConfigError(f"{_join(where, 'port')}: {obj.port} is not a TCP port")
+    if isinstance(obj, ListenerConfig) and obj.protocol == "flight":
+        _check_flight_certificates(obj.tls, _join(where, "tls"))
     if isinstance(obj, ACLRule):
         for name in ACL_RULE_FILTERS:
             for i, topic_filter in enumerate(getattr(obj, name)):
@@ -452,6 +499,8 @@ def _check_ranges(obj: Any, where: str) -> None:
                 f"{_join(where, 'ca')}: client certificates are checked against a CA; name its "
                 "PEM file"
             )
+    if isinstance(obj, AuthConfig) and obj.token_lifetime < 1:
+        raise ConfigError(f"{_join(where, 'token_lifetime')}: must be at least 1 second")
     if isinstance(obj, LimitsConfig):
         if not 1 <= obj.receive_maximum <= 65535:
             raise ConfigError(f"{_join(where, 'receive_maximum')}: must be 1..65535")
@@ -461,6 +510,10 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'topic_alias_maximum')}: must be 0..65535")
         if not 16 <= obj.max_packet_size <= 268_435_460:
             raise ConfigError(f"{_join(where, 'max_packet_size')}: must be 16..268435460")
+        if not math.isfinite(obj.max_connection_rate):
+            raise ConfigError(f"{_join(where, 'max_connection_rate')}: must be finite")
+        if not math.isfinite(obj.stalled_subscriber_timeout):
+            raise ConfigError(f"{_join(where, 'stalled_subscriber_timeout')}: must be finite")
         for name in ("max_put_rows", "max_put_bytes", "max_concurrent_puts"):
             if getattr(obj, name) < 1:
                 raise ConfigError(f"{_join(where, name)}: must be at least 1")

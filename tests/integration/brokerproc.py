@@ -8,8 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 SRC_DIR = Path(__file__).resolve().parents[2] / "src"
 HOST = "127.0.0.1"
@@ -280,3 +281,49 @@ class BrokerProcess:
             return self.log_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return "(no broker log)"
+
+
+@contextlib.contextmanager
+def amqp_module_broker(workdir: Path, *, max_delivery_attempts: int) -> Iterator[BrokerProcess]:
+    """A broker (memory store) with AMQP and MQTT listeners, for a module's AMQP or JMS tests."""
+    process = BrokerProcess(
+        workdir,
+        amqp=True,
+        store={"backend": "memory"},
+        queues={"max_delivery_attempts": max_delivery_attempts},
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def live_amqp_url(process: BrokerProcess) -> str:
+    """The broker's AMQP URL, after checking it is still running (with its log if not)."""
+    assert process.alive(), f"the broker died:\n{process.log_text()[-5000:]}"
+    return process.amqp_url
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closable)
+
+
+@contextlib.contextmanager
+def closing_all(make: Callable[..., C]) -> Iterator[Callable[..., C]]:
+    """``make`` that remembers what it made and closes all of it afterwards, every one even
+    when some fail to close (a test's connections)."""
+    made: list[C] = []
+
+    def tracked(*args: Any, **kwargs: Any) -> C:
+        thing = make(*args, **kwargs)
+        made.append(thing)
+        return thing
+
+    yield tracked
+    for thing in made:
+        with contextlib.suppress(Exception):  # teardown must reach every one
+            thing.close()

@@ -28,7 +28,7 @@ from kittiwake.mqtt.packets import (
 )
 from kittiwake.mqtt.properties import Properties
 
-from .clients import MQTTv5, MQTTv311, props, unique
+from .clients import MQTTv5, MQTTv311, props, unique, wait_until
 
 MAX_PACKET = 1024
 
@@ -391,3 +391,78 @@ def test_message_expiry_is_capped_by_max_message_expiry(broker, paho):
     capped, kept = sub.get_many(2)
     assert capped.properties.MessageExpiryInterval in (4, 5)
     assert kept.properties.MessageExpiryInterval in (1, 2)
+
+
+@pytest.mark.parametrize(("version", "code"), [(5, 0x97), (4, 3)])
+def test_connections_beyond_the_per_address_limit_are_refused_with_a_reason(
+    broker, raw, version, code
+):
+    """limits.max_connections_per_address: one more from the address gets a refusing CONNACK
+    (v5 0x97 Quota exceeded, 3.1.1 return code 3) and is closed; the log names the address."""
+    process = broker(limits={"max_connections_per_address": 2})
+
+    def accepted():  # type: ignore[no-untyped-def]
+        # The readiness probe of the test harness may still count until its close is seen.
+        client = raw(process.address, 4)
+        connack = client.connect(unique("addr"), expect_success=False)
+        return client if connack.reason_code == 0 else None
+
+    first = wait_until(accepted, 5)
+    second = wait_until(accepted, 5)
+    assert first is not None and second is not None
+    third = raw(process.address, version)
+    connack = third.connect(unique("addr3"), expect_success=False)
+    assert connack.reason_code == code
+    assert third.recv_until_closed() == []
+    assert "refusing 127.0.0.1:" in process.log_text()
+    assert "too many connections from this address" in process.log_text()
+    first.disconnect()
+
+    def admitted() -> bool:
+        client = raw(process.address, 5)
+        return client.connect(unique("addr4"), expect_success=False).reason_code == 0
+
+    assert wait_until(admitted, 5), "the freed slot was never given back"
+
+
+def test_connections_arriving_too_fast_from_one_address_are_refused(broker, raw):
+    """limits.max_connection_rate: past the one-second burst, a v5 client gets CONNACK 0x9F
+    Connection rate exceeded (10 connections in a row at 1 per second: some must be refused
+    unless the loop took 9 seconds)."""
+    process = broker(limits={"max_connection_rate": 1})
+    codes = []
+    for n in range(10):
+        client = raw(process.address, 5)
+        codes.append(client.connect(unique(f"rate{n}"), expect_success=False).reason_code)
+    assert 0x9F in codes, codes
+    assert set(codes) <= {0, 0x9F}, codes
+    assert "connection rate exceeded for this address" in process.log_text()
+
+
+def test_amqp_connections_beyond_the_per_address_limit_are_closed(broker):
+    """The same limits hold on an AMQP listener: the socket is closed before any frame."""
+    import socket
+
+    process = broker(amqp=True, limits={"max_connections_per_address": 1})
+    def served() -> socket.socket | None:
+        # The broker's readiness probe may still count until its close is seen: retry.
+        sock = socket.create_connection((process.host, process.amqp_port), timeout=5)
+        try:
+            sock.sendall(b"AMQP\x03\x01\x00\x00")
+            if sock.recv(8).startswith(b"AMQP"):
+                return sock
+        except OSError:
+            pass
+        sock.close()
+        return None
+
+    kept = wait_until(served, 5)
+    assert kept is not None, "the first connection is not served"
+    refused = socket.create_connection((process.host, process.amqp_port), timeout=5)
+    with contextlib.suppress(OSError):
+        refused.sendall(b"AMQP\x03\x01\x00\x00")
+    with contextlib.suppress(ConnectionResetError):
+        assert refused.recv(8) == b"", "a connection over the limit was served"
+    assert "refusing amqp" in process.log_text()
+    kept.close()
+    refused.close()

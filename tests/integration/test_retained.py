@@ -186,3 +186,37 @@ def test_retained_publication_queued_for_offline_session_arrives_with_retain_cle
     message = back.get()
     assert (message.payload, message.retain) == (b"retained while away", False)
     back.no_message(0.25)
+
+
+@pytest.mark.timeout(600)
+def test_every_retained_message_reaches_a_new_subscriber_past_its_queue_limit(broker):
+    """The issue's scenario: 20,000 retained QoS 1 messages on distinct topics (twice the
+    default queue limit of 10,000); a new QoS 1 subscriber to r/# that acknowledges everything
+    receives all 20,000, paced by its window, and nothing is rejected."""
+    from kittiwake.mqtt.packets import PubAck, Publish
+
+    from .rawclient import RawClient
+
+    process = broker()
+    count = 20_000
+    publisher = RawClient(process.address, 5, timeout=30)
+    publisher.connect(unique("ret-pub"))
+    outstanding: set[int] = set()
+    for n in range(count):
+        packet = publisher.publish(f"r/{n}", b"%d" % n, 1, retain=True, wait_ack=False)
+        outstanding.add(packet.packet_id)
+        while len(outstanding) >= 100 or (n == count - 1 and outstanding):
+            ack = publisher.expect(PubAck, timeout=30)
+            outstanding.discard(ack.packet_id)
+    subscriber = RawClient(process.address, 5, timeout=30)
+    subscriber.connect(unique("ret-sub"))
+    subscriber.subscribe("r/#", 1)
+    seen: set[bytes] = set()
+    while len(seen) < count:
+        packet = subscriber.expect(Publish, timeout=30)
+        assert packet.retain and packet.qos == 1
+        seen.add(packet.payload)
+        subscriber.send(PubAck(packet.packet_id))
+    assert seen == {b"%d" % n for n in range(count)}
+    assert "full" not in process.log_text()
+    subscriber.no_packet(0.3)

@@ -21,10 +21,13 @@ from kittiwake.jms import (
     AcknowledgeMode,
     ConnectionFactory,
     ConnectionState,
+    IllegalStateException,
+    InvalidDestinationException,
     JMSException,
     Message,
     Queue,
     TextMessage,
+    TransactionRolledBackException,
 )
 from tests.integration.brokerproc import BrokerProcess
 from tests.integration.clients import unique
@@ -330,3 +333,104 @@ def test_reconnect_resumes_producers_and_consumers_after_a_broker_crash(tmp_path
         connection.close()
     finally:
         broker.stop()
+
+
+def test_temporary_destinations_go_with_the_connection_across_a_reconnection(
+    tmp_path: Path,
+) -> None:
+    """JMS: a temporary destination belongs to its connection; a reconnection is a new
+    connection, so the broker deleted it with the old one. The reconnection still succeeds,
+    the temporary destination's consumer is closed, and sending to it fails."""
+    broker = BrokerProcess(tmp_path / "broker", amqp=True).start()
+    try:
+        destination = Queue(unique("reconnect-temporary"))
+        factory = ConnectionFactory(broker.amqp_url, reconnect=True, reconnect_delay=0.05)
+        connection = factory.create_connection()
+        reconnected = threading.Event()
+        connection.set_state_listener(
+            lambda state: reconnected.set() if state == ConnectionState.CONNECTED else None
+        )
+        connection.start()
+        session = connection.create_session()
+        temporary = session.create_temporary_queue()
+        on_temporary = session.create_consumer(temporary)
+        consumer = session.create_consumer(destination)
+        broker.kill()
+        broker.restart()
+        assert reconnected.wait(30), "no reconnection"
+        assert connection.get_state() == ConnectionState.CONNECTED
+        with pytest.raises(IllegalStateException):
+            on_temporary.receive(1)
+        with pytest.raises(InvalidDestinationException):
+            session.create_producer(temporary)
+        temporary.delete()  # gone already: nothing to do
+        session.create_producer(destination).send(session.create_text_message("after"))
+        got = consumer.receive(10)
+        assert got is not None and got.get_body() == "after"
+        connection.close()
+    finally:
+        broker.stop()
+
+
+def test_failover_moves_to_the_next_broker_and_back(tmp_path: Path) -> None:
+    """``failover:(a,b)``: when a broker dies, the connection reopens on the next one with its
+    sessions, producers and consumers; a transaction in doubt fails with
+    TransactionRolledBackException; when every broker is gone, after maxReconnectAttempts
+    rounds, the ExceptionListener hears it."""
+    first = BrokerProcess(tmp_path / "a", amqp=True).start()
+    second = BrokerProcess(tmp_path / "b", amqp=True).start()
+    try:
+        url = (
+            f"failover:({first.amqp_url},{second.amqp_url})"
+            "?failover.maxReconnectAttempts=3&failover.initialReconnectDelay=20"
+            "&failover.maxReconnectDelay=200"
+        )
+        connection = ConnectionFactory(url).create_connection()
+        states: list[ConnectionState] = []
+        connected = threading.Event()
+        failures: list[JMSException] = []
+        failed = threading.Event()
+
+        def on_state(state: ConnectionState) -> None:
+            states.append(state)
+            if state == ConnectionState.CONNECTED:
+                connected.set()
+
+        def on_failure(error: JMSException) -> None:
+            failures.append(error)
+            failed.set()
+
+        connection.set_state_listener(on_state)
+        connection.set_exception_listener(on_failure)
+        connection.start()
+        destination = Queue(unique("failover"))
+        session = connection.create_session()
+        producer = session.create_producer(destination)
+        consumer = session.create_consumer(destination)
+        transacted = connection.create_session(transacted=True)
+        transacted.create_producer(destination).send(transacted.create_text_message("doubt"))
+
+        first.kill()  # to the second broker
+        assert connected.wait(30), f"no failover: {states}"
+        with pytest.raises(TransactionRolledBackException):
+            transacted.commit()
+        producer.send(session.create_text_message("on b"))
+        got = consumer.receive(10)
+        assert got is not None and got.get_body() == "on b"
+
+        connected.clear()
+        first.restart()
+        second.kill()  # and back to the first
+        assert connected.wait(30), f"no failover back: {states}"
+        producer.send(session.create_text_message("on a"))
+        got = consumer.receive(10)
+        assert got is not None and got.get_body() == "on a"
+        assert not failures
+
+        first.kill()  # nobody left: maxReconnectAttempts rounds, then the listener
+        assert failed.wait(30), f"never gave up: {states}"
+        assert states[-1] == ConnectionState.FAILED
+        connection.close()
+    finally:
+        first.stop()
+        second.stop()

@@ -28,6 +28,10 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+# A TLS table with a CA, as client certificates need.
+FLIGHT_TLS = {"certificate": "server.pem", "key": "server.key", "ca": "ca.pem"}
+
+
 def test_no_file_gives_defaults() -> None:
     """load_config(None) is the all-defaults Config."""
     assert load_config(None) == Config()
@@ -179,6 +183,36 @@ def test_wrong_type_is_refused(tmp_path: Path, toml: str, key: str) -> None:
         ({"queues": {"max_delivery_attempts": -1}}, "queues.max_delivery_attempts"),
         ({"queues": {"dead_letter_queue": "DLQ.{name}"}}, "queues.dead_letter_queue"),
         ({"queues": {"expiry_queue": "Expired.{0}"}}, "queues.expiry_queue"),
+        ({"limits": {"flow_control_bytes": -1}}, "limits.flow_control_bytes"),
+        ({"limits": {"stalled_subscriber_timeout": -1.0}}, "limits.stalled_subscriber_timeout"),
+        (
+            {"limits": {"stalled_subscriber_timeout": float("inf")}},
+            "limits.stalled_subscriber_timeout",
+        ),
+        ({"limits": {"publisher_pause_bytes": -1}}, "limits.publisher_pause_bytes"),
+        ({"limits": {"max_total_queued_bytes": -1}}, "limits.max_total_queued_bytes"),
+        ({"auth": {"token_lifetime": 0.5}}, "auth.token_lifetime"),
+        ({"journal": {"finished_write_retention": -1}}, "journal.finished_write_retention"),
+        (
+            {
+                "listeners": [
+                    {"protocol": "flight", "tls": FLIGHT_TLS | {"certificate_user": "subject"}}
+                ]
+            },
+            "listeners[0].tls.certificate_user",
+        ),
+        (
+            {
+                "listeners": [
+                    {
+                        "protocol": "flight",
+                        "tls": FLIGHT_TLS
+                        | {"certificate_user": "cn", "require_client_certificate": False},
+                    }
+                ]
+            },
+            "listeners[0].tls.require_client_certificate",
+        ),
     ],
 )
 def test_out_of_range_is_refused(raw: dict, key: str) -> None:
@@ -199,6 +233,27 @@ def test_out_of_range_is_refused(raw: dict, key: str) -> None:
         {"sessions": {"max_keepalive": 65535}},
         {"sys": {"interval": 0}},
         {"queues": {"dead_letter_queue": "DLQ.{queue}", "expiry_queue": ""}},
+        {
+            "limits": {
+                "flow_control_bytes": 0,
+                "stalled_subscriber_timeout": 0,
+                "publisher_pause_bytes": 0,
+                "max_total_queued_bytes": 0,
+            }
+        },
+        {"auth": {"token_lifetime": 1}, "journal": {"finished_write_retention": 0}},
+        # A flight listener names users by a certificate's cn when it requires certificates;
+        # the MQTT listener's "subject" stays its own.
+        {
+            "listeners": [
+                {
+                    "protocol": "flight",
+                    "tls": FLIGHT_TLS
+                    | {"certificate_user": "cn", "require_client_certificate": True},
+                },
+                {"tls": FLIGHT_TLS | {"certificate_user": "subject"}},
+            ]
+        },
     ],
 )
 def test_range_edges_are_accepted(raw: dict) -> None:

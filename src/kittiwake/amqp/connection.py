@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from enum import Enum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proton import (
     Collector,
@@ -44,6 +44,9 @@ from kittiwake.clock import Clock
 from kittiwake.config import AMQPConfig
 from kittiwake.logs import ConnectionLog, connection_log
 
+if TYPE_CHECKING:
+    import asyncio
+
 log = logging.getLogger(__name__)
 
 CONTAINER_ID = "kittiwake"
@@ -51,6 +54,10 @@ CONTAINER_ID = "kittiwake"
 # What the broker offers in its open: anonymous-relay producers (the message names its
 # destination), delivery delay, and one connection per client id when asked.
 OFFERED_CAPABILITIES = ("ANONYMOUS-RELAY", "DELAYED_DELIVERY", "sole-connection-for-container")
+
+
+# An open property: this open is followed by a close saying why the connection is refused.
+ESTABLISHMENT_FAILED = "amqp:connection-establishment-failed"
 
 
 def symbols(names: tuple[str, ...]) -> SymbolList:
@@ -154,6 +161,9 @@ class AMQPConnection:
         """Bytes from the peer; whatever goes wrong closes this connection with a reason."""
         if self.closed or not data:
             return
+        self._receive_guarded(data)
+
+    def _receive_guarded(self, data: bytes) -> None:
         try:
             self._receive(data)
         except FramingError as exc:
@@ -243,7 +253,11 @@ class AMQPConnection:
             self._header = b""
         if self.phase is Phase.SASL:
             assert self.sasl is not None
+            checking = self.sasl.checking
             self._output.append(self.sasl.receive(data))
+            if self.sasl.checking is not None and checking is None:
+                # The password is checked off the loop; what follows waits in sasl.rest.
+                self.sasl.checking.add_done_callback(self._credentials_checked)
             if not self.sasl.done:
                 return
             self.principal = self.sasl.principal
@@ -262,6 +276,18 @@ class AMQPConnection:
                 self._refuse_header(AMQP_HEADER)
                 return
             self._start_engine(data)
+
+    def _credentials_checked(self, answer: asyncio.Future[bool]) -> None:
+        """The SASL credential check answered: send the outcome and go on with what the
+        client sent meanwhile."""
+        sasl = self.sasl
+        if self.closed or sasl is None or sasl.checking is not answer:
+            return
+        accepted = not answer.cancelled() and answer.exception() is None and answer.result()
+        self._output.append(sasl.finish_check(accepted))
+        self._receive_guarded(b"")
+        if self.wakeup is not None:
+            self.wakeup()
 
     def _take_header(self, data: bytes) -> bytes:
         """Collect the 8-byte protocol header; returns the bytes after it."""
@@ -380,6 +406,9 @@ class AMQPConnection:
             desired = engine.remote_desired_capabilities
             names = frozenset(str(c) for c in desired) if desired else frozenset()
             refusal = self.handler.connection_opened(engine.remote_container or "", names)
+        if refusal is not None:
+            # Tells the client the close that follows is the answer (as Qpid JMS reads it).
+            engine.properties = {symbol(ESTABLISHMENT_FAILED): True}
         engine.open()
         if refusal is not None:
             # The client id is in use (DESIGN.md section 5): open, then close at once.

@@ -48,11 +48,6 @@ from kittiwake.amqp.message_mapping import (
     jms_headers,
     to_amqp,
 )
-from kittiwake.amqp.shared_subscriptions import (
-    GLOBAL_SCOPE,
-    SharedSubscription,
-    shared_client_id,
-)
 from kittiwake.amqp.terminus import (
     NodeKind,
     NodeRequest,
@@ -70,6 +65,13 @@ from kittiwake.broker.destinations import Destination
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import EntryState, QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
+from kittiwake.broker.shared_subscriptions import (
+    GLOBAL_SCOPE,
+    SharedDefinition,
+    SharedRefusal,
+    SharedSubscription,
+    shared_client_id,
+)
 from kittiwake.broker.subscription_filters import EntrySelector, EntrySubject, FilteringReceiver
 from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.broker.topics import TopicError, validate_topic_name
@@ -95,8 +97,6 @@ class LinkLayer:
         broker: Broker,
         queues: QueueDestinations,
         temporaries: TemporaryDestinations,
-        sole_containers: set[str] | None = None,
-        shared: dict[str, SharedSubscription] | None = None,
     ) -> None:
         self.connection = connection
         self.broker = broker
@@ -110,12 +110,8 @@ class LinkLayer:
         # Temporary destinations made by a dynamic attach, deleted when that link closes.
         self.dynamic: dict[Link, Destination] = {}
         self.coordinator = Coordinator(self)
-        # Container ids held by sole connections, shared by every connection of the server.
-        self.sole_containers = sole_containers if sole_containers is not None else set()
+        # The client id this connection holds in the broker's registry (a sole connection).
         self.sole_container: str | None = None
-        # Shared subscriptions with a consumer, by session client id, shared by every
-        # connection of the server.
-        self.shared = shared if shared is not None else {}
         self.ended = False
         self._permissions: Permissions | None = None
 
@@ -197,19 +193,26 @@ class LinkLayer:
         """One client-id registry (DESIGN.md section 5): a JMS connection (one asking to be
         the sole connection for its container id, as Qpid JMS does for an explicit client
         id) is refused while that id is in use by an MQTT client or another such
-        connection."""
+        connection; an MQTT client connecting with it later takes it over (closes this)."""
         if SOLE_CONNECTION not in desired or not container:
             return None
-        session = self.broker.sessions.get(container)
-        if container in self.sole_containers or (session is not None and session.link):
+        if not self.broker.client_ids.claim(container, self):
             return f"client id {container!r} is in use"
-        self.sole_containers.add(container)
         self.sole_container = container
         return None
 
+    def taken_over(self) -> None:
+        """An MQTT client connected with this connection's client id (MQTT's rule)."""
+        container = self.sole_container
+        self.sole_container = None
+        self.connection.fail(
+            "amqp:connection:forced", f"client id {container!r} taken over by another client"
+        )
+        self.connection.wake()
+
     def connection_ended(self) -> None:
         if self.sole_container is not None:
-            self.sole_containers.discard(self.sole_container)
+            self.broker.client_ids.release(self.sole_container, self)
             self.sole_container = None
         self.ended = True
         self.coordinator.connection_ended()
@@ -305,21 +308,16 @@ class LinkLayer:
             self._scope(link, request.global_), subscription_name(link), durable=request.durable
         )
         topic = request.name or ""
-        subscription = self.shared.get(client_id)
-        if subscription is not None and subscription.topic != topic:
+        definition = SharedDefinition.of(topic, request.selector, request.no_local)
+        joined = self.broker.shared_subscriptions.join(
+            client_id, definition, durable=request.durable
+        )
+        if isinstance(joined, SharedRefusal):
             raise TerminusError(
-                f"shared subscription {subscription_name(link)!r} has active consumers on "
-                f"another topic",
+                f"shared subscription {subscription_name(link)!r}: {joined}",
                 "amqp:resource-locked",
             )
-        if subscription is None:
-            subscription = SharedSubscription(self.broker, client_id, topic, request.durable)
-            self.shared[client_id] = subscription
-        return SharedConsumerLink(self, link, topic, presettled, subscription)
-
-    def forget_shared(self, subscription: SharedSubscription) -> None:
-        if not subscription.consumers and self.shared.get(subscription.client_id) is subscription:
-            del self.shared[subscription.client_id]
+        return SharedConsumerLink(self, link, topic, presettled, joined)
 
     def _durable_source(self, link: Link) -> NodeRequest:
         session = self.broker.sessions.get(self.durable_client_id(link))
@@ -412,7 +410,7 @@ class LinkLayer:
         link.open()
         if not consumer.start():
             if isinstance(consumer, SharedConsumerLink):
-                self.forget_shared(consumer.subscription)
+                self.broker.shared_subscriptions.leave(consumer.subscription, unsubscribe=False)
             return
         self.consumers[link] = consumer
 
@@ -925,7 +923,7 @@ class TopicConsumerLink(ConsumerLink):
 
 
 class SharedConsumerLink(ConsumerLink):
-    """One consumer of a JMS shared subscription (see amqp.shared_subscriptions): its
+    """One consumer of a JMS shared subscription (see broker.shared_subscriptions): its
     consumer competes with the subscription's other links for its queue's entries."""
 
     destination_type = DestinationType.TOPIC
@@ -946,7 +944,7 @@ class SharedConsumerLink(ConsumerLink):
     def start(self) -> bool:
         subscription = self.subscription
         if subscription.session is None:
-            error = subscription.open()
+            error = self.layer.broker.shared_subscriptions.open(subscription)
             if error is not None:
                 self.link.condition = Condition(NOT_ALLOWED, error)
                 self.link.close()
@@ -982,7 +980,7 @@ class SharedConsumerLink(ConsumerLink):
             return
         self.closed = True
         self.subscription.remove(self, unsubscribe=remove)
-        self.layer.forget_shared(self.subscription)
+        self.layer.broker.shared_subscriptions.leave(self.subscription, unsubscribe=remove)
         self.unsettled.clear()
 
     def tag(self, delivery: Delivery) -> int:
@@ -1007,10 +1005,7 @@ def link_layer_factory(
 ) -> Callable[[AMQPConnection], LinkLayer]:
     """What the AMQP server calls for each new connection."""
 
-    sole_containers: set[str] = set()
-    shared: dict[str, SharedSubscription] = {}
-
     def make(connection: AMQPConnection) -> LinkLayer:
-        return LinkLayer(connection, broker, queues, temporaries, sole_containers, shared)
+        return LinkLayer(connection, broker, queues, temporaries)
 
     return make

@@ -148,35 +148,76 @@ class Clocks:
 
 
 def split_sections(encoded: bytes) -> list[tuple[int, bytes]]:
-    """The sections of an encoded message: (descriptor code, the section's bytes)."""
-    data = Data()
+    """The sections of an encoded message: (descriptor code, the section's bytes).
+
+    Walks only the encoding's constructors and sizes (AMQP 1.0 part 1, 1.2: a format code's
+    high nibble says how its width is read), never the values: what a section holds is
+    decoded by whoever reads it (``from_amqp`` decodes the whole message with proton)."""
     sections: list[tuple[int, bytes]] = []
     position = 0
-    view = memoryview(encoded)
-    while position < len(encoded):
-        data.clear()
-        try:
-            size = data.decode(bytes(view[position:]))
-        except Exception as exc:
-            raise MappingError(f"undecodable message section: {exc}") from None
-        data.rewind()
-        if not data.next() or data.type() != Data.DESCRIBED:
+    end = len(encoded)
+    while position < end:
+        if encoded[position] != 0x00:
             raise MappingError("a message section must be a described value")
-        data.enter()
-        data.next()
-        descriptor = data.get_object()
-        data.exit()
-        if isinstance(descriptor, symbol):
-            code = _SYMBOLIC_SECTIONS.get(str(descriptor), -1)
-        elif isinstance(descriptor, int):
-            code = int(descriptor)
-        else:
-            code = -1
+        descriptor_at = position + 1
+        value_at = _skip_value(encoded, descriptor_at, end)
+        section_end = _skip_value(encoded, value_at, end)
+        code = _section_code(encoded, descriptor_at, value_at)
         if not HEADER <= code <= FOOTER:
-            raise MappingError(f"unknown message section {descriptor!r}")
-        sections.append((code, bytes(view[position : position + size])))
-        position += size
+            raise MappingError(
+                f"unknown message section {bytes(encoded[descriptor_at:value_at])!r}"
+            )
+        sections.append((code, bytes(encoded[position:section_end])))
+        position = section_end
     return sections
+
+
+# Bytes a fixed-width value takes after its format code, by the code's high nibble.
+_FIXED_WIDTH = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}
+
+
+def _skip_value(encoded: bytes, position: int, end: int) -> int:
+    """Where the encoded value starting at ``position`` ends; MappingError when it is cut off
+    or has no valid format code."""
+    if position >= end:
+        raise MappingError("undecodable message section: cut off")
+    code = encoded[position]
+    position += 1
+    if code == 0x00:  # described: a descriptor, then the value it describes
+        return _skip_value(encoded, _skip_value(encoded, position, end), end)
+    nibble = code >> 4
+    width = _FIXED_WIDTH.get(nibble)
+    if width is not None:
+        size = width
+    elif nibble in (0xA, 0xC, 0xE):  # one-byte size
+        if position + 1 > end:
+            raise MappingError("undecodable message section: cut off")
+        size = 1 + encoded[position]
+    elif nibble in (0xB, 0xD, 0xF):  # four-byte size
+        if position + 4 > end:
+            raise MappingError("undecodable message section: cut off")
+        size = 4 + int.from_bytes(encoded[position : position + 4], "big")
+    else:
+        raise MappingError(f"undecodable message section: format code 0x{code:02x}")
+    position += size
+    if position > end:
+        raise MappingError("undecodable message section: cut off")
+    return position
+
+
+def _section_code(encoded: bytes, start: int, end: int) -> int:
+    """A section's descriptor as its code (symbolic descriptors mapped), -1 when unknown."""
+    code = encoded[start]
+    if code == 0x53:  # smallulong
+        return encoded[start + 1]
+    if code == 0x80:  # ulong
+        return int.from_bytes(encoded[start + 1 : end], "big")
+    if code == 0x44:  # ulong0
+        return 0
+    if code in (0xA3, 0xB3):  # sym8, sym32: the name after its one- or four-byte size
+        name = bytes(encoded[start + (2 if code == 0xA3 else 5) : end])
+        return _SYMBOLIC_SECTIONS.get(name.decode("ascii", "replace"), -1)
+    return -1
 
 
 _SYMBOLIC_SECTIONS = {
@@ -509,9 +550,26 @@ def header_section(
     ttl: uint | None = None
     if message.expiry is not None:
         ttl = uint(max(1, min(0xFFFFFFFF, round((message.expiry - clocks.now) * 1000))))
+    elif delivery_count < _CACHED_DELIVERY_COUNTS:
+        key = (durable, message.priority, delivery_count)
+        header = _HEADERS.get(key)
+        if header is None:
+            header = _HEADERS[key] = _encoded_header(durable, message.priority, None,
+                                                     delivery_count)
+        return header
+    return _encoded_header(durable, message.priority, ttl, delivery_count)
+
+
+# Headers without a ttl depend on three small values only: encoded once each (a delivery's
+# header is otherwise the one section built per delivery).
+_CACHED_DELIVERY_COUNTS = 16
+_HEADERS: dict[tuple[bool, int, int], bytes] = {}
+
+
+def _encoded_header(durable: bool, priority: int, ttl: uint | None, delivery_count: int) -> bytes:
     fields: list[Any] = [
         durable,
-        ubyte(message.priority),
+        ubyte(priority),
         ttl,
         False,
         uint(delivery_count),

@@ -1,7 +1,8 @@
 """The SASL layer of an AMQP connection (AMQP 1.0 section 5.3), server side, in Python: the
 PyPI build of python-qpid-proton has no Cyrus SASL, and its built-in server offers neither PLAIN
 nor a way to check credentials. Sans-IO: bytes in, bytes out; never decides who may do what
-beyond "who is this" (the credential check is a hook).
+beyond "who is this" (the credential check is a hook, which may answer later: a password hash
+must never run on the event loop).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from proton import UNDESCRIBED, Array, Data, Described, symbol, ubyte, ulong
 
@@ -24,15 +26,22 @@ from kittiwake.amqp.frames import (
     encode_frame,
 )
 
+if TYPE_CHECKING:
+    import asyncio
+
 # Largest SASL frame accepted; the spec's floor for any frame before open (section 5.3.1).
 MAX_SASL_FRAME_SIZE = 512
+# Bytes a client may send after its sasl-init while the credentials are being checked (a
+# pipelining client's AMQP header, open, begin, attach...); more is a framing error.
+MAX_PIPELINED_WHILE_CHECKING = 64 * 1024
 
 PLAIN = "PLAIN"
 ANONYMOUS = "ANONYMOUS"
 
-# Checks a username and password; True = authenticated. The one hook for the authentication
+# Checks a username and password; True = authenticated, or a future of that when the answer
+# needs slow work (hashing a password, off the loop). The one hook for the authentication
 # service (DESIGN.md section 5); None accepts any PLAIN credentials (no users configured).
-CredentialCheck = Callable[[str, str], bool]
+CredentialCheck = Callable[[str, str], "bool | asyncio.Future[bool]"]
 
 
 class SaslCode(Enum):
@@ -61,7 +70,16 @@ class SaslServer:
     the bytes that followed the exchange (the start of the AMQP layer).
     """
 
-    __slots__ = ("_buffer", "_check", "allow_anonymous", "done", "principal", "rest")
+    __slots__ = (
+        "_buffer",
+        "_check",
+        "_checked_user",
+        "allow_anonymous",
+        "checking",
+        "done",
+        "principal",
+        "rest",
+    )
 
     def __init__(self, *, allow_anonymous: bool, check: CredentialCheck | None = None) -> None:
         self.allow_anonymous = allow_anonymous
@@ -70,6 +88,9 @@ class SaslServer:
         self.done = False
         self.principal: Principal | None = None
         self.rest = b""
+        # The credential check's answer while it is being worked out (see finish_check).
+        self.checking: asyncio.Future[bool] | None = None
+        self._checked_user = ""
 
     @property
     def mechanisms(self) -> list[str]:
@@ -83,8 +104,10 @@ class SaslServer:
 
     def receive(self, data: bytes) -> bytes:
         """Follow the client's frames; returns the bytes to send (the outcome, once)."""
-        if self.done:
+        if self.done or self.checking is not None:
             self.rest += data
+            if self.checking is not None and len(self.rest) > MAX_PIPELINED_WHILE_CHECKING:
+                raise FramingError("too much data before the SASL outcome")
             return b""
         self._buffer += data
         if len(self._buffer) < MIN_FRAME_SIZE:
@@ -107,9 +130,20 @@ class SaslServer:
         fields = [*value, None, None, None]
         mechanism, response = fields[0], fields[1]
         initial = response if isinstance(response, bytes) else b""
-        self.principal = self._authenticate(str(mechanism or ""), initial)
+        principal = self._authenticate(str(mechanism or ""), initial)
+        if self.checking is not None:
+            return b""  # the outcome comes from finish_check
+        return self._outcome(principal)
+
+    def finish_check(self, accepted: bool) -> bytes:
+        """The credential check that was :attr:`checking` answered: the outcome to send."""
+        self.checking = None
+        return self._outcome(Principal(PLAIN, self._checked_user) if accepted else None)
+
+    def _outcome(self, principal: Principal | None) -> bytes:
+        self.principal = principal
         self.done = True
-        code = SaslCode.OK if self.principal is not None else SaslCode.AUTH
+        code = SaslCode.OK if principal is not None else SaslCode.AUTH
         return encode_frame(FRAME_TYPE_SASL, 0, Described(ulong(SASL_OUTCOME), [ubyte(code.value)]))
 
     def _authenticate(self, mechanism: str, response: bytes) -> Principal | None:
@@ -127,6 +161,12 @@ class SaslServer:
             return None
         if not username:
             return None
-        if self._check is not None and not self._check(username, password):
-            return None
+        if self._check is not None:
+            answer = self._check(username, password)
+            if not isinstance(answer, bool):
+                self.checking = answer
+                self._checked_user = username
+                return None
+            if not answer:
+                return None
         return Principal(PLAIN, username)

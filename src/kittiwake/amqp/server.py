@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from kittiwake.amqp.connection import AMQPConnection, LinkHandler
 from kittiwake.amqp.sasl import CredentialCheck
-from kittiwake.broker.authentication import Authentication, Credentials, Principal
+from kittiwake.broker.authentication import Authentication, Credentials, Principal, Refusal
 from kittiwake.broker.broker import Broker
 from kittiwake.config import ListenerConfig
 from kittiwake.tls import server_context
@@ -31,6 +31,7 @@ class AMQPServerProtocol(asyncio.Protocol):
     """One TCP connection."""
 
     __slots__ = (
+        "_admitted",
         "_allow_anonymous",
         "_flush_scheduled",
         "_loop",
@@ -47,6 +48,8 @@ class AMQPServerProtocol(asyncio.Protocol):
         self._flush_scheduled = False
         self.transport: asyncio.Transport | None = None
         self.connection: AMQPConnection | None = None
+        # The client address counted by the broker's admission, until the connection ends.
+        self._admitted: str | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -59,6 +62,13 @@ class AMQPServerProtocol(asyncio.Protocol):
             return
         authentication = self._server.authentication
         address = peer[0] if isinstance(peer, tuple) else str(peer)
+        refusal = broker.admission.admit(address)
+        if refusal is not None:
+            # Refused before any AMQP frame is read: the socket is closed (no open to answer).
+            log.warning("refusing amqp %s: %s", peer_text, refusal.value)
+            transport.close()
+            return
+        self._admitted = address
         connection = AMQPConnection(
             broker.config.amqp,
             broker.clock,
@@ -87,6 +97,9 @@ class AMQPServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        if self._admitted is not None:
+            self._server.broker.admission.release(self._admitted)
+            self._admitted = None
         if self.connection is not None:
             self.connection.end_of_stream()
 
@@ -161,25 +174,42 @@ class AMQPServer:
         """SASL PLAIN's check against the broker's users (None while there are none: any
         credentials pass, as before users existed).
 
-        The check is synchronous, as the SASL layer asks it: the first login of a user with a
-        given password hashes it on the event loop (~50 ms); reconnects hit the verified-password
-        cache. Moving it off the loop (as MQTT does) is the SASL layer's to do.
+        A password that must be hashed (scrypt, ~50 ms) is checked on a worker thread, as the
+        MQTT login does: the answer is then a future, and the event loop goes on meanwhile.
         """
         authentication = self.authentication
         if not authentication.users_configured:
             return None
 
-        def check(username: str, password: str) -> bool:
-            credentials = Credentials(username, password, address=address)
-            verdict = authentication.check(credentials)
-            if verdict is None:
-                verdict = authentication.verify(credentials)
+        def accepted(username: str, verdict: Principal | Refusal) -> bool:
             if not isinstance(verdict, Principal):
                 log.warning(
                     "amqp login refused: user %r from %s: %s", username, address, verdict.value
                 )
                 return False
             return True
+
+        def check(username: str, password: str) -> bool | asyncio.Future[bool]:
+            credentials = Credentials(username, password, address=address)
+            verdict = authentication.check(credentials)
+            if verdict is not None:
+                return accepted(username, verdict)
+            loop = asyncio.get_running_loop()
+            answer: asyncio.Future[bool] = loop.create_future()
+
+            def verified(done: asyncio.Future[Principal | Refusal]) -> None:
+                if answer.done():
+                    return
+                try:
+                    answer.set_result(accepted(username, done.result()))
+                except Exception:
+                    log.exception("amqp %s: the credentials check failed", address)
+                    answer.set_result(False)
+
+            loop.run_in_executor(None, authentication.verify, credentials).add_done_callback(
+                verified
+            )
+            return answer
 
         return check
 
@@ -201,6 +231,16 @@ class AMQPServer:
         if self._ticker is None:
             self._ticker = loop.call_later(TICK_INTERVAL, self._tick)
         return address[0], address[1]
+
+    def accept_in_process(self, transport: asyncio.Transport) -> AMQPServerProtocol:
+        """A connection from this process over an in-memory transport (kittiwake.embedded),
+        handled as a listener's connection is."""
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().call_later(TICK_INTERVAL, self._tick)
+        protocol = AMQPServerProtocol(self)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        return protocol
 
     def _tick(self) -> None:
         """One timer for every connection's engine timers, instead of one timer each."""

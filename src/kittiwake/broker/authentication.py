@@ -213,6 +213,12 @@ class Authentication:
     def user_names(self) -> Iterable[str]:
         return tuple(self._users)
 
+    def password_hash(self, name: str) -> PasswordHash | None:
+        """The user's current hash (None: no such user): what a credential derived from a
+        login, such as a bearer token, is checked against, so a removed user or a changed
+        password ends it."""
+        return self._users.get(name)
+
     def anonymous_allowed(self, listener_policy: bool | None = None) -> bool:
         """A listener's own setting wins; then the broker's; then "while no users exist"."""
         if listener_policy is not None:

@@ -3,10 +3,11 @@
 (see completion.py): this package alone decides what must be durable before a client is told.
 
 The rest lives where its name says: the publish path in publishing.py, queues to connections
-in dispatch.py, subscribing in subscriptions.py, shared subscriptions in shared_groups.py,
-recovery in recovery.py, wills and session expiry in wills.py, producer flow control in
-flow_control.py. Knows no protocol and no store implementation; runs on one event loop and
-never blocks; it holds no locks.
+in dispatch.py, subscribing in subscriptions.py, MQTT shared subscriptions in shared_groups.py
+and JMS ones in shared_subscriptions.py, the client-id registry in client_ids.py, recovery in
+recovery.py, wills and session expiry in wills.py, producer flow control in flow_control.py.
+Knows no protocol and no store implementation; runs on one event loop and never blocks; it
+holds no locks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import NamedTuple
 from kittiwake import __version__
 from kittiwake.broker import dispatch, publishing, recovery, subscriptions, wills
 from kittiwake.broker.authorization import Authorizer
+from kittiwake.broker.client_ids import ClientIds
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
+from kittiwake.broker.connection_admission import ConnectionAdmission
 from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, resend
 from kittiwake.broker.fenced_writes import FencedWrites
@@ -40,6 +43,7 @@ from kittiwake.broker.sessions import (
     session_queue_name,
 )
 from kittiwake.broker.shared_groups import MemberReceiver, SharedGroup
+from kittiwake.broker.shared_subscriptions import SharedSubscriptions
 from kittiwake.broker.store import (
     MemoryStore,
     RecoveredState,
@@ -47,7 +51,12 @@ from kittiwake.broker.store import (
     Store,
     SubscriptionRecord,
 )
-from kittiwake.broker.subscriptions import Subscribed, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.subscriptions import (
+    RetainedCursor,
+    Subscribed,
+    SubscribeRefusal,
+    SubscriptionOptions,
+)
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.wills import SessionTimers
 from kittiwake.clock import Clock, MonotonicClock
@@ -85,6 +94,11 @@ class BrokerStats:
     messages_sent: int = 0
     messages_dropped: int = 0
     clients_connected: int = 0
+    # Congested subscribers found making no progress (flow_control.py), ever and now.
+    subscriber_stalls: int = 0
+    stalled_subscribers: int = 0
+    # Times the broker-wide queued-bytes bound held every publisher back.
+    total_bound_engaged: int = 0
     # Per protocol, by the front end's name for itself ("mqtt", "amqp"...).
     protocols: dict[str, ProtocolStats] = field(default_factory=dict)
 
@@ -130,10 +144,19 @@ class Broker:
         self.clock: Clock = clock or MonotonicClock()
         self.store: Store = store or MemoryStore()
         self.authorizer = Authorizer(self.config.auth)
+        # New connections per client address, for every listener (connection_admission.py).
+        self.admission = ConnectionAdmission(self.config.limits, self.clock)
         self.sessions: dict[str, Session] = {}
+        # Ids held by connections of other protocols than MQTT (JMS), one registry with them.
+        self.client_ids = ClientIds(self.sessions)
         self.retained = RetainedMessages()
+        # Sessions still being sent the retained messages of a new wildcard subscription,
+        # as their window opens (subscriptions.feed_retained); empty nearly always.
+        self.retained_cursors: dict[Session, list[RetainedCursor]] = {}
         self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=self.config.limits.match_cache_size)
         self.shared_groups: dict[tuple[str, str], SharedGroup] = {}
+        # JMS shared subscriptions (a namespace apart from MQTT's groups, DESIGN.md section 5).
+        self.shared_subscriptions = SharedSubscriptions(self)
         self.stats = BrokerStats()
         self.started_at = self.clock.now()
         self.version = __version__
@@ -144,7 +167,7 @@ class Broker:
             self.tree, self.store.journals_qos0 if self.journal_qos0 else None
         )
         self.timers = SessionTimers()
-        self.flow = FlowControl(self.config.limits.flow_control_depth)
+        self.flow = FlowControl(self.config.limits, self.stats)
         self.pumps = PumpSchedule(self)
         # Pump a session (or group) at the end of this loop turn.
         self.pump_soon = self.pumps.soon
@@ -176,9 +199,12 @@ class Broker:
         will_expiry: int | None = None,
         principal: str | None = None,
     ) -> Connected:
-        """Attach a connection to its session; ``principal`` is the user it connected as
-        (None: anonymous), stored with a persistent session."""
+        """Attach a connection to its session; whoever held the id before (a session's
+        connection, or a JMS connection) is taken over. ``principal`` is the user it connected
+        as (None: anonymous), stored with a persistent session."""
         now = self.clock.now()
+        if self.client_ids.holders:
+            self.client_ids.take_over(client_id)
         existing = self.sessions.get(client_id)
         # Whether the store was asked to change anything: then the answer waits for it.
         stored = existing is not None and existing.persistent
@@ -351,6 +377,7 @@ class Broker:
         for subscription in list(session.subscriptions.values()):
             subscriptions.remove_subscription(self, subscription)
         session.subscriptions.clear()
+        self.retained_cursors.pop(session, None)
         session.queue.drain()
         session.consumer.unsettled.clear()
         session.queue.in_flight = 0
@@ -363,8 +390,8 @@ class Broker:
         log.debug("session %s ended", session.client_id)
 
     def tick(self) -> None:
-        """Fire due timers: wills, session expiry, retained expiry, delayed messages. Called
-        about once a second."""
+        """Fire due timers: wills, session expiry, retained expiry, finished fenced writers,
+        delayed messages. Called about once a second."""
         now = self.clock.now()
         for session in self.timers.due(now):
             if session.will_at is not None and now >= session.will_at:
@@ -379,8 +406,20 @@ class Broker:
         for message in self.retained.remove_expired(now):
             if message.persistent:
                 self.store.set_retained(message.topic, None)
+        self.fenced_writes.drop_finished()
         for session in self.pumps.due(now):
             dispatch.pump(self, session)
+        self.flow.check(now, self.queued_bytes())
+
+    def queued_bytes(self) -> int:
+        """Bytes waiting in every session's and shared group's queue (one pass: a tick's
+        cost, never the publish path's)."""
+        total = 0
+        for session in self.sessions.values():
+            total += session.queue.bytes
+        for group in self.shared_groups.values():
+            total += group.queue.bytes
+        return total
 
     # -- subscriptions (see subscriptions.py) ----------------------------------------------
 
@@ -388,6 +427,7 @@ class Broker:
     subscribe = subscriptions.subscribe
     unsubscribe = subscriptions.unsubscribe
     send_retained = subscriptions.send_retained
+    feed_retained = subscriptions.feed_retained
 
     @property
     def subscription_count(self) -> int:
@@ -423,7 +463,7 @@ class Broker:
         if delivery.entry.persistent and queue.durable:
             # Its stored entry is removed (see _entry_removed): the answer waits for that.
             completion = self.store.commit()  # _durable(), without a call per acknowledgement
-        if queue.count:
+        if queue.count or self.retained_cursors:
             self.pump_soon(session)
         return True, completion
 

@@ -166,6 +166,8 @@ def pump(broker: Broker, target: Session | SharedGroup) -> None:
         broker.flow.pumped(session)
         if queue.next_visible_time() is not None:
             broker.pumps.delayed.add(session)
+    if broker.retained_cursors and session in broker.retained_cursors:
+        broker.feed_retained(session)
     if session.members:
         for member in session.members.values():
             if member.group.queue.count:

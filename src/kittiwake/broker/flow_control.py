@@ -1,46 +1,113 @@
 """Producer flow control: a QoS 1/2 publisher's acknowledgement waits while a connected receiver
-it feeds has too much queued, until that queue is half drained, so a fast publisher cannot bury
-a slow subscriber. Hands out futures; never blocks, never drops anything.
+it feeds has too much queued (messages or bytes) and keeps making progress, or while every queue
+together holds more than the broker-wide bound. Hands out futures; never blocks, never drops.
+
+A receiver that makes no progress for ``stalled_subscriber_timeout`` stops holding anyone back:
+one stuck subscriber (or a dead TCP connection not yet detected) must not halt every publisher
+feeding it. Its own queue then fills to its limits and its policy applies, counted and logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kittiwake.broker.completion import all_of
 from kittiwake.broker.sessions import Session
 
+if TYPE_CHECKING:
+    from kittiwake.broker.broker import BrokerStats
+    from kittiwake.config import LimitsConfig
+
+log = logging.getLogger(__name__)
+
+# A watch's start time before the first periodic check has seen it.
+_UNSTAMPED = -1.0
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What a congested receiver had done when last looked at, and since when."""
+
+    # The queue's deliveries started so far: a new one means an acknowledgement freed room.
+    started: int
+    since: float
+    # Entries its queue had rejected or discarded when it stalled, and when last reported.
+    dropped_at_stall: int = 0
+    dropped_reported: int = 0
+
 
 class FlowControl:
-    """The congestion rule and the futures publishers wait on."""
+    """The congestion rule, the stall rule, and the futures publishers wait on."""
 
-    __slots__ = ("_both", "depth", "loop")
+    __slots__ = (
+        "_both",
+        "_stalled",
+        "_total_waiter",
+        "_watched",
+        "depth",
+        "depth_bytes",
+        "loop",
+        "max_total_bytes",
+        "stall_timeout",
+        "stats",
+        "total_bytes",
+    )
 
-    def __init__(self, depth: int) -> None:
-        # Queued messages at which a connected receiver counts as congested; 0 disables.
-        self.depth = depth
+    def __init__(self, limits: LimitsConfig, stats: BrokerStats) -> None:
+        # Queued messages, or bytes, at which a connected receiver counts as congested; 0
+        # disables that count (a bound no queue reaches).
+        self.depth = limits.flow_control_depth or sys.maxsize
+        # Capped at half a queue's byte limit: backpressure engages before the limit does.
+        self.depth_bytes = min(
+            limits.flow_control_bytes or sys.maxsize, limits.max_queued_bytes // 2
+        )
+        self.stall_timeout = limits.stalled_subscriber_timeout
+        self.max_total_bytes = limits.max_total_queued_bytes
+        self.stats = stats
         # Set once the broker runs on a loop; without one nothing can wait.
         self.loop: asyncio.AbstractEventLoop | None = None
         # A commit and a drain both waited for: one shared future per pair, not one per message.
         self._both: dict[tuple[asyncio.Future[None], asyncio.Future[None]], asyncio.Future[None]]
         self._both = {}
+        # Congested receivers the periodic check looks at, and those found stalled.
+        self._watched: dict[Session, _Progress] = {}
+        self._stalled: set[Session] = set()
+        # Bytes queued everywhere at the last check, and the future every publisher waits on
+        # while that is above the broker-wide bound.
+        self.total_bytes = 0
+        self._total_waiter: asyncio.Future[None] | None = None
 
     def congested(self, receivers: Iterable[object]) -> asyncio.Future[None] | None:
-        """A future that resolves once the first congested session among ``receivers`` has
-        drained, or None.
+        """A future that resolves once the broker is under its bound and the first congested,
+        progressing session among ``receivers`` has drained, or None.
 
         Only connected sessions count: an offline session's queue does not drain, and a
         publisher must never wait on a subscriber that is not there. (Shared groups do not:
         their messages wait for whichever member has room.)
         """
-        depth = self.depth
-        if not depth or self.loop is None:
+        if self.loop is None:
             return None
+        if self._total_waiter is not None:
+            return self._total_waiter
+        depth = self.depth
+        depth_bytes = self.depth_bytes
         for receiver in receivers:
             if not isinstance(receiver, Session):
                 continue
-            if receiver.link is not None and receiver.queue.count >= depth:
+            queue = receiver.queue
+            if (
+                (queue.count >= depth or queue.bytes >= depth_bytes)
+                and receiver.link is not None
+                and receiver not in self._stalled
+            ):
+                if receiver not in self._watched:
+                    # The next check stamps the time: no clock read on the publish path.
+                    self._watched[receiver] = _Progress(queue.deliveries_started, _UNSTAMPED)
                 # One future per congested session, shared by every publisher waiting on it.
                 waiter = receiver.drain_waiter
                 if waiter is None:
@@ -50,16 +117,112 @@ class FlowControl:
 
     def pumped(self, session: Session) -> None:
         """After a pump: publishers waiting on this session go once its queue is half empty."""
-        if session.drain_waiter is not None and session.queue.count <= self.depth // 2:
-            self.release(session)
+        if session.drain_waiter is not None:
+            queue = session.queue
+            if queue.count <= self.depth // 2 and queue.bytes <= self.depth_bytes // 2:
+                self.release(session)
 
     @staticmethod
     def release(session: Session) -> None:
-        """Let every publisher waiting on this session go (it drained, or disconnected)."""
+        """Let every publisher waiting on this session go (it drained, stalled or left)."""
         waiter = session.drain_waiter
         session.drain_waiter = None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def is_stalled(self, session: Session) -> bool:
+        return session in self._stalled
+
+    def check(self, now: float, total_bytes: int) -> None:
+        """The periodic look (the broker's tick): stalls, recoveries, the broker-wide bound."""
+        for session, progress in list(self._watched.items()):
+            self._check_progress(session, progress, now)
+        self._check_total(total_bytes)
+
+    def _check_progress(self, session: Session, progress: _Progress, now: float) -> None:
+        queue = session.queue
+        stalled = session in self._stalled
+        if session.link is None:
+            # Gone: an absent subscriber holds nobody (release() ran when it left).
+            self._forget(session, progress, "disconnected")
+            return
+        if progress.since == _UNSTAMPED:
+            progress.since = now
+        started = queue.deliveries_started
+        if started != progress.started:
+            progress.started = started
+            progress.since = now
+            if stalled:
+                self._forget(session, progress, "is making progress again")
+                return
+        congested = queue.count >= self.depth or queue.bytes >= self.depth_bytes
+        if not stalled:
+            if not congested and session.drain_waiter is None:
+                del self._watched[session]
+            elif self.stall_timeout and now - progress.since >= self.stall_timeout:
+                self._stall(session, progress, now)
+            return
+        dropped = _dropped(session)
+        if dropped != progress.dropped_reported:
+            progress.dropped_reported = dropped
+            log.warning(
+                "subscriber %s (stalled): %d messages dropped since it stalled; its queue "
+                "holds %d messages, %d bytes",
+                session.client_id,
+                dropped - progress.dropped_at_stall,
+                queue.count,
+                queue.bytes,
+            )
+
+    def _stall(self, session: Session, progress: _Progress, now: float) -> None:
+        queue = session.queue
+        self._stalled.add(session)
+        progress.dropped_at_stall = progress.dropped_reported = _dropped(session)
+        self.stats.subscriber_stalls += 1
+        self.stats.stalled_subscribers = len(self._stalled)
+        log.warning(
+            "subscriber %s made no progress for %.1f s with %d messages (%d bytes) queued: "
+            "it no longer holds publishers back; its queue fills to its limit (%s applies)",
+            session.client_id,
+            now - progress.since,
+            queue.count,
+            queue.bytes,
+            queue.policy,
+        )
+        self.release(session)
+
+    def _forget(self, session: Session, progress: _Progress, why: str) -> None:
+        del self._watched[session]
+        if session in self._stalled:
+            self._stalled.discard(session)
+            self.stats.stalled_subscribers = len(self._stalled)
+            log.info(
+                "subscriber %s %s; %d messages were dropped while it was stalled",
+                session.client_id,
+                why,
+                _dropped(session) - progress.dropped_at_stall,
+            )
+
+    def _check_total(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        bound = self.max_total_bytes
+        if not bound or self.loop is None:
+            return
+        waiter = self._total_waiter
+        if waiter is None and total_bytes >= bound:
+            self._total_waiter = self.loop.create_future()
+            self.stats.total_bound_engaged += 1
+            log.warning(
+                "%d bytes queued in all, over max_total_queued_bytes (%d): every QoS 1/2 "
+                "publisher is held back until half of that is left",
+                total_bytes,
+                bound,
+            )
+        elif waiter is not None and total_bytes <= bound // 2:
+            self._total_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+            log.info("%d bytes queued in all: publishers go again", total_bytes)
 
     def commit_and_drain(
         self, commit: asyncio.Future[None], drained: asyncio.Future[None]
@@ -75,3 +238,8 @@ class FlowControl:
         self._both[key] = combined
         combined.add_done_callback(lambda _: self._both.pop(key, None))
         return combined
+
+
+def _dropped(session: Session) -> int:
+    counters = session.queue.counters
+    return counters.rejected + counters.discarded

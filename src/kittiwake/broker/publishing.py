@@ -1,7 +1,8 @@
 """The publish path: journal a persistent message, keep it if retained, route it to every
 queue that should get a copy (per the topic's route plan), and say when the publisher may be
 told it is safe. Copies of a message whose commit is pending are held back (persist ->
-acknowledge -> dispatch) and dropped if the commit fails. Knows no protocol.
+acknowledge -> dispatch) and dropped if the commit fails; a unit applied whole (a fenced write)
+holds back every copy. Knows no protocol.
 """
 
 from __future__ import annotations
@@ -45,6 +46,79 @@ def publish(broker: Broker, message: Message) -> Completion:
     if drained is None:
         return commit
     return broker.flow.commit_and_drain(commit, drained)
+
+
+# A copy held back until its unit's commit: a session's copy, or a shared group's message.
+HeldCopy = tuple[Session, QueuedMessage] | tuple[SharedGroup, Message]
+
+
+def publish_held(
+    broker: Broker, message: Message, commit: asyncio.Future[None], held: list[HeldCopy]
+) -> Completion:
+    """One message of a unit applied whole (a fenced write) whose commit ``commit`` is pending:
+    persist -> acknowledge -> dispatch for every copy, QoS 0 included, so a unit retried after
+    a failed commit delivers nothing twice.
+
+    Copies the commit stores (persistent ones on durable queues) are queued now, their rows
+    joining the commit, and wait for it as any stored copy does. Every other copy, which would
+    go out at once, is added to ``held`` for :func:`release_held` to send once the commit is
+    durable (nothing, if it fails). The steps before routing are :func:`publish`'s.
+    """
+    if not message.created:
+        message.created = broker.clock.now()
+    broker.stats.messages_received += 1
+    if message.persistent:
+        if not message.message_id:
+            broker.store.journal(message)
+    elif broker.journal_qos0 and broker.store.journals_qos0(message.topic):
+        broker.store.journal(message)
+    if message.retain:
+        retain(broker, message)
+    plan = broker.routes.plan(message.topic)
+    touched: list[Session | SharedGroup] = []
+    # A fenced write has no origin (no connection published it): noLocal never applies.
+    for copy in plan.copies:
+        options = copy.options
+        entry = QueuedMessage.of(
+            message,
+            options.max_qos,
+            message.retain and options.retain_as_published,
+            options.subscription_ids,
+        )
+        session = copy.session
+        if entry.persistent and session.queue.durable:
+            if enqueue(broker, session, entry):
+                touched.append(session)
+        else:
+            held.append((session, entry))
+    for group in plan.groups:
+        if group.queue.durable and QueuedMessage.of(message, group.max_qos).persistent:
+            if enqueue_shared(broker, group, message):
+                touched.append(group)
+        else:
+            held.append((group, message))
+    if touched:
+        broker.pending_commits.hold(commit, message, touched)
+    drained = broker.flow.congested(touched) if message.qos and touched else None
+    if drained is None:
+        return commit
+    return broker.flow.commit_and_drain(commit, drained)
+
+
+def release_held(broker: Broker, held: list[HeldCopy], commit: asyncio.Future[None]) -> None:
+    """The unit's commit is done: send the copies it held, in the unit's order; none if the
+    commit failed (the unit's fence was not stored either: its retry sends them)."""
+    if commit.cancelled() or commit.exception() is not None:
+        return
+    for target, item in held:
+        if isinstance(target, SharedGroup):
+            assert isinstance(item, Message)
+            needs_pump = enqueue_shared(broker, target, item)
+        else:
+            assert isinstance(item, QueuedMessage)
+            needs_pump = enqueue(broker, target, item)
+        if needs_pump:
+            broker.pump_soon(target)
 
 
 def retain(broker: Broker, message: Message) -> None:

@@ -195,6 +195,12 @@ class Queue:
     def __len__(self) -> int:
         return self.count
 
+    @property
+    def deliveries_started(self) -> int:
+        """Delivery attempts started so far: while entries wait, a new one means a consumer
+        settled something (flow control's measure of progress)."""
+        return self._next_delivery_id
+
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} waiting={self.count} in_flight={self.in_flight}>"
 

@@ -5,16 +5,23 @@ protocol: options are on the MQTT 5 scale, which older protocols and JMS map ont
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.dispatch import enqueue
+from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.sessions import Session, Subscription
 from kittiwake.broker.shared_groups import Member, MemberReceiver, SharedGroup, group_queue_name
-from kittiwake.broker.topics import TopicError, parse_shared, validate_topic_filter
+from kittiwake.broker.topics import (
+    TopicError,
+    is_wildcard,
+    parse_shared,
+    validate_topic_filter,
+)
 
 if TYPE_CHECKING:
     from kittiwake.broker.broker import Broker
@@ -194,6 +201,8 @@ def remove_subscription(broker: Broker, subscription: Subscription) -> None:
     broker.routes.changed()
     if subscription.share_group is None:
         broker.tree.remove(subscription.topic_filter, subscription)
+        if broker.retained_cursors:
+            forget_retained_cursors(broker, subscription)
         return
     key = (subscription.share_group, subscription.topic_filter)
     group = broker.shared_groups.get(key)
@@ -215,22 +224,103 @@ def remove_subscription(broker: Broker, subscription: Subscription) -> None:
 
 
 def send_retained(broker: Broker, subscribed: Subscribed) -> None:
-    """Deliver the retained messages a new subscription should see (retain handling)."""
+    """Deliver the retained messages a new subscription should see (retain handling).
+
+    A session whose consumer has a window (MQTT) is served from a cursor as its window opens
+    (see dispatch.feed_retained): any number arrive, none is cut by a queue limit, and the
+    first goes out without collecting the rest. Others (link credit) get them queued at once.
+    """
     subscription = subscribed.subscription
     if subscription.share_group is not None:
         return  # shared subscriptions never receive retained messages (MQTT-4.8.2)
     handling = subscription.retain_handling
     if handling == 2 or (handling == 1 and not subscribed.new):
         return
-    now = broker.clock.now()
     session = subscription.session
-    sub_ids = () if subscription.subscription_id is None else (subscription.subscription_id,)
-    permissions = session.permissions
+    if session.consumer.credit.window is not None and is_wildcard(subscription.topic_filter):
+        cursors = broker.retained_cursors.setdefault(session, [])
+        # A subscription sent again restarts its retained messages (MQTT 3.1.1 resends them).
+        cursors[:] = [c for c in cursors if c.subscription is not subscription]
+        messages = broker.retained.cursor(subscription.topic_filter)
+        cursors.append(RetainedCursor(subscription, messages))
+        broker.pump(session)
+        return
+    now = broker.clock.now()
     for message in broker.retained.matching(subscription.topic_filter, now):
-        if permissions is not None and not permissions.may_read(message.topic):
-            continue
-        entry = QueuedMessage.of(
-            message, subscription.max_qos, retain=True, subscription_ids=sub_ids
-        )
-        enqueue(broker, session, entry)
+        entry = retained_entry(session, subscription, message)
+        if entry is not None:
+            enqueue(broker, session, entry)
     broker.pump(session)
+
+
+def retained_entry(
+    session: Session, subscription: Subscription, message: Message
+) -> QueuedMessage | None:
+    """The session's copy of a retained message, or None when its principal may not read it."""
+    permissions = session.permissions
+    if permissions is not None and not permissions.may_read(message.topic):
+        return None
+    sub_ids = () if subscription.subscription_id is None else (subscription.subscription_id,)
+    return QueuedMessage.of(message, subscription.max_qos, retain=True, subscription_ids=sub_ids)
+
+
+class RetainedCursor:
+    """Where a subscription is in sending its retained messages."""
+
+    __slots__ = ("messages", "subscription")
+
+    def __init__(self, subscription: Subscription, messages: Iterator[Message]) -> None:
+        self.subscription = subscription
+        self.messages = messages
+
+
+# Retained messages sent at QoS 0 (no window to pace them) per pump: the rest go on the next
+# loop turns, so a huge retained set never holds the loop, and the first leaves at once.
+RETAINED_UNPACED_PER_TURN = 256
+
+
+def feed_retained(broker: Broker, session: Session) -> None:
+    """Send retained messages from the session's cursors while its window has room and
+    nothing waits in its queue; the rest wait for the next acknowledgement (or loop turn)."""
+    cursors = broker.retained_cursors.get(session)
+    if not cursors:
+        return
+    queue = session.queue
+    consumer = session.consumer
+    credit = consumer.credit
+    now = broker.clock.now()
+    budget = RETAINED_UNPACED_PER_TURN
+    while (
+        cursors
+        and budget
+        and credit.available > 0
+        and consumer.receiver is not None
+        and not queue.count
+    ):
+        cursor = cursors[0]
+        message = next(cursor.messages, None)
+        if message is None:
+            cursors.pop(0)
+            continue
+        if message.expired(now):
+            continue
+        entry = retained_entry(session, cursor.subscription, message)
+        if entry is None:
+            continue
+        budget -= 1
+        if enqueue(broker, session, entry):
+            broker.stats.messages_sent += queue.dispatch(now)
+    if not cursors:
+        del broker.retained_cursors[session]
+    elif not budget:
+        broker.pump_soon(session)
+
+
+def forget_retained_cursors(broker: Broker, subscription: Subscription) -> None:
+    """The subscription is gone: so is what remained of its retained messages."""
+    cursors = broker.retained_cursors.get(subscription.session)
+    if cursors is None:
+        return
+    cursors[:] = [c for c in cursors if c.subscription is not subscription]
+    if not cursors:
+        del broker.retained_cursors[subscription.session]

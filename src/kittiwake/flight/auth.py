@@ -1,22 +1,32 @@
-"""Who is calling the Flight service: credentials from the call's headers, and the hook that
-accepts or refuses them. Runs on the Flight server's threads; must never touch the event loop.
+"""Who is calling the Flight service: credentials from the call's headers, the bearer tokens a
+login issues, and the hook that accepts or refuses a call. Runs on the Flight server's threads;
+must never touch the event loop.
 
 :class:`UsersAuthenticator` asks the broker's one authentication service (the users every
-front end shares): HTTP Basic user:password is checked against them, anonymous calls pass as
-the listener's policy says. While no users exist, presented credentials are refused, since
-nothing could check them. Bearer tokens are not issued yet, so they are refused too.
+front end shares). Flight's own login flow is supported: a ``Handshake`` carrying HTTP Basic
+``user:password`` (``FlightClient.authenticate_basic_token``) is answered with an
+``authorization: Bearer <token>`` header, and later calls send that token instead of the
+password. Basic on any call is accepted too. Anonymous calls pass as the listener's policy
+says. While no users exist, presented credentials are refused, since nothing could check them.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping, Sequence
+import secrets
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kittiwake.broker.authentication import Authentication, Refusal
+from kittiwake.broker.authentication import Authentication, PasswordHash, Refusal
 from kittiwake.broker.authentication import Credentials as UserCredentials
+
+# How long an issued bearer token stands for its user unless configured (auth.token_lifetime).
+DEFAULT_TOKEN_LIFETIME = 3600.0
+# Random bytes in a token (URL-safe base64 on the wire).
+_TOKEN_BYTES = 32
 
 
 class AuthenticationRefused(Exception):
@@ -36,40 +46,135 @@ class Credentials:
         return self.token is None and self.username is None
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a call acts as."""
+
+    # The authenticated user; None for an anonymous call (whose ACLs name no user).
+    user: str | None
+    # The token this call's login issued (a Basic handshake): sent back in its headers.
+    issued_token: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.user if self.user is not None else "anonymous"
+
+
 class Authenticator(Protocol):
-    def authenticate(self, credentials: Credentials) -> str:
-        """The principal's name, or raise AuthenticationRefused."""
+    def authenticate(self, credentials: Credentials, *, login: bool = False) -> Caller:
+        """The caller, or raise AuthenticationRefused. ``login``: the call is a Handshake,
+        which issues a bearer token for a user that proved itself with a password."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Issued:
+    user: str
+    # The user's hash when the token was issued: a changed password or a removed user
+    # (a reloaded password file) ends the token.
+    proof: PasswordHash
+    expires_at: float
+
+
+class BearerTokens:
+    """Tokens issued on login, kept in memory only (a broker restart ends them: clients log in
+    again). Shared by the Flight server's threads, hence the lock; never held across a slow
+    step."""
+
+    def __init__(self, lifetime: float, clock: Callable[[], float]) -> None:
+        self.lifetime = lifetime
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Insertion order is expiry order (one lifetime for all): expired ones leave from
+        # the front, so the table holds only live tokens plus what expired since the last
+        # issue.
+        self._issued: dict[str, _Issued] = {}
+
+    def issue(self, user: str, proof: PasswordHash) -> str:
+        token = secrets.token_urlsafe(_TOKEN_BYTES)
+        now = self._clock()
+        with self._lock:
+            issued = self._issued
+            for old in list(issued):
+                if issued[old].expires_at > now:
+                    break
+                del issued[old]
+            issued[token] = _Issued(user, proof, now + self.lifetime)
+        return token
+
+    def holder(self, token: str) -> _Issued:
+        """The token's record, or refuse it (unknown, or expired: then it is forgotten)."""
+        with self._lock:
+            issued = self._issued.get(token)
+            if issued is not None and issued.expires_at <= self._clock():
+                del self._issued[token]
+                raise AuthenticationRefused(
+                    "the bearer token expired; log in again (a Basic handshake, "
+                    "FlightClient.authenticate_basic_token)"
+                )
+        if issued is None:
+            raise AuthenticationRefused(
+                "the bearer token is not one this broker issued (or the broker restarted "
+                "since); log in again (FlightClient.authenticate_basic_token)"
+            )
+        return issued
+
+    def revoke(self, token: str) -> None:
+        with self._lock:
+            self._issued.pop(token, None)
+
+    def __len__(self) -> int:
+        return len(self._issued)
 
 
 class UsersAuthenticator:
     """The broker's users, checked on the Flight server's own threads (the slow hash there
     blocks no one but the caller)."""
 
-    def __init__(self, authentication: Authentication, allow_anonymous: bool | None) -> None:
+    def __init__(
+        self,
+        authentication: Authentication,
+        allow_anonymous: bool | None,
+        tokens: BearerTokens,
+    ) -> None:
         self._authentication = authentication
         self._allow_anonymous = allow_anonymous
+        self.tokens = tokens
 
-    def authenticate(self, credentials: Credentials) -> str:
+    def authenticate(self, credentials: Credentials, *, login: bool = False) -> Caller:
+        authentication = self._authentication
         if credentials.token is not None:
-            raise AuthenticationRefused(
-                "bearer tokens are not supported yet; use Basic with a user name and password"
-            )
+            issued = self.tokens.holder(credentials.token)
+            if authentication.password_hash(issued.user) != issued.proof:
+                self.tokens.revoke(credentials.token)
+                raise AuthenticationRefused(
+                    f"user {issued.user!r} was removed or changed its password since this "
+                    "token was issued; log in again"
+                )
+            return Caller(issued.user)
         if credentials.anonymous:
-            if not self._authentication.anonymous_allowed(self._allow_anonymous):
+            if not authentication.anonymous_allowed(self._allow_anonymous):
                 raise AuthenticationRefused("anonymous access is disabled on this listener")
-            return "anonymous"
-        if not self._authentication.users_configured:
+            return Caller(None)
+        if not authentication.users_configured:
             raise AuthenticationRefused(
                 "this broker has no users configured, so it cannot check credentials; "
                 "connect without an authorization header"
             )
-        verdict = self._authentication.verify(
+        verdict = authentication.verify(
             UserCredentials(credentials.username, credentials.password)
         )
         if isinstance(verdict, Refusal):
             raise AuthenticationRefused(verdict.value)
-        return verdict.name or "anonymous"
+        user = verdict.name
+        if user is None:  # pragma: no cover - a password login always names its user
+            raise AuthenticationRefused("the login named no user")
+        if not login:
+            return Caller(user)
+        proof = authentication.password_hash(user)
+        if proof is None:  # removed by a reload during the check
+            raise AuthenticationRefused(Refusal.BAD_CREDENTIALS.value)
+        return Caller(user, self.tokens.issue(user, proof))
 
 
 def credentials_from_headers(headers: Mapping[str, Sequence[str | bytes]]) -> Credentials:

@@ -54,11 +54,12 @@ class BrokerWrites:
 
         return self._wait(apply())
 
-    def commit(self, writer: str, batch: int) -> None:
-        """Every batch of ``writer`` up to ``batch`` is committed."""
+    def commit(self, writer: str, batch: int, *, finished: bool = False) -> None:
+        """Every batch of ``writer`` up to ``batch`` is committed (``finished``: and the
+        writer never writes again)."""
 
         async def apply() -> None:
-            await _durable(self._fenced.commit_batch(writer, batch))
+            await _durable(self._fenced.commit_batch(writer, batch, finished=finished))
 
         self._wait(apply())
 

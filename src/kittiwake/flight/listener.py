@@ -13,8 +13,14 @@ from typing import TYPE_CHECKING
 from kittiwake.broker.authentication import Authentication
 from kittiwake.broker.authorization import Authorizer
 from kittiwake.broker.fenced_writes import FencedWrites
+from kittiwake.clock import MonotonicClock
 from kittiwake.config import LimitsConfig, TLSConfig
-from kittiwake.flight.auth import Authenticator, UsersAuthenticator
+from kittiwake.flight.auth import (
+    DEFAULT_TOKEN_LIFETIME,
+    Authenticator,
+    BearerTokens,
+    UsersAuthenticator,
+)
 from kittiwake.flight.broker_writes import BrokerWrites
 from kittiwake.store.journal_reader import JournalReader
 from kittiwake.store.journal_selection import JournalSelection
@@ -54,14 +60,21 @@ class FlightListener:
         *,
         fenced_writes: FencedWrites | None = None,
         limits: LimitsConfig | None = None,
+        tokens: BearerTokens | None = None,
     ) -> None:
         require_pyarrow()
         self.host = host
         self.port = port
         self._reader = JournalReader(data_dir, selection)
         self._authorizer = authorizer
+        # The bearer tokens logins issue; the app shares one table between its flight
+        # listeners, so a token from one is good on the others.
+        # (Not ``tokens or ...``: an empty table is falsy.)
+        if tokens is None:
+            tokens = BearerTokens(DEFAULT_TOKEN_LIFETIME, MonotonicClock().now)
+        self.tokens = tokens
         self._authenticator = authenticator or UsersAuthenticator(
-            authentication or Authentication(), allow_anonymous
+            authentication or Authentication(), allow_anonymous, self.tokens
         )
         self._tls = tls
         # The core's fenced writes (the Spark sink's puts); None: puts are refused.

@@ -32,8 +32,10 @@ ACTIONS = {
     "offset) and the earliest offset still kept",
     ACTION_OFFSET_FOR_TIMESTAMP: 'body {"timestamp_ms": N}: per partition, the first offset '
     "stored at or after that time",
-    ACTION_COMMIT_WRITES: 'body {"writer": W, "batch": N}: every batch of writer W up to N is '
-    "committed; a later put for one of them publishes nothing",
+    ACTION_COMMIT_WRITES: 'body {"writer": W, "batch": N, "finished": false}: every batch of '
+    "writer W up to N is committed; a later put for one of them publishes nothing. "
+    '"finished": true: W never writes again (a batch write); it is remembered for '
+    "journal.finished_write_retention, then forgotten",
 }
 # Schema metadata of a range read: the bounds at the read's snapshot and, when the retention
 # dropped part of the range, that part [lost_start, lost_end).
@@ -289,13 +291,24 @@ class WriteAnswer:
         return cls(int(doc["rows"]), bool(doc["already_committed"]))
 
 
-def commit_writes_body(writer: str, batch: int) -> bytes:
-    return json.dumps({"writer": writer, "batch": batch}, separators=(",", ":")).encode()
+def commit_writes_body(writer: str, batch: int, finished: bool = False) -> bytes:
+    doc: dict[str, Any] = {"writer": writer, "batch": batch}
+    if finished:
+        doc["finished"] = True
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def parse_commit_writes(body: bytes) -> tuple[str, int]:
+def parse_commit_writes(body: bytes) -> tuple[str, int, bool]:
+    """(writer, batch, finished); ``finished`` is absent from older senders' bodies."""
     doc = _json_object(body, "action body")
-    return check_writer_id(doc.get("writer")), _counter(doc, "batch", "action body")
+    finished = doc.get("finished", False)
+    if not isinstance(finished, bool):
+        raise RequestError(f"action body: finished must be true or false, got {finished!r}")
+    return (
+        check_writer_id(doc.get("writer")),
+        _counter(doc, "batch", "action body"),
+        finished,
+    )
 
 
 def check_write_schema(schema: pa.Schema) -> None:

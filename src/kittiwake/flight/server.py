@@ -24,6 +24,7 @@ from kittiwake.config import LimitsConfig, TLSConfig
 from kittiwake.flight.auth import (
     AuthenticationRefused,
     Authenticator,
+    Caller,
     credentials_from_headers,
 )
 from kittiwake.flight.batches import record_batch
@@ -52,27 +53,52 @@ T = TypeVar("T")
 _AUTH_MIDDLEWARE = "auth"
 
 
-class _Principal(flight.ServerMiddleware):  # type: ignore[misc]
-    def __init__(self, name: str, user: str | None) -> None:
-        self.name = name
-        # The authenticated user, None for an anonymous call (whose ACLs name no user).
-        self.user = user
+class _CallerMiddleware(flight.ServerMiddleware):  # type: ignore[misc]
+    def __init__(
+        self, caller: Caller | None, refusal: AuthenticationRefused | None = None
+    ) -> None:
+        # What the headers proved; on a listener that maps client certificates, a refusal
+        # waits for the handler (a certificate may name the caller still).
+        self.caller = caller
+        self.refusal = refusal
+
+    def sending_headers(self) -> dict[str, str] | None:
+        # A login (Basic handshake) answers with its token, as Flight's basic-token flow
+        # expects: FlightClient.authenticate_basic_token returns this header to send after.
+        token = self.caller.issued_token if self.caller is not None else None
+        return {"authorization": f"Bearer {token}"} if token is not None else None
 
 
 class _AuthMiddlewareFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
-    """Checks every call's credentials before its handler runs."""
+    """Checks every call's credentials before its handler runs (where client certificates
+    name users, a refusal is left to the handler, which alone sees the certificate)."""
 
-    def __init__(self, authenticator: Authenticator) -> None:
+    def __init__(self, authenticator: Authenticator, certificates_name_users: bool) -> None:
         super().__init__()
         self._authenticator = authenticator
+        self._defer_refusals = certificates_name_users
 
-    def start_call(self, info: Any, headers: dict[str, list[str]]) -> _Principal:
+    def start_call(self, info: Any, headers: dict[str, list[str]]) -> _CallerMiddleware:
         try:
             credentials = credentials_from_headers(headers)
-            name = self._authenticator.authenticate(credentials)
-            return _Principal(name, None if credentials.anonymous else name)
+            login = info.method == flight.FlightMethod.HANDSHAKE
+            return _CallerMiddleware(self._authenticator.authenticate(credentials, login=login))
         except AuthenticationRefused as exc:
+            if self._defer_refusals:
+                return _CallerMiddleware(None, exc)
             raise flight.FlightUnauthenticatedError(str(exc)) from None
+
+
+class _HandshakeInMiddleware(flight.ServerAuthHandler):  # type: ignore[misc]
+    """The Handshake call itself: the middleware has checked its credentials (and issued the
+    token) before this runs, so there is nothing left to exchange. Without a handler gRPC
+    answers every Handshake "unimplemented"."""
+
+    def authenticate(self, outgoing: Any, incoming: Any) -> None:
+        return None
+
+    def is_valid(self, token: bytes) -> str:
+        return ""  # the legacy per-call token (auth-token-bin) is not used: headers are
 
 
 class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
@@ -107,9 +133,23 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             if tls.ca:
                 options["root_certificates"] = Path(tls.ca).read_bytes()
                 options["verify_client"] = tls.require_client_certificate
+        # A verified client certificate names the caller (tls.certificate_user = "cn"): gRPC
+        # gives its name to a call as the peer identity, but only while no auth handler is
+        # installed, and without one a Handshake (a Basic login) is answered "unimplemented".
+        # So such a listener takes certificates, Basic on each call and bearer tokens, but
+        # issues no tokens; every other listener issues them.
+        self._certificates_name_users = (
+            tls is not None
+            and tls.enabled
+            and tls.certificate_user == "cn"
+            and tls.require_client_certificate
+        )
+        if not self._certificates_name_users:
+            options["auth_handler"] = _HandshakeInMiddleware()
+        factory = _AuthMiddlewareFactory(authenticator, self._certificates_name_users)
         super().__init__(
             f"{scheme}://{address}:{port}",
-            middleware={_AUTH_MIDDLEWARE: _AuthMiddlewareFactory(authenticator)},
+            middleware={_AUTH_MIDDLEWARE: factory},
             **options,
         )
 
@@ -117,8 +157,9 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
         def start() -> flight.FlightDataStream:
+            caller = self._caller(context)
             request = RangeRequest.from_ticket(ticket.ticket)
-            self._check_topics(request.topics)
+            self._check_topics(caller, request.topics)
             journal_range = self.reader.read(request.start, request.end, request.topics)
             schema = range_schema(
                 request.include_headers,
@@ -158,6 +199,7 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         or, when the unit was taken before, nothing is (the answer says which)."""
 
         def put() -> None:
+            caller = self._caller(context)
             writes = self._require_writes()
             if descriptor.descriptor_type != flight.DescriptorType.CMD:
                 raise RequestError("a put's descriptor must be a command (a write request)")
@@ -168,17 +210,14 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                     "(limits.max_concurrent_puts); retry"
                 )
             try:
-                apply(writes, request)
+                apply(writes, request, caller)
             finally:
                 self._put_slots.release()
 
-        def apply(writes: BrokerWrites, request: WriteRequest) -> None:
+        def apply(writes: BrokerWrites, request: WriteRequest, caller: Caller) -> None:
             limits = self._limits
-            principal = context.get_middleware(_AUTH_MIDDLEWARE)
             # The caller's own publish rights (its ACLs), as for any publishing client.
-            permissions = self._authorizer.permissions(
-                principal.user if principal is not None else None, ""
-            )
+            permissions = self._authorizer.permissions(caller.user, "")
             messages = read_messages(
                 (chunk.data for chunk in reader),
                 reader.schema,
@@ -210,9 +249,10 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         body = action.body.to_pybytes() if action.body is not None else b""
 
         def answer() -> list[flight.Result]:
+            self._caller(context)
             if kind == ACTION_COMMIT_WRITES:
-                writer_id, batch = parse_commit_writes(body)
-                self._require_writes().commit(writer_id, batch)
+                writer_id, batch, finished = parse_commit_writes(body)
+                self._require_writes().commit(writer_id, batch, finished=finished)
                 return [flight.Result(b"{}")]
             if kind == ACTION_LATEST:
                 bounds = self.reader.bounds()
@@ -225,16 +265,37 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         return iter(_answered(f"action {kind!r}", answer))
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        self._caller(context)
         return sorted(ACTIONS.items())
 
     def list_flights(self, context: Any, criteria: bytes) -> Iterator[flight.FlightInfo]:
+        self._caller(context)
         return iter(())
 
-    def _check_topics(self, topics: tuple[str, ...]) -> None:
-        refused = [t for t in topics if not self._authorizer.may_subscribe(t)]
+    def _caller(self, context: Any) -> Caller:
+        """Who the call acts as: the name its verified client certificate proves, where the
+        listener says certificates name users (that wins, as on MQTT); else what its headers
+        proved in the middleware."""
+        if self._certificates_name_users:
+            identity = context.peer_identity()
+            if identity:
+                return Caller(bytes(identity).decode("utf-8", "replace"))
+        middleware = context.get_middleware(_AUTH_MIDDLEWARE)
+        if middleware is None:  # pragma: no cover - the middleware runs on every call
+            raise flight.FlightUnauthenticatedError("the call was not authenticated")
+        if middleware.refusal is not None:
+            raise flight.FlightUnauthenticatedError(str(middleware.refusal))
+        caller: Caller = middleware.caller
+        return caller
+
+    def _check_topics(self, caller: Caller, topics: tuple[str, ...]) -> None:
+        """A journal read cannot be filtered per message: every topic a filter can match must
+        be readable by the caller (its own ACLs, as for any subscriber)."""
+        permissions = self._authorizer.permissions(caller.user, "")
+        refused = [t for t in topics if not permissions.may_subscribe_wholly(t)]
         if refused:
             raise flight.FlightUnauthorizedError(
-                f"reading {refused[0]!r} is not authorised (auth.subscribe_* rules)"
+                f"reading {refused[0]!r} is not authorised (auth.subscribe_* rules, ACLs)"
             )
 
 

@@ -7,20 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from enum import IntEnum
 from types import TracebackType
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from proton import Delivery, Described, Link, Receiver, Sender, Terminus, symbol, ulong
 from proton import Message as ProtonMessage
+from proton import Session as ProtonSession
 
 from kittiwake.jms import messages as codec
 from kittiwake.jms.destinations import (
@@ -33,26 +34,25 @@ from kittiwake.jms.destinations import (
 from kittiwake.jms.engine import EngineConnection, LinkEndpoint, put_symbols
 from kittiwake.jms.exceptions import (
     IllegalStateException,
+    InvalidClientIDException,
     InvalidDestinationException,
     InvalidSelectorException,
     JMSException,
+    JMSSecurityException,
     TransactionRolledBackException,
     from_condition,
 )
+from kittiwake.jms.factories import MessageFactory, ProducerSettings
 from kittiwake.jms.messages import (
-    BytesMessage,
     DeliveryMode,
-    MapMessage,
     Message,
-    ObjectMessage,
-    StreamMessage,
-    TextMessage,
 )
+from kittiwake.jms.urls import parse_url
+from kittiwake.jms.vm import open_streams as vm_streams
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH = 1000
-DEFAULT_PORT = 5672
 ACCEPTED_OUTCOME = 0x24
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34
@@ -86,8 +86,12 @@ CompletionListener = Callable[[Message, JMSException | None], None]
 
 
 class ConnectionFactory:
-    """Where and how to connect: ``amqp://host:port``; ``disable_ack`` makes every transfer
-    presettled both ways (fire and forget); ``prefetch`` is each consumer's link credit."""
+    """Where and how to connect: ``amqp://host:port``, ``vm://name`` (a broker in this
+    process, started on first use: kittiwake.jms.vm), or Qpid JMS's
+    ``failover:(amqp://a:5672,amqp://b:5672)?failover.maxReconnectAttempts=N`` (reconnects,
+    to the next address in turn, with the options' back-off; see kittiwake.jms.urls);
+    ``disable_ack`` makes every transfer presettled both ways (fire and forget); ``prefetch``
+    is each consumer's link credit."""
 
     def __init__(
         self,
@@ -104,34 +108,36 @@ class ConnectionFactory:
         reconnect_attempts: int = 20,
         reconnect_delay: float = 0.1,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("amqp", ""):
-            raise JMSException(f"unsupported URL scheme {parts.scheme!r} (use amqp://)")
+        parsed = parse_url(url)
         if prefetch < 0:
             raise ValueError("prefetch must be 0 or more")
         self.url = url
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or DEFAULT_PORT
+        self.addresses = parsed.addresses
+        self.vm = parsed.vm
+        self.host = parsed.addresses[0].host
+        self.port = parsed.addresses[0].port
         self.client_id = client_id
-        self.username = (
-            username
-            if username is not None
-            else (unquote(parts.username) if parts.username else None)
-        )
-        self.password = (
-            password
-            if password is not None
-            else (unquote(parts.password) if parts.password else None)
-        )
+        self.username = username if username is not None else parsed.username
+        self.password = password if password is not None else parsed.password
         self.disable_ack = disable_ack
         self.prefetch = prefetch
         self.allow_pickle = allow_pickle
         self.timeout = timeout
         # Reconnect: reopen the connection, its sessions and links after a failure, waiting
-        # ``reconnect_delay`` (doubling, at most 2 s) between at most ``reconnect_attempts``.
-        self.reconnect = reconnect
-        self.reconnect_attempts = reconnect_attempts
+        # ``reconnect_delay`` (multiplied by ``reconnect_backoff``, at most
+        # ``reconnect_max_delay``) between at most ``reconnect_attempts`` (None: no end)
+        # rounds over the addresses. A failover: URL reconnects with its own options.
+        failover = parsed.failover
+        self.reconnect = reconnect or failover is not None
+        self.reconnect_attempts: int | None = reconnect_attempts
         self.reconnect_delay = reconnect_delay
+        self.reconnect_max_delay = 2.0
+        self.reconnect_backoff = 2.0
+        if failover is not None:
+            self.reconnect_attempts = failover.max_attempts
+            self.reconnect_delay = failover.initial_delay_ms / 1000
+            self.reconnect_max_delay = failover.max_delay_ms / 1000
+            self.reconnect_backoff = failover.backoff
 
     async def create_connection(
         self, username: str | None = None, password: str | None = None
@@ -141,16 +147,42 @@ class ConnectionFactory:
         user = username if username is not None else self.username
         secret = password if password is not None else self.password
 
+        addresses = self.addresses
+        # The address to try first: the last one that answered.
+        current = 0
+        vm = self.vm
+        streams = None if vm is None else functools.partial(vm_streams, vm)
+
         async def open_engine() -> EngineConnection:
-            return await EngineConnection.open(
-                self.host,
-                self.port,
-                container_id=container or "",
-                sole=explicit,
-                username=user,
-                password=secret,
-                timeout=self.timeout,
-            )
+            """One round over the addresses, from the last good one; the last error when
+            none answers."""
+            nonlocal current
+            error: JMSException | None = None
+            for step in range(len(addresses)):
+                index = (current + step) % len(addresses)
+                address = addresses[index]
+                try:
+                    engine = await EngineConnection.open(
+                        address.host,
+                        address.port,
+                        container_id=container or "",
+                        sole=explicit,
+                        username=user,
+                        password=secret,
+                        timeout=self.timeout,
+                        streams=streams,
+                    )
+                except JMSSecurityException:
+                    raise  # the same credentials go to every address
+                except InvalidClientIDException:
+                    raise
+                except JMSException as exc:
+                    error = exc
+                    continue
+                current = index
+                return engine
+            assert error is not None
+            raise error
 
         connection = Connection(self, await open_engine(), self.client_id)
         connection.open_engine = open_engine
@@ -190,7 +222,16 @@ class Connection:
         self._reconnected = asyncio.Event()
         self._reconnected.set()
         self._reconnect_task: asyncio.Task[None] | None = None
+        # The AMQP session holding temporary destinations' links (made on first use).
+        self._temporaries: ProtonSession | None = None
+        self._temporaries_engine: EngineConnection | None = None
         engine.on_failure = self._failed
+
+    def _temporaries_session(self) -> ProtonSession:
+        if self._temporaries is None or self._temporaries_engine is not self.engine:
+            self._temporaries = self.engine.session()
+            self._temporaries_engine = self.engine
+        return self._temporaries
 
     def set_state_listener(self, listener: Callable[[ConnectionState], None] | None) -> None:
         self.state_listener = listener
@@ -220,10 +261,12 @@ class Connection:
     async def _reconnect(self, error: JMSException) -> None:
         """Reopen the connection, then every session, producer and consumer on it."""
         assert self.open_engine is not None
-        delay = self.factory.reconnect_delay
-        for _attempt in range(self.factory.reconnect_attempts):
+        factory = self.factory
+        delay = factory.reconnect_delay
+        attempts = factory.reconnect_attempts
+        for _attempt in itertools.count() if attempts is None else range(attempts):
             await asyncio.sleep(delay)  # back-off between attempts, not synchronisation
-            delay = min(delay * 2, 2.0)
+            delay = min(delay * factory.reconnect_backoff, factory.reconnect_max_delay)
             if self.closed:
                 return
             try:
@@ -328,6 +371,68 @@ class Connection:
         await self.close()
 
 
+def _gone_with_old_connection(destination: Destination | None, engine: EngineConnection) -> bool:
+    """A temporary destination made on another (lost) connection than ``engine``."""
+    if not isinstance(destination, (TemporaryQueue, TemporaryTopic)):
+        return False
+    node = destination.lifetime
+    return isinstance(node, TemporaryNode) and node.engine is not engine
+
+
+class TemporaryNode:
+    """A temporary destination this connection created (its TemporaryLifetime): a dynamic
+    node held by a link on the connection's own AMQP session, so it outlives the JMS session
+    that asked for it, and goes with the connection (JMS). A reconnection is a new
+    connection: the broker deleted the node with the old one, and it is not made again."""
+
+    def __init__(self, connection: Connection, endpoint: LinkEndpoint, name: str) -> None:
+        self.connection = connection
+        self.endpoint = endpoint
+        self.engine = connection.engine
+        self.name = name
+        self.destination: Destination | None = None
+        self.deleted = False
+        # Set by the blocking API: runs a coroutine on the connection's I/O thread.
+        self.run: Callable[[Coroutine[Any, Any, None]], None] | None = None
+
+    @classmethod
+    async def create(cls, connection: Connection, *, topic: bool) -> TemporaryNode:
+        engine = connection.engine
+        sender = engine.sender(connection._temporaries_session(), "temporary")
+        sender.target.dynamic = True
+        sender.target.expiry_policy = Terminus.EXPIRE_WITH_LINK
+        put_symbols(sender.target.capabilities, ["temporary-topic" if topic else "temporary-queue"])
+        sender.source.address = sender.name
+        endpoint = await engine.attach(sender)
+        name = sender.remote_target.address
+        if not name:
+            raise JMSException("the broker named no temporary destination")
+        return cls(connection, endpoint, name)
+
+    async def delete_async(self) -> None:
+        connection = self.connection
+        if connection.closed:
+            raise IllegalStateException("the connection that created it is closed")
+        if self.deleted or self.engine is not connection.engine:
+            self.deleted = True  # gone already (twice, or with the connection it was made on)
+            return
+        for session in connection.sessions:
+            for consumer in session.consumers:
+                if not consumer.closed and consumer.destination == self.destination:
+                    raise IllegalStateException(
+                        f"temporary destination {self.name} has a consumer (close it first)"
+                    )
+        self.deleted = True
+        await self.endpoint.close()
+
+    def delete(self) -> None:
+        if self.run is None:
+            raise IllegalStateException("with the asyncio API: await destination.delete_async()")
+        if self.connection.closed:  # its I/O thread is gone too
+            raise IllegalStateException("the connection that created it is closed")
+        self.run(self.delete_async())
+
+
 @dataclass(slots=True)
 class Received:
     """A message the broker delivered to a consumer, with its wire delivery."""
@@ -337,7 +442,7 @@ class Received:
     message: Message
 
 
-class Session:
+class Session(MessageFactory):
     """A JMS session: its consumers, producers, and (transacted) its current transaction."""
 
     def __init__(self, connection: Connection, mode: AcknowledgeMode) -> None:
@@ -390,9 +495,18 @@ class Session:
         if self.transacted:
             await self._open()
         for producer in list(self.producers):
-            await producer._reattach()
+            if _gone_with_old_connection(producer.destination, engine):
+                producer.closed = True  # its temporary destination went with the connection
+                self.producers.remove(producer)
+            else:
+                await producer._reattach()
         for consumer in list(self.consumers):
-            await consumer._reattach()
+            if _gone_with_old_connection(consumer.destination, engine):
+                consumer.closed = True
+                consumer._wake()
+                self.consumers.remove(consumer)
+            else:
+                await consumer._reattach()
 
     def get_acknowledge_mode(self) -> AcknowledgeMode:
         return self.mode
@@ -400,31 +514,8 @@ class Session:
     def get_transacted(self) -> bool:
         return self.transacted
 
-    # -- message factories --------------------------------------------------------------------
-
-    def create_message(self) -> Message:
-        return Message()
-
-    def create_text_message(self, text: str | None = None) -> TextMessage:
-        return TextMessage(text)
-
-    def create_bytes_message(self) -> BytesMessage:
-        return BytesMessage()
-
-    def create_map_message(self) -> MapMessage:
-        return MapMessage()
-
-    def create_stream_message(self) -> StreamMessage:
-        return StreamMessage()
-
-    def create_object_message(self, value: Any = None) -> ObjectMessage:
-        return ObjectMessage(value, allow_pickle=self.connection.factory.allow_pickle)
-
-    def create_queue(self, name: str) -> Queue:
-        return Queue(name)
-
-    def create_topic(self, name: str) -> Topic:
-        return Topic(name)
+    def _allows_pickle(self) -> bool:
+        return self.connection.factory.allow_pickle
 
     # -- endpoints ----------------------------------------------------------------------------
 
@@ -553,13 +644,15 @@ class Session:
         return consumer
 
     async def unsubscribe(self, name: str) -> None:
-        """Remove a durable subscription (as Qpid JMS: attach by name alone, then close)."""
+        """Remove a durable subscription (as Qpid JMS: attach by name alone, then close);
+        without a client id, the global one of that name (``name|global``)."""
         self._check()
-        receiver = self.engine.receiver(self.proton_session, name)
+        link_name = name if self.connection.client_id is not None else f"{name}|global"
+        receiver = self.engine.receiver(self.proton_session, link_name)
         receiver.source.address = None  # type: ignore[assignment]
         receiver.target.address = receiver.name
         for consumer in self.consumers:
-            if consumer.link.name == name and not consumer.closed:
+            if consumer.link.name == link_name and not consumer.closed:
                 raise IllegalStateException(f"subscription {name!r} has an active consumer")
         try:
             endpoint = await self.engine.attach(receiver)
@@ -568,26 +661,18 @@ class Session:
         await endpoint.close()
 
     async def create_temporary_queue(self) -> TemporaryQueue:
-        name, deleter = await self._temporary("temporary-queue")
-        return TemporaryQueue(name, deleter)
+        self._check()
+        node = await TemporaryNode.create(self.connection, topic=False)
+        queue = TemporaryQueue(node.name, node)
+        node.destination = queue
+        return queue
 
     async def create_temporary_topic(self) -> TemporaryTopic:
-        name, deleter = await self._temporary("temporary-topic")
-        return TemporaryTopic(name, deleter)
-
-    async def _temporary(self, capability: str) -> tuple[str, Callable[[], Awaitable[None]]]:
-        """A dynamic node; it lives while this link (or the connection) does."""
         self._check()
-        sender = self.engine.sender(self.proton_session, "temporary")
-        sender.target.dynamic = True
-        sender.target.expiry_policy = Terminus.EXPIRE_WITH_LINK
-        put_symbols(sender.target.capabilities, [capability])
-        sender.source.address = sender.name
-        endpoint = await self.engine.attach(sender)
-        name = sender.remote_target.address
-        if not name:
-            raise JMSException("the broker named no temporary destination")
-        return name, endpoint.close
+        node = await TemporaryNode.create(self.connection, topic=True)
+        topic = TemporaryTopic(node.name, node)
+        node.destination = topic
+        return topic
 
     # -- acknowledgement ----------------------------------------------------------------------
 
@@ -926,8 +1011,6 @@ class MessageProducer:
             raise InvalidDestinationException("an anonymous producer needs a destination")
         else:
             target = destination
-        if isinstance(target, (TemporaryQueue, TemporaryTopic)) and target.deleter is None:
-            pass
         mode = DeliveryMode(delivery_mode if delivery_mode is not None else self.delivery_mode)
         ttl = self.time_to_live if time_to_live is None else time_to_live
         now = codec.now_ms()
@@ -1203,6 +1286,8 @@ class MessageConsumer:
         return arrived
 
     def _check_receive(self) -> None:
+        if self.closed:
+            raise IllegalStateException("the consumer is closed")
         if self.listener is not None:
             raise IllegalStateException("this consumer has a message listener")
         self.session._check()
@@ -1319,7 +1404,7 @@ class QueueBrowser:
         await self.consumer.close()
 
 
-class JMSContext:
+class JMSContext(MessageFactory):
     """JMS 2.0's simplified API: one connection and one session, started on first consume."""
 
     def __init__(self, connection: Connection, session: Session) -> None:
@@ -1327,6 +1412,9 @@ class JMSContext:
         self.session = session
         self.auto_start = True
         self._producer: MessageProducer | None = None
+
+    def _allows_pickle(self) -> bool:
+        return self.connection.factory.allow_pickle
 
     async def create_producer(self) -> JMSProducer:
         if self._producer is None:
@@ -1340,15 +1428,6 @@ class JMSContext:
         if self.auto_start:
             await self.connection.start()
         return consumer
-
-    def create_text_message(self, text: str | None = None) -> TextMessage:
-        return TextMessage(text)
-
-    def create_queue(self, name: str) -> Queue:
-        return Queue(name)
-
-    def create_topic(self, name: str) -> Topic:
-        return Topic(name)
 
     async def create_temporary_queue(self) -> TemporaryQueue:
         return await self.session.create_temporary_queue()
@@ -1374,55 +1453,19 @@ class JMSContext:
         await self.close()
 
 
-class JMSProducer:
+class JMSProducer(ProducerSettings):
     """JMS 2.0's producer: settings chain, and ``send(destination, body)`` takes a message,
     a str (TextMessage), bytes (BytesMessage) or a dict (MapMessage)."""
 
     def __init__(self, context: JMSContext, producer: MessageProducer) -> None:
+        super().__init__()
         self.context = context
         self.producer = producer
-        self.delivery_mode = DeliveryMode.PERSISTENT
-        self.priority = codec.DEFAULT_PRIORITY
-        self.time_to_live = 0
-        self.delivery_delay = 0
-        self.properties: dict[str, Any] = {}
-
-    def set_delivery_mode(self, mode: DeliveryMode) -> JMSProducer:
-        self.delivery_mode = mode
-        return self
-
-    def set_priority(self, priority: int) -> JMSProducer:
-        self.priority = priority
-        return self
-
-    def set_time_to_live(self, milliseconds: int) -> JMSProducer:
-        self.time_to_live = milliseconds
-        return self
-
-    def set_delivery_delay(self, milliseconds: int) -> JMSProducer:
-        self.delivery_delay = milliseconds
-        return self
-
-    def set_property(self, name: str, value: Any) -> JMSProducer:
-        self.properties[name] = value
-        return self
 
     async def send(
         self, destination: Destination, body: Message | str | bytes | dict[str, Any] | None
     ) -> JMSProducer:
-        message: Message
-        if isinstance(body, Message):
-            message = body
-        elif isinstance(body, str):
-            message = TextMessage(body)
-        elif isinstance(body, bytes):
-            message = BytesMessage(body)
-        elif isinstance(body, dict):
-            message = MapMessage(body)
-        else:
-            message = Message()
-        for name, value in self.properties.items():
-            message.set_object_property(name, value)
+        message = self.message_of(body)
         self.producer.delivery_delay = self.delivery_delay
         await self.producer.send(
             message,

@@ -21,17 +21,14 @@ from kittiwake.jms.exceptions import (
     JMSException,
     JMSRuntimeException,
 )
+from kittiwake.jms.factories import MessageFactory, ProducerSettings
 from kittiwake.jms.messages import (
-    BytesMessage,
     DeliveryMode,
-    MapMessage,
     Message,
-    ObjectMessage,
-    StreamMessage,
-    TextMessage,
 )
 
 T = TypeVar("T")
+Temporary = TypeVar("Temporary", TemporaryQueue, TemporaryTopic)
 MessageListener = Callable[[Message], None]
 
 
@@ -192,7 +189,7 @@ class Connection:
         self.close()
 
 
-class Session:
+class Session(MessageFactory):
     """Single-threaded, as in JMS; its listeners run one at a time on its own thread."""
 
     def __init__(self, connection: Connection, core: aio.Session) -> None:
@@ -220,35 +217,14 @@ class Session:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
+    def _allows_pickle(self) -> bool:
+        return self.core._allows_pickle()
+
     def get_acknowledge_mode(self) -> AcknowledgeMode:
         return self.core.mode
 
     def get_transacted(self) -> bool:
         return self.core.transacted
-
-    def create_message(self) -> Message:
-        return Message()
-
-    def create_text_message(self, text: str | None = None) -> TextMessage:
-        return TextMessage(text)
-
-    def create_bytes_message(self) -> BytesMessage:
-        return BytesMessage()
-
-    def create_map_message(self) -> MapMessage:
-        return MapMessage()
-
-    def create_stream_message(self) -> StreamMessage:
-        return StreamMessage()
-
-    def create_object_message(self, value: Any = None) -> ObjectMessage:
-        return self.core.create_object_message(value)
-
-    def create_queue(self, name: str) -> Queue:
-        return Queue(name)
-
-    def create_topic(self, name: str) -> Topic:
-        return Topic(name)
 
     def create_producer(self, destination: Destination | None = None) -> MessageProducer:
         return MessageProducer(self, self.io.run(self.core.create_producer(destination)))
@@ -292,15 +268,21 @@ class Session:
         return QueueBrowser(self, self.io.run(self.core.create_browser(queue, message_selector)))
 
     def create_temporary_queue(self) -> TemporaryQueue:
-        return self.io.run(self.core.create_temporary_queue())
+        return self._blocking_delete(self.io.run(self.core.create_temporary_queue()))
 
     def create_temporary_topic(self) -> TemporaryTopic:
-        return self.io.run(self.core.create_temporary_topic())
+        return self._blocking_delete(self.io.run(self.core.create_temporary_topic()))
+
+    def _blocking_delete(self, destination: Temporary) -> Temporary:
+        """Its ``delete()`` runs on the connection's I/O thread."""
+        lifetime = destination.lifetime
+        if isinstance(lifetime, aio.TemporaryNode):
+            lifetime.run = self.io.run
+        return destination
 
     def delete_temporary(self, destination: TemporaryQueue | TemporaryTopic) -> None:
-        """TemporaryQueue.delete() / TemporaryTopic.delete()."""
-        if destination.deleter is not None:
-            self.io.run(_awaited(destination.deleter))
+        """The same as ``destination.delete()`` (kept for earlier callers)."""
+        destination.delete()
 
     def unsubscribe(self, name: str) -> None:
         self.io.run(self.core.unsubscribe(name))
@@ -331,11 +313,6 @@ class Session:
     ) -> None:
         self.close()
 
-
-async def _awaited(function: Callable[[], Any]) -> None:
-    result = function()
-    if asyncio.iscoroutine(result):
-        await result
 
 
 class MessageProducer:
@@ -487,7 +464,7 @@ def _runtime(function: Callable[[], T]) -> T:
         raise JMSRuntimeException(str(exc), exc.error_code) from exc
 
 
-class JMSContext:
+class JMSContext(MessageFactory):
     """JMS 2.0's simplified API; its methods raise JMSRuntimeException."""
 
     def __init__(self, connection: Connection, session: Session) -> None:
@@ -495,6 +472,9 @@ class JMSContext:
         self.session = session
         self.auto_start = True
         self._producer: MessageProducer | None = None
+
+    def _allows_pickle(self) -> bool:
+        return self.session._allows_pickle()
 
     def create_producer(self) -> JMSProducer:
         if self._producer is None:
@@ -513,15 +493,6 @@ class JMSContext:
 
     def create_browser(self, queue: Queue, message_selector: str | None = None) -> QueueBrowser:
         return _runtime(lambda: self.session.create_browser(queue, message_selector))
-
-    def create_text_message(self, text: str | None = None) -> TextMessage:
-        return TextMessage(text)
-
-    def create_queue(self, name: str) -> Queue:
-        return Queue(name)
-
-    def create_topic(self, name: str) -> Topic:
-        return Topic(name)
 
     def create_temporary_queue(self) -> TemporaryQueue:
         return _runtime(self.session.create_temporary_queue)
@@ -556,53 +527,17 @@ class JMSContext:
         self.close()
 
 
-class JMSProducer:
+class JMSProducer(ProducerSettings):
     """Settings chain; ``send(destination, body)`` takes a Message, str, bytes or dict."""
 
     def __init__(self, producer: MessageProducer) -> None:
+        super().__init__()
         self.producer = producer
-        self.delivery_mode = DeliveryMode.PERSISTENT
-        self.priority = 4
-        self.time_to_live = 0
-        self.delivery_delay = 0
-        self.properties: dict[str, Any] = {}
-
-    def set_delivery_mode(self, mode: DeliveryMode) -> JMSProducer:
-        self.delivery_mode = mode
-        return self
-
-    def set_priority(self, priority: int) -> JMSProducer:
-        self.priority = priority
-        return self
-
-    def set_time_to_live(self, milliseconds: int) -> JMSProducer:
-        self.time_to_live = milliseconds
-        return self
-
-    def set_delivery_delay(self, milliseconds: int) -> JMSProducer:
-        self.delivery_delay = milliseconds
-        return self
-
-    def set_property(self, name: str, value: Any) -> JMSProducer:
-        self.properties[name] = value
-        return self
 
     def send(
         self, destination: Destination, body: Message | str | bytes | dict[str, Any] | None
     ) -> JMSProducer:
-        message: Message
-        if isinstance(body, Message):
-            message = body
-        elif isinstance(body, str):
-            message = TextMessage(body)
-        elif isinstance(body, bytes):
-            message = BytesMessage(body)
-        elif isinstance(body, dict):
-            message = MapMessage(body)
-        else:
-            message = Message()
-        for name, value in self.properties.items():
-            message.set_object_property(name, value)
+        message = self.message_of(body)
         self.producer.set_delivery_delay(self.delivery_delay)
         _runtime(
             lambda: self.producer.send(

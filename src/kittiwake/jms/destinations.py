@@ -4,10 +4,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+from kittiwake.jms.exceptions import IllegalStateException
+
+
+class TemporaryLifetime(Protocol):
+    """The connection side of a temporary destination this process created (kittiwake.jms.aio
+    makes it): deletes it, as JMS says, only while no consumer of its connection uses it."""
+
+    async def delete_async(self) -> None: ...
+
+    def delete(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +46,34 @@ class Topic(Destination):
         return self.name
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class TemporaryQueue(Queue):
-    """Lives as long as its connection, or until ``delete()``."""
+class TemporaryDestination:
+    """JMS's ``delete()`` for temporary queues and topics: they live as long as the connection
+    that created them (a reconnection makes a new connection: they are gone with the old one),
+    or until deleted. ``delete()`` is the blocking call, ``await delete_async()`` the asyncio
+    one. Refused (IllegalStateException) while a consumer of the connection uses it, after
+    the connection closed, and on a copy received in JMSReplyTo (only its creator deletes it);
+    deleting it twice does nothing."""
 
+    __slots__ = ()
+    lifetime: TemporaryLifetime | None
+
+    def delete(self) -> None:
+        self._lifetime().delete()
+
+    async def delete_async(self) -> None:
+        await self._lifetime().delete_async()
+
+    def _lifetime(self) -> TemporaryLifetime:
+        if self.lifetime is None:
+            raise IllegalStateException("only the connection that created it deletes it")
+        return self.lifetime
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TemporaryQueue(TemporaryDestination, Queue):
     type_code: ClassVar[int] = 2
     capability: ClassVar[str] = "temporary-queue"
-    deleter: Callable[[], Awaitable[None]] | None = None
+    lifetime: TemporaryLifetime | None = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Destination) and other.name == self.name and not other.is_topic
@@ -54,10 +83,10 @@ class TemporaryQueue(Queue):
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class TemporaryTopic(Topic):
+class TemporaryTopic(TemporaryDestination, Topic):
     type_code: ClassVar[int] = 3
     capability: ClassVar[str] = "temporary-topic"
-    deleter: Callable[[], Awaitable[None]] | None = None
+    lifetime: TemporaryLifetime | None = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Destination) and other.name == self.name and other.is_topic

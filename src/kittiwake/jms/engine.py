@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from proton import (
@@ -40,6 +40,8 @@ from kittiwake.jms.exceptions import (
 )
 
 SOLE_CONNECTION = "sole-connection-for-container"
+# In a broker's open: the connection is refused, the close that follows says why.
+ESTABLISHMENT_FAILED = "amqp:connection-establishment-failed"
 _READ_SIZE = 65536
 _names = itertools.count(1)
 
@@ -129,7 +131,10 @@ class EngineConnection:
         password: str | None,
         timeout: float,
         ssl_domain: SSLDomain | None = None,
+        streams: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+        | None = None,
     ) -> EngineConnection:
+        """``streams`` replaces the TCP connection (vm://: an in-process pipe)."""
         self = cls(host, port, timeout)
         self.connection.container = container_id
         self.connection.hostname = host
@@ -150,7 +155,8 @@ class EngineConnection:
         self.transport.bind(self.connection)
         try:
             reader, self.writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), timeout
+                streams() if streams is not None else asyncio.open_connection(host, port),
+                timeout,
             )
         except (OSError, TimeoutError) as exc:
             raise JMSException(f"cannot connect to {host}:{port}: {exc}") from None
@@ -242,6 +248,9 @@ class EngineConnection:
     def _dispatch(self, event: Event) -> None:
         kind = event.type
         if kind == Event.CONNECTION_REMOTE_OPEN:
+            properties = self.connection.remote_properties
+            if properties and properties.get(symbol(ESTABLISHMENT_FAILED)):
+                return  # a refusal: the close that follows says why
             if not self.opened.done():
                 self.opened.set_result(None)
         elif kind == Event.CONNECTION_REMOTE_CLOSE:

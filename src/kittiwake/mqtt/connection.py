@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Final, Protocol, TypeAlias
@@ -19,6 +20,7 @@ from typing import Any, ClassVar, Final, Protocol, TypeAlias
 from kittiwake.broker.authentication import Authentication, Principal, Refusal
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import NOT_FOUND, Completion, all_of
+from kittiwake.broker.connection_admission import AdmissionRefusal
 from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message, MQTT5Fields
 from kittiwake.broker.queues import QueuedMessage
@@ -59,6 +61,10 @@ log = logging.getLogger(__name__)
 
 PINGRESP = b"\xd0\x00"
 _PUBLISH = 3
+_ADMISSION_REASON = {
+    AdmissionRefusal.RATE: ReasonCode.CONNECTION_RATE_EXCEEDED,
+    AdmissionRefusal.QUOTA: ReasonCode.QUOTA_EXCEEDED,
+}
 _REFUSAL_REASON = {
     SubscribeRefusal.INVALID_FILTER: ReasonCode.TOPIC_FILTER_INVALID,
     SubscribeRefusal.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
@@ -89,6 +95,7 @@ class MQTTConnection:
         "_awaiting_commit",
         "_checking",
         "_connect_seen",
+        "_held_bytes",
         "_held_input",
         "_incoming_aliases",
         "_login",
@@ -96,10 +103,12 @@ class MQTTConnection:
         "_max_topic_levels",
         "_outgoing_aliases",
         "_packet_ids",
+        "_pause_bytes",
         "_problem_information",
         "_receive_maximum",
         "_topic_verdicts",
         "_watched",
+        "admission_refusal",
         "broker",
         "client_id",
         "closed",
@@ -111,6 +120,7 @@ class MQTTConnection:
         "permissions",
         "principal",
         "protocol_version",
+        "reading_paused",
         "session",
         "traffic",
         "transport",
@@ -139,6 +149,9 @@ class MQTTConnection:
         self.closed = False
         # A CONNECT was decoded, so a v5 client can be answered with a CONNACK reason code.
         self._connect_seen = False
+        # Set when the broker did not admit this connection (too many, or too fast, from its
+        # address): its CONNECT is refused with the reason.
+        self.admission_refusal: AdmissionRefusal | None = None
         limits = broker.config.limits
         # Peer limits (v5 CONNECT properties); defaults are the protocol's.
         self.peer_max_packet_size = 268_435_460
@@ -160,6 +173,12 @@ class MQTTConnection:
         # answer); with the session's exactly_once_keys (which already include held QoS 2
         # ones) they make up the client's use of our Receive Maximum.
         self._awaiting_commit = 0
+        # Payload bytes of the publications whose answer waits; above publisher_pause_bytes
+        # the broker stops reading from this connection until half of them are answered, so
+        # a publisher held back by flow control cannot push in more than that meanwhile.
+        self._held_bytes = 0
+        self._pause_bytes = limits.publisher_pause_bytes or sys.maxsize
+        self.reading_paused = False
         self._receive_maximum = limits.receive_maximum
         self._max_backlog = limits.max_queued_bytes
         self._max_topic_levels = limits.max_topic_levels
@@ -229,6 +248,8 @@ class MQTTConnection:
 
     def keepalive_expired(self, now: float) -> bool:
         """True when the client has been silent for 1.5x its keepalive (MQTT-3.1.2-24)."""
+        if self.reading_paused:
+            return False  # we are not reading it: its silence is ours
         return self.keepalive > 0 and now - self.last_received > 1.5 * self.keepalive
 
     def close_for_keepalive(self) -> None:
@@ -264,6 +285,10 @@ class MQTTConnection:
         if version == 5 and props.maximum_packet_size is not None:
             # Before any answer, refusals included (MQTT-3.1.2-24).
             self.peer_max_packet_size = props.maximum_packet_size
+        if self.admission_refusal is not None:
+            return self._refuse(
+                _ADMISSION_REASON[self.admission_refusal], self.admission_refusal.value
+            )
         broker = self.broker
         config = broker.config
         client_id = packet.client_id
@@ -394,7 +419,7 @@ class MQTTConnection:
             if self.closed:
                 return
             resume = getattr(self.transport, "resume_reading", None)
-            if resume is not None:
+            if resume is not None and not self.reading_paused:
                 resume()
             try:
                 verdict = check.result()
@@ -552,7 +577,8 @@ class MQTTConnection:
         if commit is None and not self._answers:
             self.transport.write(ack)
             return
-        self._answer(commit, ack, _PUBACK if qos == 1 else _PUBREC, packet_id)
+        kind = _PUBACK if qos == 1 else _PUBREC
+        self._answer(commit, ack, kind, packet_id, None, len(message.payload))
 
     def _refuse_unstored(self, session: Session, qos: int, packet_id: int) -> None:
         """The store could not take the message: never acknowledge it as safe.
@@ -974,6 +1000,7 @@ class MQTTConnection:
         kind: int = 0,
         packet_id: int = 0,
         then: Callable[[], None] | None = None,
+        size: int = 0,
     ) -> None:
         """Write the answer ``data`` once ``completion`` is done and every answer before it
         was written, so answers leave in the order of the packets they answer (MQTT-4.6.0-2
@@ -991,9 +1018,13 @@ class MQTTConnection:
             return
         if answers is None:
             answers = self._answers = deque()
-        answers.append((completion, data, kind, packet_id, then))
+        answers.append((completion, data, kind, packet_id, then, size))
         if kind == _PUBACK:
             self._awaiting_commit += 1
+        if size:
+            self._held_bytes += size
+            if self._held_bytes > self._pause_bytes and not self.reading_paused:
+                self._pause_reading()
         if completion is not None and (completion is not self._watched or completion.done()):
             self._watched = completion
             completion.add_done_callback(self._answers_ready)
@@ -1006,7 +1037,7 @@ class MQTTConnection:
         ready: list[bytes] = []
         succeeded: asyncio.Future[None] | None = None
         while answers and not self.closed:
-            completion, data, kind, packet_id, then = answers[0]
+            completion, data, kind, packet_id, then, size = answers[0]
             if completion is not None and completion is not succeeded:
                 if not completion.done():
                     break
@@ -1014,6 +1045,7 @@ class MQTTConnection:
                     answers.popleft()
                     if kind == _PUBACK:
                         self._awaiting_commit -= 1
+                    self._held_bytes -= size
                     self._write_all(ready)
                     self._answer_failed(kind, packet_id)
                     continue
@@ -1021,6 +1053,7 @@ class MQTTConnection:
             answers.popleft()
             if kind == _PUBACK:
                 self._awaiting_commit -= 1
+            self._held_bytes -= size
             ready.append(data)
             if then is not None:
                 self._write_all(ready)
@@ -1029,6 +1062,25 @@ class MQTTConnection:
             answers.clear()
             return
         self._write_all(ready)
+        if self.reading_paused and self._held_bytes <= self._pause_bytes // 2:
+            self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        """Too many bytes of this publisher's wait for their answers (flow control, commits):
+        read nothing more from it until half of them are answered (TCP pushes back)."""
+        pause = getattr(self.transport, "pause_reading", None)
+        if pause is not None:
+            self.reading_paused = True
+            pause()
+
+    def _resume_reading(self) -> None:
+        self.reading_paused = False
+        # The silence was ours: keepalive counts from now.
+        self.last_received = self.broker.clock.now()
+        if self._checking is None:
+            resume = getattr(self.transport, "resume_reading", None)
+            if resume is not None:
+                resume()
 
     def _write_all(self, ready: list[bytes]) -> None:
         if ready:
@@ -1060,9 +1112,10 @@ class MQTTConnection:
 
 
 # One answer waiting to be written (see MQTTConnection._answer): its completion, its bytes, its
-# kind, the packet id it answers (publications) and what runs once it is written. A tuple: one
+# kind, the packet id it answers (publications), what runs once it is written and the payload
+# bytes of the publication it answers (see _held_bytes). A tuple: one
 # is made per acknowledged publication.
-_Answer: TypeAlias = tuple[Completion, bytes, int, int, "Callable[[], None] | None"]
+_Answer: TypeAlias = tuple[Completion, bytes, int, int, "Callable[[], None] | None", int]
 
 # Kinds of answer: the PUBACK of a QoS 1 publication, the PUBREC of a QoS 2 one, the CONNACK,
 # anything else (0).

@@ -77,6 +77,7 @@ class MQTTServerProtocol(asyncio.Protocol):
     """One TCP connection; implements the connection's Transport."""
 
     __slots__ = (
+        "_admitted",
         "_buffer",
         "_context",
         "_first_read",
@@ -101,6 +102,8 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._paused = False
         # The timer that ends a lingering close (see LINGER_TIMEOUT); None until then.
         self._linger: asyncio.TimerHandle | None = None
+        # The client address counted by the broker's admission, until the connection ends.
+        self._admitted: str | None = None
         self.transport: asyncio.Transport | None = None
         self.decoder = PacketDecoder(server.broker.config.limits.max_packet_size)
         self.connection: MQTTConnection | None = None
@@ -117,15 +120,24 @@ class MQTTServerProtocol(asyncio.Protocol):
             transport.close()
             return
         context = self._context
+        address = peer[0] if isinstance(peer, tuple) else str(peer)
         login = Login(
             context.authentication,
             allow_anonymous=context.allow_anonymous,
             certificate_name=certificate_user(
                 transport.get_extra_info("peercert"), context.certificate_user
             ),
-            address=peer[0] if isinstance(peer, tuple) else str(peer),
+            address=address,
         )
-        self.connection = MQTTConnection(self._server.broker, self, peer_text, login)
+        broker = self._server.broker
+        self.connection = MQTTConnection(broker, self, peer_text, login)
+        refusal = broker.admission.admit(address)
+        if refusal is None:
+            self._admitted = address
+        else:
+            # Its CONNECT is answered with the reason (a CONNACK), then it is closed.
+            log.warning("refusing %s: %s", peer_text, refusal.value)
+            self.connection.admission_refusal = refusal
         self._server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -160,6 +172,9 @@ class MQTTServerProtocol(asyncio.Protocol):
         if self._linger is not None:
             self._linger.cancel()
         self._server.connections.discard(self)
+        if self._admitted is not None:
+            self._server.broker.admission.release(self._admitted)
+            self._admitted = None
         if self.connection is not None:
             self.connection.connection_lost()
         self._buffer.clear()

@@ -6,7 +6,9 @@ commits) and on executors (reads, puts); knows no Spark.
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -50,30 +52,92 @@ def data_loss_message(lost: tuple[int, int]) -> str:
     )
 
 
+# Tokens this process got by logging in, per (url, user, password digest): a Spark
+# executor's Python worker runs task after task and logs in once, not once per call.
+_LOGINS: dict[tuple[str, str, bytes], tuple[bytes, bytes]] = {}
+_LOGINS_LOCK = threading.Lock()
+
+
 class _FlightCaller:
     """Calls to the flight listener with the options' credentials, each on a connection of its
-    own, retried while the broker is unreachable; cheap to make, never shared across threads."""
+    own, retried while the broker is unreachable; cheap to make, never shared across threads.
+
+    A ``token`` is sent as given. A user name and password log in once (Flight's Basic
+    handshake, ``authenticate_basic_token``) and the bearer token the broker issues is sent
+    instead of the password; when the broker refuses it (expired, or the broker restarted),
+    the caller logs in again once and repeats the call.
+    """
 
     def __init__(self, options: ConnectionOptions) -> None:
-        headers: list[tuple[bytes, bytes]] = []
-        if options.token is not None:
-            headers.append((b"authorization", f"Bearer {options.token}".encode()))
-        elif options.username is not None:
-            pair = f"{options.username}:{options.password or ''}".encode()
-            headers.append((b"authorization", b"Basic " + base64.b64encode(pair)))
-        self._call_options = flight.FlightCallOptions(headers=headers)
         self._url = options.url
         self._retry_timeout_ms = options.retry_timeout_ms
+        self._fixed: flight.FlightCallOptions | None = None
+        self._login: tuple[str, str] | None = None
+        # The last call's credentials came from a login it made itself (so a refusal is the
+        # password's, not an old token's: logging in again would not help).
+        self._logged_in_now = False
+        if options.token is not None:
+            header = (b"authorization", f"Bearer {options.token}".encode())
+            self._fixed = flight.FlightCallOptions(headers=[header])
+        elif options.username is not None:
+            self._login = (options.username, options.password or "")
+        else:
+            self._fixed = flight.FlightCallOptions()
 
-    def _retried(self, call: Callable[[Any], T]) -> T:
+    def _login_key(self) -> tuple[str, str, bytes]:
+        assert self._login is not None
+        user, password = self._login
+        return self._url, user, hashlib.sha256(password.encode("utf-8")).digest()
+
+    def _call_options(self, connection: Any) -> flight.FlightCallOptions:
+        """The options a call sends: the token, or the bearer token of this process's login
+        (logging in on ``connection`` first when there is none yet)."""
+        if self._fixed is not None:
+            return self._fixed
+        key = self._login_key()
+        with _LOGINS_LOCK:
+            header = _LOGINS.get(key)
+        self._logged_in_now = header is None
+        if header is None:
+            user, password = self._login or ("", "")
+            try:
+                name, value = connection.authenticate_basic_token(user, password)
+            except NotImplementedError:
+                name, value = b"", b""  # a listener that takes no logins
+            if name and value:
+                header = (bytes(name), bytes(value))
+            else:
+                # No token issued: send Basic on every call instead.
+                pair = base64.b64encode(f"{user}:{password}".encode())
+                header = (b"authorization", b"Basic " + pair)
+            with _LOGINS_LOCK:
+                _LOGINS[key] = header
+        return flight.FlightCallOptions(headers=[header])
+
+    def _forget_login(self) -> bool:
+        """Drop this process's token so the next call logs in again; False when that cannot
+        help (a fixed token, no credentials, or a refusal of the login itself)."""
+        if self._login is None or self._logged_in_now:
+            return False
+        with _LOGINS_LOCK:
+            _LOGINS.pop(self._login_key(), None)
+        return True
+
+    def _retried(self, call: Callable[[Any, flight.FlightCallOptions], T]) -> T:
         deadline = time.monotonic() + self._retry_timeout_ms / 1000
+        logged_in_again = False
         while True:
             try:
                 connection = flight.connect(self._url)
                 try:
-                    return call(connection)
+                    return call(connection, self._call_options(connection))
                 finally:
                     connection.close()
+            except flight.FlightUnauthenticatedError:
+                if logged_in_again or not self._forget_login():
+                    raise
+                logged_in_again = True
+                log.info("kittiwake at %s refused the login's token; logging in again", self._url)
             except _TRANSIENT as exc:
                 if time.monotonic() >= deadline:
                     raise
@@ -91,10 +155,8 @@ class JournalClient(_FlightCaller):
     def bounds(self) -> tuple[int, int]:
         """(earliest, high_water) of the journal now."""
 
-        def ask(connection: Any) -> tuple[int, int]:
-            (result,) = list(
-                connection.do_action(flight.Action(ACTION_LATEST, b""), self._call_options)
-            )
+        def ask(connection: Any, call_options: flight.FlightCallOptions) -> tuple[int, int]:
+            (result,) = list(connection.do_action(flight.Action(ACTION_LATEST, b""), call_options))
             return parse_latest_answer(result.body.to_pybytes())[PARTITION]
 
         return self._retried(ask)
@@ -102,11 +164,9 @@ class JournalClient(_FlightCaller):
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         body = f'{{"timestamp_ms": {int(timestamp_ms)}}}'.encode()
 
-        def ask(connection: Any) -> int:
+        def ask(connection: Any, call_options: flight.FlightCallOptions) -> int:
             (result,) = list(
-                connection.do_action(
-                    flight.Action(ACTION_OFFSET_FOR_TIMESTAMP, body), self._call_options
-                )
+                connection.do_action(flight.Action(ACTION_OFFSET_FOR_TIMESTAMP, body), call_options)
             )
             return parse_offsets_answer(result.body.to_pybytes())[PARTITION]
 
@@ -120,6 +180,7 @@ class JournalClient(_FlightCaller):
         """
         options = self.options
         deadline = time.monotonic() + options.retry_timeout_ms / 1000
+        logged_in_again = False
         next_start = start
         while next_start < end:
             request = RangeRequest(
@@ -129,7 +190,7 @@ class JournalClient(_FlightCaller):
                 connection = flight.connect(options.url)
                 try:
                     reader = connection.do_get(
-                        flight.Ticket(request.to_ticket()), self._call_options
+                        flight.Ticket(request.to_ticket()), self._call_options(connection)
                     )
                     lost = lost_range(reader.schema.metadata)
                     if lost is not None:
@@ -144,6 +205,11 @@ class JournalClient(_FlightCaller):
                     return
                 finally:
                     connection.close()
+            except flight.FlightUnauthenticatedError:
+                if logged_in_again or not self._forget_login():
+                    raise
+                logged_in_again = True  # the read resumes after its last row, as below
+                log.info("kittiwake at %s refused the login's token; logging in again", options.url)
             except _TRANSIENT as exc:
                 if time.monotonic() >= deadline:
                     raise
@@ -176,8 +242,8 @@ class SinkClient(_FlightCaller):
                 sent.append(batch)
                 yield batch
 
-        def send(connection: Any) -> WriteAnswer:
-            writer, answers = connection.do_put(descriptor, WRITE_SCHEMA, self._call_options)
+        def send(connection: Any, call_options: flight.FlightCallOptions) -> WriteAnswer:
+            writer, answers = connection.do_put(descriptor, WRITE_SCHEMA, call_options)
             try:
                 for batch in every_batch():
                     writer.write_batch(batch)
@@ -191,10 +257,11 @@ class SinkClient(_FlightCaller):
 
         return self._retried(send)
 
-    def commit(self, writer: str, batch: int) -> None:
-        action = flight.Action(ACTION_COMMIT_WRITES, commit_writes_body(writer, batch))
+    def commit(self, writer: str, batch: int, *, finished: bool = False) -> None:
+        body = commit_writes_body(writer, batch, finished)
+        action = flight.Action(ACTION_COMMIT_WRITES, body)
 
-        def send(connection: Any) -> None:
-            list(connection.do_action(action, self._call_options))
+        def send(connection: Any, call_options: flight.FlightCallOptions) -> None:
+            list(connection.do_action(action, call_options))
 
         self._retried(send)

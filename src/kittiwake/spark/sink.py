@@ -150,13 +150,16 @@ def write_partition(
     return PartitionWritten(writer, batch, partition, answer.rows, answer.already_committed)
 
 
-def commit_writer(options: SinkOptions, messages: Sequence[object], batch: int) -> None:
-    """Tell the broker the batch is committed, so it can drop the batch's fences. Not needed
-    for exactly once (the fences alone give it): a failure is logged, never raised."""
+def commit_writer(
+    options: SinkOptions, messages: Sequence[object], batch: int, *, finished: bool = False
+) -> None:
+    """Tell the broker the batch is committed, so it can drop the batch's fences (``finished``:
+    a batch write, whose writer never writes again). Not needed for exactly once (the fences
+    alone give it): a failure is logged, never raised."""
     writers = {m.writer for m in messages if isinstance(m, PartitionWritten)}
     for writer in writers:
         try:
-            SinkClient(options).commit(writer, batch)
+            SinkClient(options).commit(writer, batch, finished=finished)
         except Exception as exc:
             log.warning(
                 "kittiwake: could not tell the broker that batch %d of %s is committed (%s); "
@@ -204,7 +207,12 @@ class KittiwakeBatchWriter(DataSourceArrowWriter):
         return write_partition(self.options, self.write_id, BATCH_WRITE_BATCH, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit_writer(self.options, [*messages, _placeholder(self.write_id)], BATCH_WRITE_BATCH)
+        commit_writer(
+            self.options,
+            [*messages, _placeholder(self.write_id)],
+            BATCH_WRITE_BATCH,
+            finished=True,
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_abort(

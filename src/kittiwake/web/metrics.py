@@ -47,6 +47,11 @@ class MetricsSnapshot:
     messages_received: int = 0
     messages_sent: int = 0
     messages_dropped: int = 0
+    # Flow control: subscribers that stopped holding publishers back (no progress), how many
+    # are stalled now, and how often the broker-wide queued-bytes bound held publishers.
+    subscriber_stalls: int = 0
+    stalled_subscribers: int = 0
+    total_bound_engaged: int = 0
     sessions: int = 0
     subscriptions: int = 0
     retained_messages: int = 0
@@ -93,6 +98,9 @@ def snapshot(
         messages_received=stats.messages_received,
         messages_sent=stats.messages_sent,
         messages_dropped=stats.messages_dropped,
+        subscriber_stalls=stats.subscriber_stalls,
+        stalled_subscribers=stats.stalled_subscribers,
+        total_bound_engaged=stats.total_bound_engaged,
         sessions=len(broker.sessions),
         subscriptions=broker.subscription_count,
         retained_messages=len(broker.retained),
@@ -148,6 +156,22 @@ def metric_families(figures: MetricsSnapshot) -> Iterator[Metric]:
         "kittiwake_messages_dead_lettered",
         "Messages moved to a dead-letter queue.",
         figures.dead_lettered,
+    )
+    yield CounterMetricFamily(
+        "kittiwake_subscriber_stalls",
+        "Subscribers that made no progress for stalled_subscriber_timeout and stopped holding "
+        "publishers back.",
+        figures.subscriber_stalls,
+    )
+    yield GaugeMetricFamily(
+        "kittiwake_stalled_subscribers",
+        "Subscribers stalled now (their queues fill to their limits).",
+        figures.stalled_subscribers,
+    )
+    yield CounterMetricFamily(
+        "kittiwake_total_bound_engaged",
+        "Times max_total_queued_bytes held every publisher back.",
+        figures.total_bound_engaged,
     )
     yield GaugeMetricFamily("kittiwake_sessions", "Sessions, connected or not.", figures.sessions)
     yield GaugeMetricFamily(

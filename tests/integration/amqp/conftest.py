@@ -2,46 +2,35 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from proton.utils import BlockingConnection
 
-from ..brokerproc import BrokerProcess
+from ..brokerproc import BrokerProcess, amqp_module_broker, closing_all, live_amqp_url
 
 
 @pytest.fixture(scope="module")
 def amqp_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """One broker (memory store) with AMQP and MQTT listeners for the whole module."""
-    sections: dict[str, Any] = {
-        "store": {"backend": "memory"},
-        "queues": {"max_delivery_attempts": 3},
-    }
-    process = BrokerProcess(tmp_path_factory.mktemp("amqp-broker"), amqp=True, **sections)
-    process.start()
-    yield process
-    process.stop()
+    with amqp_module_broker(
+        tmp_path_factory.mktemp("amqp-broker"), max_delivery_attempts=3
+    ) as process:
+        yield process
 
 
 @pytest.fixture
 def amqp_url(amqp_broker: BrokerProcess) -> str:
-    assert amqp_broker.alive(), f"the broker died:\n{amqp_broker.log_text()[-5000:]}"
-    return amqp_broker.amqp_url
+    return live_amqp_url(amqp_broker)
 
 
 @pytest.fixture
 def amqp(amqp_url: str) -> Iterator[Callable[..., BlockingConnection]]:
     """``amqp()``: a new BlockingConnection to the module broker, closed after the test."""
-    made: list[BlockingConnection] = []
 
     def connect(**kwargs: Any) -> BlockingConnection:
-        connection = BlockingConnection(amqp_url, timeout=10, **kwargs)
-        made.append(connection)
-        return connection
+        return BlockingConnection(amqp_url, timeout=10, **kwargs)
 
-    yield connect
-    for connection in made:
-        with contextlib.suppress(Exception):  # teardown must reach every connection
-            connection.close()
+    with closing_all(connect) as tracked:
+        yield tracked

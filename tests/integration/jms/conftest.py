@@ -3,7 +3,6 @@ listeners, and ``jms_url`` to reach it."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,43 +10,34 @@ import pytest
 
 from kittiwake.jms import Connection, ConnectionFactory, Message, Queue
 
-from ..brokerproc import BrokerProcess
+from ..brokerproc import BrokerProcess, amqp_module_broker, closing_all, live_amqp_url
 
 
 @pytest.fixture(scope="module")
 def jms_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    sections: dict[str, Any] = {
-        "store": {"backend": "memory"},
-        "queues": {"max_delivery_attempts": 5},
-    }
-    process = BrokerProcess(tmp_path_factory.mktemp("jms-broker"), amqp=True, **sections)
-    process.start()
-    yield process
-    process.stop()
+    with amqp_module_broker(
+        tmp_path_factory.mktemp("jms-broker"), max_delivery_attempts=5
+    ) as process:
+        yield process
 
 
 @pytest.fixture
 def jms_url(jms_broker: BrokerProcess) -> str:
-    assert jms_broker.alive(), f"the broker died:\n{jms_broker.log_text()[-5000:]}"
-    return jms_broker.amqp_url
+    return live_amqp_url(jms_broker)
 
 
 @pytest.fixture
 def connect(jms_url: str) -> Iterator[Callable[..., Connection]]:
     """``connect(**factory_options)``: a started blocking Connection, closed after the test."""
-    made: list[Connection] = []
 
     def make(start: bool = True, **options: Any) -> Connection:
         connection = ConnectionFactory(jms_url, **options).create_connection()
-        made.append(connection)
         if start:
             connection.start()
         return connection
 
-    yield make
-    for connection in made:
-        with contextlib.suppress(Exception):  # teardown must reach every connection
-            connection.close()
+    with closing_all(make) as tracked:
+        yield tracked
 
 
 def drain_queue(connection: Connection, queue: Queue) -> list[Message]:

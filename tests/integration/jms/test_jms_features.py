@@ -112,10 +112,12 @@ def test_temporary_queue_request_reply(connect: Connect) -> None:
     request = client.create_text_message("ping")
     request.set_jms_reply_to(reply_queue)
     client.create_producer(service).send(request)
-    reply = client.create_consumer(reply_queue).receive(5)
+    replies_consumer = client.create_consumer(reply_queue)
+    reply = replies_consumer.receive(5)
     assert reply is not None and reply.get_body() == "PING"
     assert reply.get_jms_correlation_id() == request.get_jms_message_id()
-    client.delete_temporary(reply_queue)
+    replies_consumer.close()  # JMS refuses to delete it while a consumer uses it
+    reply_queue.delete()
     with pytest.raises(InvalidDestinationException):
         client.create_producer(reply_queue)
 
@@ -315,6 +317,28 @@ def test_jms_context(jms_url: str) -> None:
         context.create_producer().set_property("kind", "demo").send(queue, "simple")
         consumer = context.create_consumer(queue)
         assert consumer.receive_body(5) == "simple"
+
+
+def test_jms_context_bodies_and_message_factories(jms_url: str) -> None:
+    """send(destination, body) makes the JMS message type of its body; the context has every
+    message factory a session has (JMS 2.0)."""
+    queue = Queue(unique("context-bodies"))
+    with ConnectionFactory(jms_url).create_context() as context:
+        producer = context.create_producer().set_priority(7).set_property("n", 3)
+        producer.send(queue, b"\x01\x02").send(queue, {"k": 1}).send(queue, None)
+        stream = context.create_stream_message()
+        stream.write_int(5)
+        producer.send(queue, stream)
+        consumer = context.create_consumer(queue)
+        got = [consumer.receive(5) for _ in range(4)]
+    assert [type(m).__name__ for m in got] == [
+        "BytesMessage",
+        "MapMessage",
+        "Message",
+        "StreamMessage",
+    ]
+    assert all(m is not None and m.get_long_property("n") == 3 for m in got)
+    assert all(m is not None and m.get_jms_priority() == 7 for m in got)
 
 
 def test_connection_refused_port_raises_jms_exception() -> None:

@@ -297,3 +297,84 @@ def test_a_restored_message_gains_the_core_properties_and_loses_a_gone_expiry() 
     assert out.properties == {"keep": 1, "KW_Reason": "expired"}
     assert isinstance(out.properties["keep"], ubyte), "an unchanged property keeps its type"
     assert not out.expiry_time and not out.ttl
+
+
+def _sections_by_proton(encoded: bytes) -> list[tuple[object, bytes]]:
+    """The sections as proton's own decoder sees them: (descriptor, bytes)."""
+    from proton import Data, Described
+
+    out: list[tuple[object, bytes]] = []
+    position = 0
+    while position < len(encoded):
+        data = Data()
+        size = data.decode(encoded[position:])
+        data.rewind()
+        data.next()
+        described = data.get_object()
+        assert isinstance(described, Described)
+        out.append((described.descriptor, encoded[position : position + size]))
+        position += size
+    return out
+
+
+def test_split_sections_agrees_with_proton_on_every_width() -> None:
+    """One-byte and four-byte sizes (values past 255 bytes), every section, maps, lists,
+    arrays and described values inside them: the same boundaries and codes as proton."""
+    from proton import Array, Data
+
+    big = jms("y" * 300, JMSMessageType.TEXT, durable=True, priority=5, ttl=3.0, id="m1")
+    big.properties = {"a": 1, "s": "z" * 400, "f": float32(1.5), "c": char("c")}
+    big.instructions = {symbol("x-opt-d"): 7}
+    big.footer = {symbol("sig"): b"\x00" * 20}
+    small = jms(b"\x01\x02", JMSMessageType.BYTES, inferred=True)
+    listed = ProtonMessage(body=[1, "two", [3, None], {"k": ulong(5)}], inferred=True)
+    arrayed = ProtonMessage(body=Array(Data.NULL, Data.INT, 1, 2, 3))
+    for message in (big, small, listed, arrayed, ProtonMessage()):
+        encoded = encode(message)
+        ours = split_sections(encoded)
+        theirs = _sections_by_proton(encoded)
+        assert [s for _, s in ours] == [s for _, s in theirs]
+        assert [code for code, _ in ours] == [int(d) for d, _ in theirs]  # type: ignore[call-overload]
+        assert b"".join(s for _, s in ours) == encoded
+
+
+def test_split_sections_reads_symbolic_descriptors() -> None:
+    from proton import Data, Described
+
+    data = Data()
+    data.put_object(Described(symbol("amqp:data:binary"), b"payload"))
+    data.put_object(Described(symbol("amqp:application-properties:map"), {"k": "v"}))
+    encoded = bytes(data.encode())
+    assert [code for code, _ in split_sections(encoded)] == [0x75, 0x74]
+
+
+def test_split_sections_refuses_cut_off_and_unknown_input() -> None:
+    encoded = encode(jms("hello", JMSMessageType.TEXT, durable=True))
+    for cut in range(1, len(encoded)):
+        if any(b"".join(s for _, s in split_sections(encoded)[:k]) == encoded[:cut]
+               for k in range(1, 6)):
+            continue  # a whole number of sections is a valid (shorter) message
+        with pytest.raises(MappingError):
+            split_sections(encoded[:cut])
+    for garbage in (b"\x00\x53\x70\xff", b"\x00\x53\x99\x45", b"\x00\xa3\x03abc\x45",
+                    b"\x00\x53\x77\x01", b"\x45"):
+        with pytest.raises(MappingError):
+            split_sections(garbage)
+
+
+def test_every_delivery_gets_its_own_header_fields() -> None:
+    """Headers are encoded once per (durable, priority, count) and reused: each delivery still
+    reads back its own durability, priority and delivery count, with or without a ttl."""
+    for durable in (False, True):
+        for priority in (0, 4, 9):
+            for count in (0, 1, 15, 16, 300):
+                for expiry in (None, CLOCKS.now + 2.0):
+                    message = CoreMessage(topic="t", payload=b"p", priority=priority,
+                                          expiry=expiry)
+                    for _ in range(2):  # the second one comes from the cache
+                        out = ProtonMessage()
+                        out.decode(to_amqp(message, durable=durable, delivery_count=count,
+                                           clocks=CLOCKS))
+                        assert (out.durable, out.priority, out.delivery_count) == (
+                            durable, priority, count)
+                        assert out.ttl == (pytest.approx(2.0) if expiry else 0)

@@ -272,3 +272,89 @@ def test_an_empty_jms_message_neither_clears_nor_is_retained() -> None:
     assert retained.get("t") is kept
     assert retained.update(Message(topic="t", payload=b"", qos=1, retain=True)) is kept
     assert retained.get("t") is None
+
+
+# -- the cursor: retained messages sent as the window opens -----------------------------------
+
+
+def test_a_cursor_walks_only_matching_topics_and_tolerates_changes_meanwhile() -> None:
+    """The tree is walked lazily: topics removed before the cursor reaches them are skipped,
+    and a topic retained after the cursor started is left out (its subscriber got it live)."""
+    retained = RetainedMessages()
+    for topic in ("a/1", "a/2", "a/3", "b/1", "$SYS/x"):
+        retained.update(Message(topic, topic.encode(), retain=True))
+    cursor = retained.cursor("#")
+    first = next(cursor)
+    assert first.topic == "a/1"
+    retained.update(Message("a/2", b"", retain=True))  # cleared before it is reached
+    retained.update(Message("a/4", b"new", retain=True))  # set after the cursor started
+    retained.update(Message("a/3", b"replaced", retain=True))  # replaced: went out live
+    assert [m.topic for m in cursor] == ["b/1"]
+    assert sorted(m.topic for m in retained.cursor("+/+")) == ["a/1", "a/3", "a/4", "b/1"]
+    assert sorted(m.topic for m in retained.cursor("a/#")) == ["a/1", "a/3", "a/4"]
+
+
+def test_removing_a_topic_prunes_its_empty_levels() -> None:
+    retained = RetainedMessages()
+    retained.update(Message("x/y/z", b"1", retain=True))
+    retained.update(Message("x", b"2", retain=True))
+    retained.update(Message("x/y/z", b"", retain=True))
+    assert list(retained.cursor("x/#")) == [retained.get("x")]
+    assert retained._root.children["x"].children == {}
+
+
+def test_retained_messages_are_sent_as_the_window_opens_not_queued_all_at_once(
+    make_harness,
+) -> None:
+    """More retained messages than the queue limit: each goes out as an acknowledgement frees
+    the window; none waits in the queue (so no queue limit can cut them), and the first goes
+    out at once."""
+    harness = make_harness(limits={"max_queued_messages": 10})
+    for n in range(50):
+        harness.publish(f"r/{n}", b"%d" % n, qos=1, retain=True)
+    session, consumer, _ = harness.connect("sub", window=3)
+    harness.subscribe(session, "r/#", qos=1)
+    assert len(consumer.deliveries) == 3
+    assert session.queue.count == 0
+    acked = 0
+    while acked < len(consumer.deliveries):
+        harness.ack(session, consumer, consumer.deliveries[acked].delivery_id)
+        acked += 1
+        assert len(session.inflight) <= 3
+    assert sorted(consumer.payloads) == sorted(b"%d" % n for n in range(50))
+    assert session.queue.counters.rejected == 0
+    assert not harness.broker.retained_cursors
+
+
+def test_retained_qos0_messages_go_out_a_batch_per_loop_turn(harness) -> None:
+    """Without a window to pace them, retained QoS 0 messages all arrive, a batch per pump."""
+    for n in range(600):
+        harness.publish(f"q/{n}", b"%d" % n, retain=True)
+    session, consumer, _ = harness.connect("sub")
+    harness.subscribe(session, "q/#")
+    assert len(consumer.deliveries) == 600
+    assert not harness.broker.retained_cursors
+
+
+def test_unsubscribing_stops_the_retained_messages_not_yet_sent(harness) -> None:
+    for n in range(20):
+        harness.publish(f"u/{n}", b"%d" % n, qos=1, retain=True)
+    session, consumer, _ = harness.connect("sub", window=2)
+    harness.subscribe(session, "u/#", qos=1)
+    harness.broker.unsubscribe(session, "u/#")
+    for delivered in list(consumer.deliveries):
+        harness.ack(session, consumer, delivered.delivery_id)
+    assert len(consumer.deliveries) == 2
+    assert not harness.broker.retained_cursors
+
+
+def test_a_cursor_copes_with_topics_of_thousands_of_levels() -> None:
+    """Found by the fuzzer: the walk once recursed per level and overflowed the stack."""
+    retained = RetainedMessages()
+    deep = "/".join(["x"] * 5000)
+    retained.update(Message(deep, b"deep", retain=True))
+    retained.update(Message("x", b"shallow", retain=True))
+    assert sorted(m.payload for m in retained.cursor("#")) == [b"deep", b"shallow"]
+    assert [m.payload for m in retained.cursor("x/+/#")] == [b"deep"]
+    retained.update(Message(deep, b"", retain=True))
+    assert [m.payload for m in retained.cursor("#")] == [b"shallow"]

@@ -15,6 +15,7 @@ from kittiwake.flight.protocol import (  # noqa: E402
     WriteAnswer,
     WriteRequest,
     check_write_schema,
+    commit_writes_body,
     parse_commit_writes,
 )
 from kittiwake.flight.writes import (  # noqa: E402
@@ -38,7 +39,12 @@ def test_descriptor_and_answer_round_trip() -> None:
     assert WriteRequest.from_descriptor(request.to_descriptor()) == request
     answer = WriteAnswer(40, True)
     assert WriteAnswer.from_bytes(answer.to_bytes()) == answer
-    assert parse_commit_writes(b'{"writer": "q", "batch": 4}') == ("q", 4)
+    # A body without "finished" (an older sender's) commits batches; it finishes nothing.
+    assert parse_commit_writes(b'{"writer": "q", "batch": 4}') == ("q", 4, False)
+    assert parse_commit_writes(commit_writes_body("q", 0, True)) == ("q", 0, True)
+    assert parse_commit_writes(commit_writes_body("q", 7)) == ("q", 7, False)
+    with pytest.raises(RequestError, match="finished must be true or false"):
+        parse_commit_writes(b'{"writer": "q", "batch": 4, "finished": 1}')
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,9 @@ def test_every_figure_with_its_labels() -> None:
         messages_received=11,
         messages_sent=22,
         messages_dropped=4,
+        subscriber_stalls=2,
+        stalled_subscribers=1,
+        total_bound_engaged=5,
         sessions=5,
         subscriptions=6,
         retained_messages=7,
@@ -52,6 +55,9 @@ def test_every_figure_with_its_labels() -> None:
     assert values[("kittiwake_bytes_received_total", mqtt)] == 1000
     assert values[("kittiwake_bytes_sent_total", amqp)] == 400
     assert values[("kittiwake_messages_dropped_total", ())] == 4
+    assert values[("kittiwake_subscriber_stalls_total", ())] == 2
+    assert values[("kittiwake_stalled_subscribers", ())] == 1
+    assert values[("kittiwake_total_bound_engaged_total", ())] == 5
     assert values[("kittiwake_messages_expired_total", ())] == 3
     assert values[("kittiwake_messages_dead_lettered_total", ())] == 1
     orders = (("kind", "queue"), ("queue", "orders"))

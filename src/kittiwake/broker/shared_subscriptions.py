@@ -1,7 +1,8 @@
-"""JMS 2.0 shared subscriptions (shared, and shared durable) as Qpid JMS attaches them: one
-core session whose queue the subscription's topic feeds, and one consumer on that queue per
-link, so each message goes to one of them. Owns the naming (client id + subscription name,
-or the name alone for a global one) and the subscription's life; delivers nothing itself.
+"""JMS 2.0 shared subscriptions (shared, and shared durable): one core session whose queue the
+subscription's topic feeds, and one consumer on that queue per consumer, so each message goes
+to one of them. Owns the naming (client id + subscription name, or the name alone for a global
+one), the subscription's life and the checks JMS makes across clients (one topic, selector and
+noLocal per subscription); delivers nothing itself and knows no protocol.
 
 The session's own consumer (the hub) takes nothing (no credit): it only keeps the session
 connected while any link consumes, and gives back what a restart left in flight to it.
@@ -10,6 +11,7 @@ connected while any link consumes, and gives back what a restart left in flight 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Receiver, Settlement
@@ -32,6 +34,25 @@ def shared_client_id(scope: str, name: str, *, durable: bool) -> str:
     """The core session of a shared subscription. Durable ones share the durable
     subscriptions' namespace (JMS: one name per client id, shared or not)."""
     return f"$durable/{scope}/{name}" if durable else f"$shared/{scope}/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class SharedDefinition:
+    """What a shared subscription is: every consumer of it must ask for the same (JMS 2.0
+    section 8.3); ``selector`` is the selector's text, None for none."""
+
+    topic: str
+    selector: str | None = None
+    no_local: bool = False
+
+    @classmethod
+    def of(cls, topic: str, selector: str | None, no_local: bool = False) -> SharedDefinition:
+        text = (selector or "").strip()
+        return cls(topic, text or None, no_local)
+
+
+class SharedRefusal(str):
+    """Why a consumer may not join a shared subscription (a sentence for the client)."""
 
 
 class MarkingReceiver:
@@ -62,10 +83,13 @@ class MarkingReceiver:
 class SharedSubscription:
     """One shared subscription: its session and the links consuming from its queue."""
 
-    def __init__(self, broker: Broker, client_id: str, topic: str, durable: bool) -> None:
+    def __init__(
+        self, broker: Broker, client_id: str, definition: SharedDefinition, durable: bool
+    ) -> None:
         self.broker = broker
         self.client_id = client_id
-        self.topic = topic
+        self.definition = definition
+        self.topic = definition.topic
         self.durable = durable
         self.session: Session | None = None
         self.consumers: dict[SessionLink, Consumer] = {}
@@ -96,12 +120,19 @@ class SharedSubscription:
 
     # -- life -------------------------------------------------------------------------------
 
-    def open(self) -> str | None:
+    def open(self, previous: SharedDefinition | None = None) -> str | None:
         """Connect the session (made, or resumed for a durable one); an error text when the
-        topic cannot be subscribed."""
+        topic cannot be subscribed. A durable subscription nobody consumes from, asked for
+        with another topic, selector or noLocal than ``previous`` (its definition), is
+        replaced: JMS says it is deleted and created anew."""
         broker = self.broker
         existing = broker.sessions.get(self.client_id)
-        replace = existing is not None and self.topic not in existing.subscriptions
+        if existing is not None and existing.link is not None and existing.link is not self:
+            return "the subscription name is in use by an unshared durable subscription"
+        replace = existing is not None and (
+            self.topic not in existing.subscriptions
+            or (previous is not None and previous != self.definition)
+        )
         connected = broker.connect(
             self.client_id,
             self,  # the hub is the session's link
@@ -211,3 +242,53 @@ class SharedSubscription:
             delivery, settlement, undeliverable_here=undeliverable
         ):
             self.pump()
+
+
+class SharedSubscriptions:
+    """Every shared subscription of the broker, by its session's client id: the ones with
+    consumers, and the definitions of durable ones nobody consumes from now (so re-creating
+    one with another topic or selector replaces it). Those definitions live as long as the
+    process: after a restart, the first consumer of a durable subscription defines it."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.active: dict[str, SharedSubscription] = {}
+        self.definitions: dict[str, SharedDefinition] = {}
+
+    def join(
+        self, client_id: str, definition: SharedDefinition, *, durable: bool
+    ) -> SharedSubscription | SharedRefusal:
+        """The subscription a new consumer joins (made when it has no consumer), or why it
+        may not: while others consume, its topic, selector and noLocal are fixed (JMS 2.0:
+        a JMSException for a consumer asking for others)."""
+        subscription = self.active.get(client_id)
+        if subscription is not None:
+            if subscription.definition != definition:
+                return SharedRefusal(
+                    "the shared subscription has active consumers with another topic, "
+                    "selector or noLocal"
+                )
+            return subscription
+        subscription = SharedSubscription(self.broker, client_id, definition, durable)
+        self.active[client_id] = subscription
+        return subscription
+
+    def open(self, subscription: SharedSubscription) -> str | None:
+        """Connect a subscription that has no session yet (see :meth:`SharedSubscription.open`)."""
+        client_id = subscription.client_id
+        previous = self.definitions.get(client_id) if subscription.durable else None
+        error = subscription.open(previous)
+        if error is None and subscription.durable:
+            self.definitions[client_id] = subscription.definition
+        return error
+
+    def leave(self, subscription: SharedSubscription, *, unsubscribe: bool) -> None:
+        """Forget a subscription once its last consumer is gone (and the definition of a
+        durable one that is unsubscribed)."""
+        if subscription.consumers:
+            return
+        client_id = subscription.client_id
+        if self.active.get(client_id) is subscription:
+            del self.active[client_id]
+        if unsubscribe or not subscription.durable:
+            self.definitions.pop(client_id, None)

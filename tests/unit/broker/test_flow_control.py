@@ -1,0 +1,214 @@
+"""Producer flow control's rules, with a manual clock: a congested subscriber holds publishers
+back while it makes progress; one that makes none for stalled_subscriber_timeout stops holding
+anyone, its queue fills to its limit (counted), and it holds them again once it moves; bytes
+count as well as messages; the broker-wide bound holds every publisher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from kittiwake.broker.broker import Broker, SubscriptionOptions
+from kittiwake.broker.consumers import Delivery
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.sessions import Session
+from kittiwake.clock import ManualClock
+from kittiwake.config import config_from_dict
+
+DEPTH = 4
+TIMEOUT = 5.0
+
+
+class RecordingConsumer:
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+
+    def tag(self, delivery: Delivery) -> int:
+        return delivery.id
+
+    def deliver(self, delivery: Delivery) -> None:
+        self.deliveries.append(delivery)
+
+    def deliver_settled(self, entry: QueuedMessage) -> None:
+        pass
+
+    def taken_over(self) -> None:
+        pass
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def subscriber(**limits: Any) -> tuple[Broker, ManualClock, Session, RecordingConsumer]:
+    """A connected QoS 1 subscriber on "t" with a window of 1 (nothing queued yet)."""
+    clock = ManualClock()
+    settings = {
+        "flow_control_depth": DEPTH,
+        "stalled_subscriber_timeout": TIMEOUT,
+        "max_queued_messages": 20,
+    }
+    settings.update(limits)
+    broker = Broker(config_from_dict({"limits": settings}), clock=clock)
+    broker.pumps.loop = broker.flow.loop = asyncio.get_running_loop()
+    consumer = RecordingConsumer()
+    session, _, _ = broker.connect("sub", consumer, clean_start=True, expiry_interval=0, window=1)
+    broker.start_delivery(session)
+    broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
+    return broker, clock, session, consumer
+
+
+def publish(broker: Broker, payload: bytes = b"m") -> asyncio.Future[None] | None:
+    return broker.publish(Message("t", payload, qos=1, persistent=False))
+
+
+def bury(broker: Broker, session: Session) -> asyncio.Future[None]:
+    """Publish until the subscriber is congested; returns what the last publisher waits on."""
+    for _ in range(100):
+        waiting = publish(broker)
+        if waiting is not None:
+            return waiting
+    raise AssertionError(f"never congested: {session.queue}")
+
+
+async def settle(broker: Broker, session: Session, consumer: RecordingConsumer, count: int) -> None:
+    """The subscriber acknowledges ``count`` deliveries, one at a time, as they come."""
+    for _ in range(count):
+        for _ in range(100):
+            if consumer.deliveries:
+                break
+            await asyncio.sleep(0)
+        broker.acknowledge(session, consumer.deliveries.pop(0))
+        await asyncio.sleep(0)
+
+
+def test_a_progressing_subscriber_holds_publishers_past_the_timeout() -> None:
+    async def body() -> None:
+        broker, clock, session, consumer = subscriber()
+        waiting = bury(broker, session)
+        for _ in range(4):  # four timeouts, each with some progress (not enough to drain)
+            broker.tick()
+            clock.advance(TIMEOUT - 1)
+            await settle(broker, session, consumer, 1)
+            publish(broker)
+            broker.tick()
+        assert not waiting.done(), "a slow but progressing subscriber stopped holding back"
+        assert broker.stats.subscriber_stalls == 0
+
+    run(body)
+
+
+def test_a_subscriber_without_progress_stops_holding_publishers_and_its_queue_policy_applies(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def body() -> None:
+        broker, clock, session, consumer = subscriber()
+        waiting = bury(broker, session)
+        broker.tick()  # the watch starts
+        clock.advance(TIMEOUT - 0.1)
+        broker.tick()
+        assert not waiting.done()
+        clock.advance(0.2)
+        with caplog.at_level(logging.WARNING, "kittiwake.broker.flow_control"):
+            broker.tick()
+        await asyncio.sleep(0)
+        assert waiting.done(), "a stuck subscriber still holds its publishers"
+        assert broker.stats.subscriber_stalls == 1
+        assert broker.stats.stalled_subscribers == 1
+        assert "made no progress" in caplog.text
+        # Publishers go on at once; the queue fills to its limit and rejects the rest.
+        for _ in range(30):
+            assert publish(broker) is None
+        assert session.queue.count == 20
+        rejected = session.queue.counters.rejected
+        assert rejected > 0
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "kittiwake.broker.flow_control"):
+            broker.tick()
+        assert f"{rejected} messages dropped since it stalled" in caplog.text
+        # It reads again: it is making progress, and holds publishers back again.
+        await settle(broker, session, consumer, 1)
+        broker.tick()
+        assert broker.stats.stalled_subscribers == 0
+        assert publish(broker) is not None
+
+    run(body)
+
+
+def test_the_stall_timeout_counts_from_the_last_progress() -> None:
+    async def body() -> None:
+        broker, clock, session, consumer = subscriber()
+        waiting = bury(broker, session)
+        broker.tick()
+        clock.advance(TIMEOUT - 1)
+        await settle(broker, session, consumer, 1)
+        publish(broker)
+        broker.tick()
+        clock.advance(TIMEOUT - 1)  # 2 * TIMEOUT - 2 since congested, TIMEOUT - 1 since progress
+        broker.tick()
+        assert not waiting.done()
+        clock.advance(1.5)
+        broker.tick()
+        await asyncio.sleep(0)
+        assert waiting.done()
+
+    run(body)
+
+
+def test_bytes_congest_a_subscriber_before_its_message_count_does() -> None:
+    async def body() -> None:
+        broker, _clock, session, _consumer = subscriber(
+            flow_control_depth=1000, flow_control_bytes=10_000, max_queued_bytes=100_000
+        )
+        held = None
+        for _ in range(20):
+            held = publish(broker, b"x" * 1000)
+            if held is not None:
+                break
+        assert held is not None, "bytes never engaged flow control"
+        assert session.queue.count < 1000
+        assert 10_000 <= session.queue.bytes < 100_000
+
+    run(body)
+
+
+def test_the_broker_wide_bound_holds_every_publisher() -> None:
+    async def body() -> None:
+        broker, _clock, session, consumer = subscriber(
+            flow_control_depth=0, flow_control_bytes=0, max_total_queued_bytes=5_000
+        )
+        for _ in range(6):
+            assert publish(broker, b"x" * 1000) is None
+        broker.tick()
+        waiting = publish(broker, b"x" * 1000)
+        assert waiting is not None, "over the broker-wide bound, yet not held back"
+        assert broker.stats.total_bound_engaged == 1
+        await settle(broker, session, consumer, 6)
+        broker.tick()
+        await asyncio.sleep(0)
+        assert waiting.done()
+        assert publish(broker, b"x") is None
+
+    run(body)
+
+
+def test_a_subscriber_that_leaves_while_stalled_is_forgotten() -> None:
+    async def body() -> None:
+        broker, clock, session, _consumer = subscriber()
+        bury(broker, session)
+        broker.tick()
+        clock.advance(TIMEOUT + 1)
+        broker.tick()
+        assert broker.stats.stalled_subscribers == 1
+        broker.disconnect(session, publish_will=False)
+        broker.tick()
+        assert broker.stats.stalled_subscribers == 0
+        assert not broker.flow._watched
+
+    run(body)
