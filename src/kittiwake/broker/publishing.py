@@ -24,16 +24,7 @@ if TYPE_CHECKING:
 def publish(broker: Broker, message: Message) -> Completion:
     """Accept a publication; the completion says when the publisher may be told it is
     safe (its commit, and room at its congested receivers: see flow_control.py)."""
-    if not message.created:
-        message.created = broker.clock.now()
-    broker.stats.messages_received += 1
-    if message.persistent:
-        if not message.message_id:
-            broker.store.journal(message)
-    elif broker.journal_qos0 and broker.store.journals_qos0(message.topic):
-        broker.store.journal(message)  # opted in for the data pipeline; nothing waits
-    if message.retain:
-        retain(broker, message)
+    _accept(broker, message)
     touched = route(broker, message)
     commit = broker.store.commit() if message.persistent else None
     drained = broker.flow.congested(touched) if message.qos and touched else None
@@ -64,16 +55,7 @@ def publish_held(
     go out at once, is added to ``held`` for :func:`release_held` to send once the commit is
     durable (nothing, if it fails). The steps before routing are :func:`publish`'s.
     """
-    if not message.created:
-        message.created = broker.clock.now()
-    broker.stats.messages_received += 1
-    if message.persistent:
-        if not message.message_id:
-            broker.store.journal(message)
-    elif broker.journal_qos0 and broker.store.journals_qos0(message.topic):
-        broker.store.journal(message)
-    if message.retain:
-        retain(broker, message)
+    _accept(broker, message)
     plan = broker.routes.plan(message.topic)
     touched: list[Session | SharedGroup] = []
     # A fenced write has no origin (no connection published it): noLocal never applies.
@@ -119,6 +101,22 @@ def release_held(broker: Broker, held: list[HeldCopy], commit: asyncio.Future[No
             needs_pump = enqueue(broker, target, item)
         if needs_pump:
             broker.pump_soon(target)
+
+
+def _accept(broker: Broker, message: Message) -> None:
+    """What every publication gets before routing: its time, its count, its journal row (a
+    persistent one; QoS 0 where the operator opted its topic in, nothing waiting for it) and
+    its place among the retained messages."""
+    if not message.created:
+        message.created = broker.clock.now()
+    broker.stats.messages_received += 1
+    if message.persistent:
+        if not message.message_id:
+            broker.store.journal(message)
+    elif broker.journal_qos0 and broker.store.journals_qos0(message.topic):
+        broker.store.journal(message)
+    if message.retain:
+        retain(broker, message)
 
 
 def retain(broker: Broker, message: Message) -> None:
