@@ -238,6 +238,10 @@ class AuthConfig:
     # groups by name. Empty while no ACL rule exists: every client the listener lets in; once
     # ACL rules or admins exist, only the users and groups named here.
     admins: tuple[str, ...] = ()
+    # Read-only operators: users and groups that may use the http listener's GET endpoints
+    # (console pages, /metrics, the admin API's views and the read-only admin commands) but
+    # no action (purge, disconnect, delete: 403). Admins may read too.
+    monitors: tuple[str, ...] = ()
     # An empty allow list allows every topic; a deny entry always wins over an allow entry.
     publish_allow: tuple[str, ...] = ()
     publish_deny: tuple[str, ...] = ()

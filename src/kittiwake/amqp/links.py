@@ -132,6 +132,12 @@ class LinkLayer:
             )
         return permissions
 
+    def permissions_renewed(self, renew: Callable[[Permissions], Permissions]) -> None:
+        """The rules were reloaded (SIGHUP): later attaches and transfers are checked by the
+        new ones (the topic subscriptions' sessions were renewed by the broker)."""
+        if self._permissions is not None:
+            self._permissions = renew(self._permissions)
+
     def check_queue_access(self, action: str, queue: str) -> None:
         """A queue named by a link or a transfer: refused unless this user may ``action`` it
         (send, receive or browse). A temporary queue belongs to its connection: no rule

@@ -15,7 +15,10 @@ names matched as MQTT topic filters); no broker-wide list applies to them, and w
 every queue is open.
 
 Answers are cached per principal (a :class:`Permissions` lives as long as its connection),
-never globally. Knows no protocol: front ends turn a refusal into reason codes.
+never globally. The rules can be replaced while the broker runs (SIGHUP): each Permissions
+remembers whose it is, so its holders can be given the new rules for the same principal
+(:meth:`Authorizer.replace_config`, :meth:`Authorizer.renewed`). Knows no protocol: front ends
+turn a refusal into reason codes.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Permissions:
 
     __slots__ = (
         "_read_cache",
+        "client_id",
         "publish_allow",
         "publish_deny",
         "queues",
@@ -59,6 +63,7 @@ class Permissions:
         "read_deny",
         "restricts_publishing",
         "restricts_reading",
+        "user",
     )
 
     def __init__(
@@ -68,7 +73,14 @@ class Permissions:
         read_allow: tuple[str, ...] | None,
         read_deny: tuple[str, ...],
         queues: QueueRules = OPEN_QUEUES,
+        *,
+        user: str | None = None,
+        client_id: str = "",
+        read_cache: dict[str, bool] | None = None,
     ) -> None:
+        # Whose rules these are: a reload builds the same principal's new rules from them.
+        self.user = user
+        self.client_id = client_id
         # None: everything is allowed (no allow list, no ACL); () allows nothing.
         self.publish_allow = publish_allow
         self.publish_deny = publish_deny
@@ -78,8 +90,22 @@ class Permissions:
         self.restricts_reading = read_allow is not None or bool(read_deny)
         # False when only $SYS is closed to this principal's publications.
         self.restricts_publishing = publish_allow is not None or bool(publish_deny)
-        self._read_cache: dict[str, bool] = {}
+        # Principals with the same rules may share one cache (see Authorizer.permissions).
+        self._read_cache: dict[str, bool] = {} if read_cache is None else read_cache
         self.queues = queues
+
+    def with_identity(self, user: str | None, client_id: str) -> Permissions:
+        """The same rules (and read cache) for another principal whose rules are the same."""
+        return Permissions(
+            self.publish_allow,
+            self.publish_deny,
+            self.read_allow,
+            self.read_deny,
+            self.queues,
+            user=user,
+            client_id=client_id,
+            read_cache=self._read_cache,
+        )
 
     def may_send(self, queue: str) -> bool:
         return self.queues.may("send", queue)
@@ -136,6 +162,17 @@ class Authorizer:
 
     def __init__(self, config: AuthConfig) -> None:
         self._config = config
+        self.replace_config(config)
+
+    @property
+    def config(self) -> AuthConfig:
+        return self._config
+
+    def replace_config(self, config: AuthConfig) -> None:
+        """Take new rules (a reload). Permissions made before keep the old rules until their
+        holders swap them for :meth:`renewed` ones; checks made from here on (new
+        connections, Flight requests, the admin API) see the new rules at once."""
+        self._config = config
         groups: dict[str, set[str]] = {}
         for group in config.groups:
             for user in group.users:
@@ -145,20 +182,37 @@ class Authorizer:
         # principal is unknown, readers without a user.
         self._everyone = self._rules_for(None, "")
 
+    def renewed(self, permissions: Permissions) -> Permissions:
+        """The current rules for the principal ``permissions`` were made for."""
+        return self.permissions(permissions.user, permissions.client_id)
+
     @property
     def acl_configured(self) -> bool:
         return bool(self._config.acl)
 
     def may_administer(self, user: str | None) -> bool:
-        """May this user operate the broker (console, metrics, admin API)? Anyone let in
-        while neither ACL rules nor admins are configured; then only the named users and
-        the members of the named groups."""
-        admins = self._config.admins
-        if not admins and not self._config.acl:
+        """May this user operate the broker (console, metrics, admin API, actions)? Anyone
+        let in while no ACL rules, admins or monitors are configured; then only the users and
+        members of the groups auth.admins names."""
+        return self._named(user, self._config.admins)
+
+    def may_monitor(self, user: str | None) -> bool:
+        """May this user read what operators see (console pages, /metrics, the admin API's
+        views) without acting? Admins may; so may the users and groups auth.monitors names."""
+        return self._named(user, self._config.admins) or self._named(
+            user, self._config.monitors
+        )
+
+    def _named(self, user: str | None, names: tuple[str, ...]) -> bool:
+        """Is ``user`` (or a group of theirs) among ``names``? Anyone is while no ACL rule,
+        admin or monitor is configured (the operators' listener is then as open as the
+        others)."""
+        config = self._config
+        if not config.acl and not config.admins and not config.monitors:
             return True
         if user is None:
             return False
-        return user in admins or bool(self.groups_of(user).intersection(admins))
+        return user in names or bool(self.groups_of(user).intersection(names))
 
     def groups_of(self, user: str | None) -> frozenset[str]:
         return frozenset(self._groups.get(user, ())) if user is not None else frozenset()
@@ -166,11 +220,12 @@ class Authorizer:
     def permissions(self, user: str | None, client_id: str) -> Permissions:
         """The rules for ``user`` (None: anonymous) connected as ``client_id``.
 
-        Without ACLs the rules name no one: every principal shares one Permissions (and its
-        read cache) instead of a copy per connection.
+        Without ACLs the rules name no one: every principal shares one set of rules and one
+        read cache instead of a copy per connection (each still knows whose it is, for a
+        reload that adds ACL rules).
         """
         if not self._config.acl:
-            return self._everyone
+            return self._everyone.with_identity(user, client_id)
         return self._rules_for(user, client_id)
 
     def _rules_for(self, user: str | None, client_id: str) -> Permissions:
@@ -223,6 +278,8 @@ class Authorizer:
             tuple(read_allow) if read_allow or default_deny else None,
             tuple(read_deny),
             queues,
+            user=user,
+            client_id=client_id,
         )
 
     # Principal-free checks (the broker-wide lists and, for ACLs, the rules naming no one).

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from kittiwake import __version__
 from kittiwake.broker import dispatch, publishing, recovery, subscriptions, wills
-from kittiwake.broker.authorization import Authorizer
+from kittiwake.broker.authorization import Authorizer, Permissions
 from kittiwake.broker.client_ids import ClientIds
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.connection_admission import ConnectionAdmission
@@ -60,7 +60,7 @@ from kittiwake.broker.subscriptions import (
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.wills import SessionTimers
 from kittiwake.clock import Clock, MonotonicClock
-from kittiwake.config import Config
+from kittiwake.config import AuthConfig, Config
 
 __all__ = [
     "Broker",
@@ -428,6 +428,48 @@ class Broker:
     unsubscribe = subscriptions.unsubscribe
     send_retained = subscriptions.send_retained
     feed_retained = subscriptions.feed_retained
+
+    def replace_authorization(self, auth: AuthConfig) -> Callable[[Permissions], Permissions]:
+        """New authorisation rules (SIGHUP), applied without dropping anyone.
+
+        Every session's principal gets its new rules (a Permissions shared by a connection
+        and its session stays shared); route plans, which hold per-topic read verdicts, are
+        worked out again. Subscriptions are kept, as Mosquitto keeps them: the per-message
+        read check filters what their principal may no longer read, so one that lies wholly
+        inside a newly denied area receives nothing until the rules allow it again. A shared
+        subscription's queue cannot be filtered per member: a member whose filter is no
+        longer wholly readable leaves its group (logged). Messages already queued for a
+        session were authorised when routed and stay queued.
+
+        Returns the function that renews any other Permissions (front ends' connections).
+        """
+        self.config = replace(self.config, auth=auth)
+        authorizer = self.authorizer
+        authorizer.replace_config(auth)
+        renewed: dict[Permissions, Permissions] = {}
+
+        def renew(old: Permissions) -> Permissions:
+            new = renewed.get(old)
+            if new is None:
+                new = renewed[old] = authorizer.renewed(old)
+            return new
+
+        for session in list(self.sessions.values()):
+            if session.permissions is None:
+                continue
+            permissions = session.permissions = renew(session.permissions)
+            for full_filter, member in list(session.members.items()):
+                if not permissions.may_subscribe_wholly(member.group.topic_filter):
+                    log.warning(
+                        "rules reloaded: %s (user %s) may no longer read all of %s; "
+                        "its shared subscription is removed",
+                        session.client_id,
+                        session.principal or "(anonymous)",
+                        full_filter,
+                    )
+                    self.unsubscribe(session, full_filter)
+        self.routes.changed()
+        return renew
 
     @property
     def subscription_count(self) -> int:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Final, Protocol, TypeAlias
 
 from kittiwake.broker.authentication import Authentication, Principal, Refusal
+from kittiwake.broker.authorization import Permissions
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import NOT_FOUND, Completion, all_of
 from kittiwake.broker.connection_admission import AdmissionRefusal
@@ -189,6 +190,12 @@ class MQTTConnection:
         # and rules do not change while it lives, so each topic is checked once, not per
         # message (a cache per connection, keyed by its principal by construction).
         self._topic_verdicts: dict[str, bool] = {}
+
+    def permissions_renewed(self, renew: Callable[[Permissions], Permissions]) -> None:
+        """The rules were reloaded (SIGHUP): from now on this connection is checked by its
+        principal's new ones, and the publish verdicts cached under the old are forgotten."""
+        self.permissions = renew(self.permissions)
+        self._topic_verdicts.clear()
 
     @property
     def _log(self) -> ConnectionLog:
