@@ -5,8 +5,8 @@ client sees DISCONNECT 0x98, a proton client's queue is purged)."""
 from __future__ import annotations
 
 import base64
-import signal
 import json
+import signal
 import time
 import urllib.error
 import urllib.request

@@ -73,6 +73,8 @@ class ListenerContext:
     allow_anonymous: bool | None = None
     # How a verified client certificate names the user ("none", "cn", "subject").
     certificate_user: str = "none"
+    # WebSockets: the browser origins whose pages may connect (lower case); empty = any.
+    allowed_origins: frozenset[str] = frozenset()
 
 
 class MQTTServerProtocol(asyncio.Protocol):
@@ -295,6 +297,7 @@ class MQTTServer:
             self.authentication,
             None if policy == "auto" else bool(policy),
             listener.tls.certificate_user,
+            frozenset(origin.lower() for origin in listener.allowed_origins),
         )
 
     def _sweep(self) -> None:
