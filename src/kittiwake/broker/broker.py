@@ -31,7 +31,7 @@ from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
 from kittiwake.broker.periodic import run_every
 from kittiwake.broker.publishing import PendingCommits
-from kittiwake.broker.queues import Queue, QueuedMessage, Removal
+from kittiwake.broker.queues import Queue, QueuedBytes, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
 from kittiwake.broker.route_plans import RoutePlan, RoutePlans
 from kittiwake.broker.sessions import (
@@ -147,6 +147,8 @@ class Broker:
         # New connections per client address, for every listener (connection_admission.py).
         self.admission = ConnectionAdmission(self.config.limits, self.clock)
         self.sessions: dict[str, Session] = {}
+        # Bytes waiting in all of this broker's queues (max_total_queued_bytes reads it).
+        self.queue_totals = QueuedBytes()
         # Ids held by connections of other protocols than MQTT (JMS), one registry with them.
         self.client_ids = ClientIds(self.sessions)
         self.retained = RetainedMessages()
@@ -412,14 +414,9 @@ class Broker:
         self.flow.check(now, self.queued_bytes())
 
     def queued_bytes(self) -> int:
-        """Bytes waiting in every session's and shared group's queue (one pass: a tick's
-        cost, never the publish path's)."""
-        total = 0
-        for session in self.sessions.values():
-            total += session.queue.bytes
-        for group in self.shared_groups.values():
-            total += group.queue.bytes
-        return total
+        """Bytes waiting in every session's, shared group's and JMS queue (a running total
+        the queues keep: no walk over them)."""
+        return self.queue_totals.bytes
 
     # -- subscriptions (see subscriptions.py) ----------------------------------------------
 
@@ -554,6 +551,7 @@ class Broker:
             max_messages=limits.max_queued_messages,
             max_bytes=limits.max_queued_bytes,
             policy=limits.queue_full_policy,
+            totals=self.queue_totals,
         )
         consumer = Consumer(None, window=limits.max_inflight, name=client_id)
         queue.attach(consumer)
