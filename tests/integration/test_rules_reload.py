@@ -120,7 +120,7 @@ def test_an_invalid_file_on_sighup_keeps_the_rules(broker, paho):
     assert bob.client.is_connected() and process.alive()
 
 
-def test_settings_a_reload_cannot_apply_are_named_in_the_log(broker, paho):
+def test_settings_a_reload_cannot_apply_are_named_in_the_log(broker):
     process = broker(auth={}, limits={"max_queued_messages": 100})
     process.rewrite_config(limits={"max_queued_messages": 200})
     sighup(process, RELOADED, 1)
