@@ -15,14 +15,15 @@ names matched as MQTT topic filters); no broker-wide list applies to them, and w
 every queue is open.
 
 Answers are cached per principal (a :class:`Permissions` lives as long as its connection),
-never globally. The rules can be replaced while the broker runs (SIGHUP): each Permissions
-remembers whose it is, so its holders can be given the new rules for the same principal
-(:meth:`Authorizer.replace_config`, :meth:`Authorizer.renewed`). Knows no protocol: front ends
-turn a refusal into reason codes.
+never globally. The rules can be replaced while the broker runs (SIGHUP,
+:meth:`Authorizer.replace_config`): each holder of a Permissions knows whose it is (a session,
+a connection) and asks for its principal's new one. Knows no protocol: front ends turn a
+refusal into reason codes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, topic_matches
@@ -55,7 +56,6 @@ class Permissions:
 
     __slots__ = (
         "_read_cache",
-        "client_id",
         "publish_allow",
         "publish_deny",
         "queues",
@@ -63,7 +63,6 @@ class Permissions:
         "read_deny",
         "restricts_publishing",
         "restricts_reading",
-        "user",
     )
 
     def __init__(
@@ -73,14 +72,7 @@ class Permissions:
         read_allow: tuple[str, ...] | None,
         read_deny: tuple[str, ...],
         queues: QueueRules = OPEN_QUEUES,
-        *,
-        user: str | None = None,
-        client_id: str = "",
-        read_cache: dict[str, bool] | None = None,
     ) -> None:
-        # Whose rules these are: a reload builds the same principal's new rules from them.
-        self.user = user
-        self.client_id = client_id
         # None: everything is allowed (no allow list, no ACL); () allows nothing.
         self.publish_allow = publish_allow
         self.publish_deny = publish_deny
@@ -90,22 +82,8 @@ class Permissions:
         self.restricts_reading = read_allow is not None or bool(read_deny)
         # False when only $SYS is closed to this principal's publications.
         self.restricts_publishing = publish_allow is not None or bool(publish_deny)
-        # Principals with the same rules may share one cache (see Authorizer.permissions).
-        self._read_cache: dict[str, bool] = {} if read_cache is None else read_cache
+        self._read_cache: dict[str, bool] = {}
         self.queues = queues
-
-    def with_identity(self, user: str | None, client_id: str) -> Permissions:
-        """The same rules (and read cache) for another principal whose rules are the same."""
-        return Permissions(
-            self.publish_allow,
-            self.publish_deny,
-            self.read_allow,
-            self.read_deny,
-            self.queues,
-            user=user,
-            client_id=client_id,
-            read_cache=self._read_cache,
-        )
 
     def may_send(self, queue: str) -> bool:
         return self.queues.may("send", queue)
@@ -155,6 +133,12 @@ class Permissions:
         return answer
 
 
+# A reload's source of new rules (Broker.replace_authorization): a principal's user (None:
+# anonymous) and client id in, its Permissions out, one object per principal so that holders
+# which shared one (a connection and its session) still do.
+RenewPermissions = Callable[[str | None, str], Permissions]
+
+
 class Authorizer:
     """Builds each principal's :class:`Permissions` from the configuration."""
 
@@ -170,7 +154,7 @@ class Authorizer:
 
     def replace_config(self, config: AuthConfig) -> None:
         """Take new rules (a reload). Permissions made before keep the old rules until their
-        holders swap them for :meth:`renewed` ones; checks made from here on (new
+        holders ask :meth:`permissions` again for their principal; checks made from here on (new
         connections, Flight requests, the admin API) see the new rules at once."""
         self._config = config
         groups: dict[str, set[str]] = {}
@@ -181,10 +165,6 @@ class Authorizer:
         # The principal-free answers (the broker-wide lists alone): wills of sessions whose
         # principal is unknown, readers without a user.
         self._everyone = self._rules_for(None, "")
-
-    def renewed(self, permissions: Permissions) -> Permissions:
-        """The current rules for the principal ``permissions`` were made for."""
-        return self.permissions(permissions.user, permissions.client_id)
 
     @property
     def acl_configured(self) -> bool:
@@ -220,12 +200,11 @@ class Authorizer:
     def permissions(self, user: str | None, client_id: str) -> Permissions:
         """The rules for ``user`` (None: anonymous) connected as ``client_id``.
 
-        Without ACLs the rules name no one: every principal shares one set of rules and one
-        read cache instead of a copy per connection (each still knows whose it is, for a
-        reload that adds ACL rules).
+        Without ACLs the rules name no one: every principal shares one Permissions (and its
+        read cache) instead of a copy per connection.
         """
         if not self._config.acl:
-            return self._everyone.with_identity(user, client_id)
+            return self._everyone
         return self._rules_for(user, client_id)
 
     def _rules_for(self, user: str | None, client_id: str) -> Permissions:
@@ -278,8 +257,6 @@ class Authorizer:
             tuple(read_allow) if read_allow or default_deny else None,
             tuple(read_deny),
             queues,
-            user=user,
-            client_id=client_id,
         )
 
     # Principal-free checks (the broker-wide lists and, for ACLs, the rules naming no one).

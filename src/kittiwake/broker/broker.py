@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from kittiwake import __version__
 from kittiwake.broker import dispatch, publishing, recovery, subscriptions, wills
-from kittiwake.broker.authorization import Authorizer, Permissions
+from kittiwake.broker.authorization import Authorizer, Permissions, RenewPermissions
 from kittiwake.broker.client_ids import ClientIds
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.connection_admission import ConnectionAdmission
@@ -426,7 +426,7 @@ class Broker:
     send_retained = subscriptions.send_retained
     feed_retained = subscriptions.feed_retained
 
-    def replace_authorization(self, auth: AuthConfig) -> Callable[[Permissions], Permissions]:
+    def replace_authorization(self, auth: AuthConfig) -> RenewPermissions:
         """New authorisation rules (SIGHUP), applied without dropping anyone.
 
         Every session's principal gets its new rules (a Permissions shared by a connection
@@ -438,23 +438,23 @@ class Broker:
         longer wholly readable leaves its group (logged). Messages already queued for a
         session were authorised when routed and stay queued.
 
-        Returns the function that renews any other Permissions (front ends' connections).
+        Returns where front ends get their connections' new Permissions (by principal).
         """
         self.config = replace(self.config, auth=auth)
         authorizer = self.authorizer
         authorizer.replace_config(auth)
-        renewed: dict[Permissions, Permissions] = {}
+        renewed: dict[tuple[str | None, str], Permissions] = {}
 
-        def renew(old: Permissions) -> Permissions:
-            new = renewed.get(old)
+        def renew(user: str | None, client_id: str) -> Permissions:
+            new = renewed.get((user, client_id))
             if new is None:
-                new = renewed[old] = authorizer.renewed(old)
+                new = renewed[user, client_id] = authorizer.permissions(user, client_id)
             return new
 
         for session in list(self.sessions.values()):
             if session.permissions is None:
                 continue
-            permissions = session.permissions = renew(session.permissions)
+            permissions = session.permissions = renew(session.principal, session.client_id)
             for full_filter, member in list(session.members.items()):
                 if not permissions.may_subscribe_wholly(member.group.topic_filter):
                     log.warning(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kittiwake.broker.authentication import Authentication
-from kittiwake.broker.authorization import Permissions
+from kittiwake.broker.authorization import RenewPermissions
 from kittiwake.broker.broker import Broker
 from kittiwake.config import ListenerConfig
 from kittiwake.mqtt.codec import PacketDecoder
@@ -320,7 +319,7 @@ class MQTTServer:
             log.exception("keepalive sweep failed")
         self._sweeper = asyncio.get_running_loop().call_later(0.5, self._sweep)
 
-    def permissions_renewed(self, renew: Callable[[Permissions], Permissions]) -> None:
+    def permissions_renewed(self, renew: RenewPermissions) -> None:
         """The rules were reloaded (SIGHUP): every connection is checked by the new ones."""
         for protocol in self.connections:
             if protocol.connection is not None:

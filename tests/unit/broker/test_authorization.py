@@ -287,19 +287,22 @@ def test_queue_rules_are_validated_as_filters() -> None:
 # -- reloaded rules (SIGHUP) -----------------------------------------------------------------
 
 
-def test_renewed_permissions_are_the_same_principals_under_the_new_rules() -> None:
-    """Made while no ACL rule existed (the rules shared by everyone), a principal's
-    permissions still know whose they are: renewed, they are that user's new rules."""
-    authorizer = Authorizer(AuthConfig())
-    alice = authorizer.permissions("alice", "c1")
-    bob = authorizer.permissions("bob", "c2")
-    assert alice.may_publish("devices/bob/x") and bob.may_publish("devices/bob/x")
-    authorizer.replace_config(AuthConfig(acl=(ACLRule(publish=("devices/%u/#",)),)))
-    assert alice.may_publish("devices/bob/x")  # old rules until renewed
-    alice, bob = authorizer.renewed(alice), authorizer.renewed(bob)
+def test_a_reload_gives_each_principal_its_new_rules(make_harness) -> None:
+    """Made while no ACL rule existed (one set of rules shared by everyone), permissions are
+    renewed by principal: the session's become its user's new rules, and a front end asking
+    for the same principal gets the very object its session holds (a connection and its
+    session keep sharing one)."""
+    h = make_harness()
+    session, _, _ = h.connect("c1")
+    session.principal = "alice"
+    session.permissions = h.broker.authorizer.permissions("alice", "c1")
+    assert session.permissions.may_publish("devices/bob/x")
+    renew = h.broker.replace_authorization(AuthConfig(acl=(ACLRule(publish=("devices/%u/#",)),)))
+    alice = session.permissions
     assert not alice.may_publish("devices/bob/x")
-    assert bob.may_publish("devices/bob/x")
-    assert (alice.user, alice.client_id) == ("alice", "c1")
+    assert alice.may_publish("devices/alice/x")
+    assert renew("alice", "c1") is alice
+    assert renew("bob", "c2").may_publish("devices/bob/x")
 
 
 def test_reloaded_rules_filter_wildcards_and_keep_subscriptions(make_harness) -> None:
