@@ -46,9 +46,10 @@ HeldCopy = tuple[Session, QueuedMessage] | tuple[SharedGroup, Message]
 def publish_held(
     broker: Broker, message: Message, commit: asyncio.Future[None], held: list[HeldCopy]
 ) -> Completion:
-    """One message of a unit applied whole (a fenced write) whose commit ``commit`` is pending:
-    persist -> acknowledge -> dispatch for every copy, QoS 0 included, so a unit retried after
-    a failed commit delivers nothing twice.
+    """One message of a unit applied whole (a fenced write, a JMS transaction's topic send)
+    whose commit ``commit`` is pending: persist -> acknowledge -> dispatch for every copy,
+    QoS 0 included, so a unit retried after a failed commit delivers nothing twice and a
+    crash before the commit shows none of the unit.
 
     Copies the commit stores (persistent ones on durable queues) are queued now, their rows
     joining the commit, and wait for it as any stored copy does. Every other copy, which would
@@ -58,9 +59,14 @@ def publish_held(
     _accept(broker, message)
     plan = broker.routes.plan(message.topic)
     touched: list[Session | SharedGroup] = []
-    # A fenced write has no origin (no connection published it): noLocal never applies.
+    origin = message.origin  # None for a fenced write: no connection published it
     for copy in plan.copies:
         options = copy.options
+        if copy.own is not options and origin == copy.session.client_id:
+            own = copy.own  # the session published it: its noLocal subscriptions skip it
+            if own is None:
+                continue
+            options = own
         entry = QueuedMessage.of(
             message,
             options.max_qos,

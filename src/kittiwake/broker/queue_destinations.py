@@ -25,6 +25,7 @@ from kittiwake.broker.dead_letters import DeadLetters
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
 from kittiwake.broker.periodic import run_every
+from kittiwake.broker.publishing import HeldCopy, publish_held, release_held
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.routing import Router
 from kittiwake.broker.store import RecoveredState
@@ -277,8 +278,24 @@ class QueueDestinations:
             staged, self._committing = self._committing, []
         completion: Completion = None
         for _, message in topic_sends:
-            completion = all_of(completion, self.broker.publish(message))
+            if message.persistent and not message.message_id:
+                # Journalled before routing, so that the turn's commit exists by then.
+                self.store.journal(message)
         commit = self.store.commit()
+        if commit is None:
+            # Durable already (nothing persistent, or a store durable at once).
+            for _, message in topic_sends:
+                completion = all_of(completion, self.broker.publish(message))
+        elif topic_sends:
+            # Every topic copy, NON_PERSISTENT ones too, waits for the commit: a crash before
+            # it shows none of the transaction, after it all.
+            held: list[HeldCopy] = []
+            for _, message in topic_sends:
+                completion = all_of(
+                    completion, publish_held(self.broker, message, commit, held)
+                )
+            if held:
+                commit.add_done_callback(functools.partial(release_held, self.broker, held))
         if commit is not None and staged:
             for queue, message in staged:
                 message.awaiting_commit = True

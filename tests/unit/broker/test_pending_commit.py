@@ -271,3 +271,45 @@ def test_settling_a_stored_delivery_waits_for_its_commit() -> None:
             await completion
 
     run(body)
+
+
+def test_a_transactions_topic_sends_wait_for_its_commit() -> None:
+    """A JMS transaction is atomic across a crash: a NON_PERSISTENT send to a topic in it must
+    not reach a subscriber before the commit that makes its persistent neighbours durable
+    (else a crash shows part of it), and it honours noLocal like any publication."""
+    from kittiwake.broker.destinations import Destination
+    from kittiwake.broker.queue_destinations import QueueDestinations
+
+    async def body() -> None:
+        store = HeldCommitStore()
+        broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        queues = QueueDestinations(broker)
+        consumer = RecordingConsumer()
+        session, _, _ = broker.connect(
+            "sub", consumer, clean_start=True, expiry_interval=0, window=10
+        )
+        broker.start_delivery(session)
+        broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
+        own = RecordingConsumer()
+        publisher, _, _ = broker.connect(
+            "pub", own, clean_start=True, expiry_interval=0, window=10
+        )
+        broker.start_delivery(publisher)
+        broker.subscribe(publisher, "t", SubscriptionOptions(max_qos=1, no_local=True))
+        transaction = queues.begin()
+        for payload, durable in ((b"np", False), (b"p", True)):
+            message = Message("t", payload, qos=1, persistent=durable)
+            message.origin = "pub"
+            transaction.send(Destination.topic("t"), message)
+        completion = queues.commit(transaction)
+        assert completion is not None
+        await asyncio.sleep(0.01)
+        assert consumer.deliveries == [], "a transaction's send went out before its commit"
+        store.resolve()
+        await asyncio.wait_for(asyncio.ensure_future(completion), 5)
+        await asyncio.sleep(0.01)
+        assert [d.view.message.payload for d in consumer.deliveries] == [b"np", b"p"]
+        assert own.deliveries == [], "noLocal: the publisher's own subscription got it"
+
+    run(body)
