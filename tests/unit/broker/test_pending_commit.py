@@ -97,9 +97,49 @@ async def drain(broker: Broker, session: Session, consumer: RecordingConsumer) -
         await asyncio.sleep(0)
 
 
-def test_a_stored_copy_is_not_dispatched_before_its_commit() -> None:
+@pytest.mark.parametrize(
+    ("qos", "store_and_dispatch"),
+    [(2, True), (2, False), (1, False)],
+    ids=["exactly-once", "exactly-once-strict", "at-least-once-strict"],
+)
+def test_a_stored_copy_is_not_dispatched_before_its_commit(
+    qos: int, store_and_dispatch: bool
+) -> None:
     """An acknowledgement from the subscriber pumps its queue; the next message in it must still
-    wait for its own commit, even though the session has room in its window."""
+    wait for its own commit, even though the session has room in its window. Exactly-once
+    publications always keep persist -> acknowledge -> dispatch; at-least-once ones do when
+    store-and-dispatch is off."""
+
+    async def body() -> None:
+        store = HeldCommitStore()
+        config = config_from_dict({"store": {"store_and_dispatch": store_and_dispatch}})
+        broker = Broker(config, clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        consumer = RecordingConsumer()
+        session, _, _ = broker.connect(
+            "sub", consumer, clean_start=False, expiry_interval=3600, window=10
+        )
+        broker.start_delivery(session)
+        broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
+        broker.publish(Message("t", b"first", qos=qos, persistent=True))
+        store.resolve()
+        await asyncio.sleep(0.01)
+        assert len(consumer.deliveries) == 1
+        # Its commit stays pending.
+        broker.publish(Message("t", b"second", qos=qos, persistent=True))
+        broker.acknowledge(session, consumer.deliveries.pop())
+        await asyncio.sleep(0.01)
+        assert consumer.deliveries == [], "dispatched before it was durable"
+        store.resolve()
+        await asyncio.sleep(0.01)
+        assert len(consumer.deliveries) == 1
+
+    run(body)
+
+
+def test_store_and_dispatch_sends_a_stored_copy_before_its_commit() -> None:
+    """At-least-once (DESIGN.md section 3): a stored copy goes to its consumer while its commit
+    is pending; the publisher's completion still waits for the commit."""
 
     async def body() -> None:
         store = HeldCommitStore()
@@ -111,17 +151,14 @@ def test_a_stored_copy_is_not_dispatched_before_its_commit() -> None:
         )
         broker.start_delivery(session)
         broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
-        broker.publish(persistent(b"first"))
+        completion = broker.publish(persistent(b"first"))
+        assert completion is not None
+        await asyncio.sleep(0)
+        assert [d.entry.message.payload for d in consumer.deliveries] == [b"first"]
+        assert not completion.done(), "acknowledged before its commit"
         store.resolve()
-        await asyncio.sleep(0.01)
-        assert len(consumer.deliveries) == 1
-        broker.publish(persistent(b"second"))  # its commit stays pending
-        broker.acknowledge(session, consumer.deliveries.pop())
-        await asyncio.sleep(0.01)
-        assert consumer.deliveries == [], "dispatched before it was durable"
-        store.resolve()
-        await asyncio.sleep(0.01)
-        assert len(consumer.deliveries) == 1
+        await asyncio.sleep(0)
+        assert completion.done() and completion.exception() is None
 
     run(body)
 
