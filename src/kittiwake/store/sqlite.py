@@ -594,6 +594,12 @@ class SQLiteStore:
             self._queue.put(None)
             self._writer.join(timeout=30)
             self._writer = None
+        if self.cancelled_writes:
+            log.info(
+                "store %s: %d queue entries accepted before their commit were never written",
+                self.path,
+                self.cancelled_writes,
+            )
 
     # -- batching -------------------------------------------------------------------------
 
