@@ -181,6 +181,13 @@ class QueueDestinations:
                 self.store.journal(message)
             self.store.enqueue(queue.name, entry)
             commit = self.store.commit()
+            if commit is not None and self.broker.store_and_dispatch:
+                # Store-and-dispatch (outside a transaction, DESIGN.md section 3): consumers
+                # may have it before its commit, and an acceptance before the writer takes it
+                # spares the write. A failed commit refuses the sender, who may send again:
+                # a copy delivered meanwhile is then a duplicate.
+                self.pump_soon(queue)
+                return True, commit
             if commit is not None:
                 # Persist -> acknowledge -> dispatch: the entry waits for its commit.
                 message.awaiting_commit = True

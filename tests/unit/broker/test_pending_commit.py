@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
-from kittiwake.broker.consumers import Delivery
+from kittiwake.broker.consumers import Consumer, Delivery
 from kittiwake.broker.message import Message
+from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
 from kittiwake.broker.store import MemoryStore
@@ -306,5 +307,44 @@ def test_settling_a_stored_delivery_waits_for_its_commit() -> None:
         store.pending.set_exception(OSError("disk full"))
         with pytest.raises(OSError):
             await completion
+
+    run(body)
+
+
+@pytest.mark.parametrize("store_and_dispatch", [True, False], ids=["concurrent", "strict"])
+def test_a_persistent_queue_send_reaches_its_consumer_before_its_commit_only_if_allowed(
+    store_and_dispatch: bool,
+) -> None:
+    """A JMS PERSISTENT send to a queue, outside a transaction: with store-and-dispatch its
+    consumer may have it while the commit is pending; strict, it waits for the commit. The
+    sender's completion is the commit either way."""
+
+    async def body() -> None:
+        store = HeldCommitStore()
+        config = config_from_dict({"store": {"store_and_dispatch": store_and_dispatch}})
+        broker = Broker(config, clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        destinations = QueueDestinations(broker)
+        receiver = RecordingConsumer()
+        destinations.attach("orders", Consumer(receiver, window=10))
+        # The first send also stores the queue's in-flight window; both wait for a commit.
+        destinations.send("orders", Message("", b"first", qos=2, persistent=True))
+        for _ in range(3):  # the send's commit, then (strict) the window's
+            await asyncio.sleep(0.01)
+            if store.pending is not None:
+                store.resolve()
+        await asyncio.sleep(0.01)
+        assert len(receiver.deliveries) == 1
+        accepted, completion = destinations.send(
+            "orders", Message("", b"second", qos=2, persistent=True)
+        )
+        assert accepted and completion is not None
+        await asyncio.sleep(0.01)
+        assert len(receiver.deliveries) == (2 if store_and_dispatch else 1)
+        assert not completion.done()
+        store.resolve()
+        await asyncio.sleep(0.01)
+        assert completion.done() and completion.exception() is None
+        assert len(receiver.deliveries) == 2
 
     run(body)
