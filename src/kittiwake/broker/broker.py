@@ -444,13 +444,6 @@ class Broker:
         """Who gets a publication on ``topic`` (cached until routing changes)."""
         return self.routes.plan(topic)
 
-    def count_forwarded(self, receivers: int) -> None:
-        """A front end sent a QoS 0 publication as is to the ``direct`` receivers of its plan
-        (without building a Message): counted like any publication."""
-        stats = self.stats
-        stats.messages_received += 1
-        stats.messages_sent += receivers
-
     # -- delivery (see dispatch.py) --------------------------------------------------------
 
     # Move queued messages into flight while the consumers' windows have room.
