@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Final, Protocol, TypeAlias
 
 from kittiwake.broker.authentication import Authentication, Principal, Refusal
+from kittiwake.broker.authorization import RenewPermissions
 from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import NOT_FOUND, Completion, all_of
 from kittiwake.broker.connection_admission import AdmissionRefusal
@@ -189,6 +190,15 @@ class MQTTConnection:
         # and rules do not change while it lives, so each topic is checked once, not per
         # message (a cache per connection, keyed by its principal by construction).
         self._topic_verdicts: dict[str, bool] = {}
+
+    def permissions_renewed(self, renew: RenewPermissions) -> None:
+        """The rules were reloaded (SIGHUP): from now on this connection is checked by its
+        principal's new ones, and the publish verdicts cached under the old are forgotten."""
+        if self.session is None:
+            return  # not connected yet: CONNECT will ask for the rules in force then
+        principal = self.principal
+        self.permissions = renew(principal.name if principal is not None else None, self.client_id)
+        self._topic_verdicts.clear()
 
     @property
     def _log(self) -> ConnectionLog:
