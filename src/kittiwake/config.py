@@ -277,6 +277,10 @@ class StoreConfig:
     wal_autocheckpoint: int = 1000
     # SQLite synchronous mode: "full" fsyncs every commit, which the acknowledgement promise needs.
     synchronous: Literal["full", "normal"] = "full"
+    # Dispatch QoS 1 publications while their commit is pending, and write none of a copy
+    # accepted before its batch reaches the writer (DESIGN.md section 3). Off: every stored
+    # copy waits for its commit (persist -> acknowledge -> dispatch).
+    store_and_dispatch: bool = True
 
 
 @dataclass(frozen=True, slots=True)

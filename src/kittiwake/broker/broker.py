@@ -174,6 +174,8 @@ class Broker:
         # Pump a session (or group) at the end of this loop turn.
         self.pump_soon = self.pumps.soon
         self.pending_commits = PendingCommits(self)
+        # QoS 1 publications are dispatched while their commit is pending (publishing.py).
+        self.store_and_dispatch = self.config.store.store_and_dispatch
         # Writes from outside the protocols (the Spark sink), at most once per fence.
         self.fenced_writes = FencedWrites(self)
         self._next_anonymous = 0

@@ -1,8 +1,17 @@
 """The publish path: journal a persistent message, keep it if retained, route it to every
 queue that should get a copy (per the topic's route plan), and say when the publisher may be
-told it is safe. Copies of a message whose commit is pending are held back (persist ->
-acknowledge -> dispatch) and dropped if the commit fails; a unit applied whole (a fenced write)
-holds back every copy. Knows no protocol.
+told it is safe. Knows no protocol.
+
+An at-least-once (QoS 1) publication is dispatched while its commit is pending
+(store-and-dispatch, DESIGN.md section 3): its stored copies go to their consumers at once, and
+a copy accepted before its batch reaches the writer is never written (the store cancels the
+insert and its delete). Its publisher is still acknowledged only after its batch is done. A
+crash may then lose a copy that was delivered but not yet committed: only ever one whose
+publisher was not acknowledged, who resends it (at-least-once allows the duplicate). With
+``store.store_and_dispatch`` off, and always for exactly-once publications (QoS 2, JMS
+PERSISTENT), copies of a message whose commit is pending are held back (persist -> acknowledge
+-> dispatch) and dropped if the commit fails; a unit applied whole (a fenced write) holds back
+every copy.
 """
 
 from __future__ import annotations
@@ -33,7 +42,13 @@ def publish(broker: Broker, message: Message) -> Completion:
             broker.pump_soon(session)
         return drained
     if touched:
-        broker.pending_commits.hold(commit, message, touched)
+        if message.qos == 1 and broker.store_and_dispatch:
+            # Store-and-dispatch: a failed commit refuses the publisher, who resends; a copy
+            # delivered meanwhile is then a duplicate, which QoS 1 allows.
+            for session in touched:
+                broker.pump_soon(session)
+        else:
+            broker.pending_commits.hold(commit, message, touched)
     if drained is None:
         return commit
     return broker.flow.commit_and_drain(commit, drained)

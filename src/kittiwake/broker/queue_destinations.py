@@ -1,8 +1,10 @@
 """Queue destinations (JMS queues, point to point): named queues created on first use, fed by
 senders, drained by competing consumers that pull by credit; what a queue gives up on moves
 to the dead-letter or expiry queue (DESIGN.md section 5). Persistent entries are stored and
-a sender's completion is their commit. Knows no protocol: front ends attach consumers and
-settle their deliveries here.
+a sender's completion is their commit. Outside a transaction they may reach a consumer while
+that commit is pending (store-and-dispatch, DESIGN.md section 3; ``store.store_and_dispatch``):
+a crash may then lose an entry a consumer saw, only ever one whose sender was not answered.
+Knows no protocol: front ends attach consumers and settle their deliveries here.
 
 The crash rule (DESIGN.md section 2): an in-flight mark is written lazily, so a crash may lose
 it. Each queue's in-flight window (what its consumers could hold at once) is stored before
@@ -183,6 +185,13 @@ class QueueDestinations:
                 self.store.journal(message)
             self.store.enqueue(queue.name, entry)
             commit = self.store.commit()
+            if commit is not None and self.broker.store_and_dispatch:
+                # Store-and-dispatch (outside a transaction, DESIGN.md section 3): consumers
+                # may have it before its commit, and an acceptance before the writer takes it
+                # spares the write. A failed commit refuses the sender, who may send again:
+                # a copy delivered meanwhile is then a duplicate.
+                self.pump_soon(queue)
+                return True, commit
             if commit is not None:
                 # Persist -> acknowledge -> dispatch: the entry waits for its commit.
                 message.awaiting_commit = True

@@ -5,6 +5,14 @@ from the broker's clock (never ``time``), so sweeps and lazy marks follow a test
 A commit future resolves after the transaction holding every earlier operation is on disk, which
 is when a publisher may be acknowledged. Must never be called from the writer thread's side of
 the queue except through :meth:`SQLiteStore.commit` and friends.
+
+Write cancellation (DESIGN.md section 3): a queue entry removed (accepted, mostly) before its
+insert is taken by the writer is never written: the insert is dropped from its pending turn and
+no delete is added. A turn left with nothing to write resolves without a transaction once every
+earlier turn is done, so a commit future still means "everything before it is settled". Only
+the insert of a message numbered in its own turn is cancellable (nothing older can be on disk
+under its key); journal rows (retention, several references) and retained rows are always
+written.
 """
 
 from __future__ import annotations
@@ -63,6 +71,10 @@ DATABASE_FILE = "kittiwake.db"
 # share a run, so the writer thread hands each run to executemany (one C loop, not one call
 # per row).
 Operation = tuple[str, list[tuple[Any, ...]]]
+# A queue-entry insert not taken by the writer yet: its turn's operations, its run, its index.
+_PendingInsert = tuple[list[Operation], list[tuple[Any, ...]], int]
+# What a cancelled insert's row becomes until its turn is compacted (compared by identity).
+_CANCELLED: tuple[Any, ...] = (object(),)
 # How often the journal is swept of messages no queue entry needs any more (clock seconds).
 SWEEP_INTERVAL = 1.0
 # How long a lazy delivery mark waits for its acknowledgement before it is written (clock
@@ -166,6 +178,17 @@ class SQLiteStore:
         # (run, index) into self._ops: a second reference in the same hand-off turns the first
         # into a plain reference and writes a journal row instead.
         self._inline: dict[int, tuple[list[tuple[Any, ...]], int]] = {}
+        # Queue-entry inserts not taken by the writer yet, by (queue, message id): (the
+        # operations of their turn, run, index), so a removal can cancel the insert instead
+        # of adding a delete. Those of this turn, then those of sealed turns; None = another
+        # insert of the same entry is pending too, so neither may be cancelled.
+        self._open_inserts: dict[tuple[str, int], _PendingInsert | None] = {}
+        self._sealed_inserts: dict[tuple[str, int], _PendingInsert | None] = {}
+        # Turns (by id of their operations) holding a cancelled insert, to be compacted
+        # before they go to the writer.
+        self._trimmed: dict[int, list[Operation]] = {}
+        # Inserts cancelled so far (for tests and /metrics).
+        self.cancelled_writes = 0
         # Lazy delivery marks by (queue, message id): (delivery id, state, count bump, due
         # clock time). Written once due; dropped when the entry is removed first.
         self._marks: dict[tuple[str, int], tuple[int, str, int, float]] = {}
@@ -341,9 +364,16 @@ class SQLiteStore:
                 *columns,
             ),
         )
-        if columns is not _NO_MESSAGE and message_id > self._sealed_id:
-            run = self._ops[-1][1]
-            self._inline[message_id] = (run, len(run) - 1)
+        ops = self._ops
+        run = ops[-1][1]
+        key = (queue, message_id)
+        if message_id > self._sealed_id:
+            if columns is not _NO_MESSAGE:
+                self._inline[message_id] = (run, len(run) - 1)
+            inserts = self._open_inserts
+            inserts[key] = None if key in inserts else (ops, run, len(run) - 1)
+        elif key in self._sealed_inserts or key in self._open_inserts:
+            self._not_cancellable(key)
 
     def mark_delivery(
         self, queue: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
@@ -365,10 +395,36 @@ class SQLiteStore:
         self._add(_COUNT_POSSIBLE_DELIVERY, (queue, message_id))
 
     def remove(self, queue: str, message_id: int) -> None:
+        key = (queue, message_id)
         if self._marks:
-            self._marks.pop((queue, message_id), None)
-        self._add(_REMOVE, (queue, message_id))
+            self._marks.pop(key, None)
+        if (self._open_inserts or self._sealed_inserts) and self._cancel_insert(key):
+            return
+        self._add(_REMOVE, key)
         self._removed += 1
+
+    def _cancel_insert(self, key: tuple[str, int]) -> bool:
+        """Write cancellation: drop the entry's insert if the writer has not taken it yet;
+        then its delete is not needed either. False when it has (or may have) been taken."""
+        pending = self._open_inserts.pop(key, None)
+        if pending is None:
+            pending = self._sealed_inserts.pop(key, None)
+            if pending is None:
+                return False
+        ops, run, index = pending
+        run[index] = _CANCELLED
+        self._trimmed[id(ops)] = ops
+        # A second reference in this turn must not rewrite the cancelled row.
+        self._inline.pop(key[1], None)
+        self.cancelled_writes += 1
+        return True
+
+    def _not_cancellable(self, key: tuple[str, int]) -> None:
+        """Another insert of an entry whose insert is pending: cancelling only one of them
+        would leave the other on disk with no delete."""
+        for inserts in (self._open_inserts, self._sealed_inserts):
+            if key in inserts:
+                inserts[key] = None
 
     def delete_queue(self, queue: str) -> None:
         for key in [key for key in self._marks if key[0] == queue]:
@@ -538,6 +594,12 @@ class SQLiteStore:
             self._queue.put(None)
             self._writer.join(timeout=30)
             self._writer = None
+        if self.cancelled_writes:
+            log.info(
+                "store %s: %d queue entries accepted before their commit were never written",
+                self.path,
+                self.cancelled_writes,
+            )
 
     # -- batching -------------------------------------------------------------------------
 
@@ -616,6 +678,12 @@ class SQLiteStore:
             self._journal_messages = []
         self._journalled.clear()
         self._inline.clear()
+        if self._open_inserts:
+            if self._sealed_inserts:
+                self._sealed_inserts.update(self._open_inserts)
+                self._open_inserts = {}
+            else:
+                self._sealed_inserts, self._open_inserts = self._open_inserts, {}
         self._sealed_id = self._last_id
         marks = self._due_marks(final)
         if marks:
@@ -642,7 +710,16 @@ class SQLiteStore:
             self._send()
 
     def _send(self) -> None:
-        """Give the writer every sealed turn; it commits them in groups of whole turns."""
+        """Give the writer every sealed turn; it commits them in groups of whole turns.
+
+        Turns whose inserts were cancelled are compacted first; those left with nothing to
+        write, ahead of any that has something, are done at once (every earlier turn is).
+        """
+        self._sealed_inserts = {}
+        if self._trimmed:
+            self._compact_sealed()
+            if not self._sealed:
+                return
         if self._writer is None:
             self._writer = threading.Thread(
                 target=self._write_loop, name="kittiwake-store", daemon=True
@@ -651,6 +728,30 @@ class SQLiteStore:
         self._writing = True
         self._queue.put(self._sealed)
         self._sealed = []
+
+    def _compact_sealed(self) -> None:
+        trimmed = self._trimmed
+        idle = not self._writing
+        sealed = self._sealed
+        for ops, _future in sealed:
+            if trimmed.pop(id(ops), None) is not None:
+                ops[:] = [
+                    (sql, kept)
+                    for sql, rows in ops
+                    if (kept := [row for row in rows if row is not _CANCELLED])
+                ]
+        # Leading turns with nothing left but the id counter are done now (ids no stored row
+        # uses need not be kept); the first with something to write ends the run, and empty
+        # turns after it go to the writer, to be resolved in order.
+        if idle:
+            done = 0
+            for ops, future in sealed:
+                if any(sql is not _SET_LAST_ID for sql, _rows in ops):
+                    break
+                _resolve(future, None)
+                done += 1
+            if done:
+                self._sealed = sealed[done:]
 
     def _batch_written(
         self, results: list[tuple[asyncio.Future[None], BaseException | None]]

@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
-from kittiwake.broker.consumers import Delivery
+from kittiwake.broker.consumers import Consumer, Delivery
 from kittiwake.broker.message import Message
+from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
 from kittiwake.broker.store import MemoryStore
@@ -97,9 +98,49 @@ async def drain(broker: Broker, session: Session, consumer: RecordingConsumer) -
         await asyncio.sleep(0)
 
 
-def test_a_stored_copy_is_not_dispatched_before_its_commit() -> None:
+@pytest.mark.parametrize(
+    ("qos", "store_and_dispatch"),
+    [(2, True), (2, False), (1, False)],
+    ids=["exactly-once", "exactly-once-strict", "at-least-once-strict"],
+)
+def test_a_stored_copy_is_not_dispatched_before_its_commit(
+    qos: int, store_and_dispatch: bool
+) -> None:
     """An acknowledgement from the subscriber pumps its queue; the next message in it must still
-    wait for its own commit, even though the session has room in its window."""
+    wait for its own commit, even though the session has room in its window. Exactly-once
+    publications always keep persist -> acknowledge -> dispatch; at-least-once ones do when
+    store-and-dispatch is off."""
+
+    async def body() -> None:
+        store = HeldCommitStore()
+        config = config_from_dict({"store": {"store_and_dispatch": store_and_dispatch}})
+        broker = Broker(config, clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        consumer = RecordingConsumer()
+        session, _, _ = broker.connect(
+            "sub", consumer, clean_start=False, expiry_interval=3600, window=10
+        )
+        broker.start_delivery(session)
+        broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
+        broker.publish(Message("t", b"first", qos=qos, persistent=True))
+        store.resolve()
+        await asyncio.sleep(0.01)
+        assert len(consumer.deliveries) == 1
+        # Its commit stays pending.
+        broker.publish(Message("t", b"second", qos=qos, persistent=True))
+        broker.acknowledge(session, consumer.deliveries.pop())
+        await asyncio.sleep(0.01)
+        assert consumer.deliveries == [], "dispatched before it was durable"
+        store.resolve()
+        await asyncio.sleep(0.01)
+        assert len(consumer.deliveries) == 1
+
+    run(body)
+
+
+def test_store_and_dispatch_sends_a_stored_copy_before_its_commit() -> None:
+    """At-least-once (DESIGN.md section 3): a stored copy goes to its consumer while its commit
+    is pending; the publisher's completion still waits for the commit."""
 
     async def body() -> None:
         store = HeldCommitStore()
@@ -111,17 +152,14 @@ def test_a_stored_copy_is_not_dispatched_before_its_commit() -> None:
         )
         broker.start_delivery(session)
         broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
-        broker.publish(persistent(b"first"))
+        completion = broker.publish(persistent(b"first"))
+        assert completion is not None
+        await asyncio.sleep(0)
+        assert [d.entry.message.payload for d in consumer.deliveries] == [b"first"]
+        assert not completion.done(), "acknowledged before its commit"
         store.resolve()
-        await asyncio.sleep(0.01)
-        assert len(consumer.deliveries) == 1
-        broker.publish(persistent(b"second"))  # its commit stays pending
-        broker.acknowledge(session, consumer.deliveries.pop())
-        await asyncio.sleep(0.01)
-        assert consumer.deliveries == [], "dispatched before it was durable"
-        store.resolve()
-        await asyncio.sleep(0.01)
-        assert len(consumer.deliveries) == 1
+        await asyncio.sleep(0)
+        assert completion.done() and completion.exception() is None
 
     run(body)
 
@@ -311,5 +349,42 @@ def test_a_transactions_topic_sends_wait_for_its_commit() -> None:
         await asyncio.sleep(0.01)
         assert [d.view.message.payload for d in consumer.deliveries] == [b"np", b"p"]
         assert own.deliveries == [], "noLocal: the publisher's own subscription got it"
+
+
+@pytest.mark.parametrize("store_and_dispatch", [True, False], ids=["concurrent", "strict"])
+def test_a_persistent_queue_send_reaches_its_consumer_before_its_commit_only_if_allowed(
+    store_and_dispatch: bool,
+) -> None:
+    """A JMS PERSISTENT send to a queue, outside a transaction: with store-and-dispatch its
+    consumer may have it while the commit is pending; strict, it waits for the commit. The
+    sender's completion is the commit either way."""
+
+    async def body() -> None:
+        store = HeldCommitStore()
+        config = config_from_dict({"store": {"store_and_dispatch": store_and_dispatch}})
+        broker = Broker(config, clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        destinations = QueueDestinations(broker)
+        receiver = RecordingConsumer()
+        destinations.attach("orders", Consumer(receiver, window=10))
+        # The first send also stores the queue's in-flight window; both wait for a commit.
+        destinations.send("orders", Message("", b"first", qos=2, persistent=True))
+        for _ in range(3):  # the send's commit, then (strict) the window's
+            await asyncio.sleep(0.01)
+            if store.pending is not None:
+                store.resolve()
+        await asyncio.sleep(0.01)
+        assert len(receiver.deliveries) == 1
+        accepted, completion = destinations.send(
+            "orders", Message("", b"second", qos=2, persistent=True)
+        )
+        assert accepted and completion is not None
+        await asyncio.sleep(0.01)
+        assert len(receiver.deliveries) == (2 if store_and_dispatch else 1)
+        assert not completion.done()
+        store.resolve()
+        await asyncio.sleep(0.01)
+        assert completion.done() and completion.exception() is None
+        assert len(receiver.deliveries) == 2
 
     run(body)

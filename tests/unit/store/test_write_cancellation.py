@@ -1,0 +1,283 @@
+"""Write cancellation in the SQLite store (DESIGN.md section 3): a queue entry removed before
+its insert is taken by the writer is never written, and neither is its delete; an entry whose
+insert the writer has taken gets its delete; journal rows are always written.
+
+The writer thread is held on a gate while the test builds the turns it has not taken yet, so
+which insert is "pending" is decided by the test, not by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kittiwake.broker.message import Message
+from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.store import SessionRecord
+from kittiwake.clock import ManualClock
+from kittiwake.store import sqlite as sqlite_module
+from kittiwake.store.sqlite import SQLiteStore
+
+TIMEOUT = 10.0
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), TIMEOUT * 3))
+
+
+def message(payload: bytes, topic: str = "a/b") -> Message:
+    return Message(topic=topic, payload=payload, qos=1, persistent=True)
+
+
+def entry(m: Message) -> QueuedMessage:
+    return QueuedMessage(m, 1, True)
+
+
+class HeldWriter:
+    """Wraps the writer's batch write: records every row it is given and, while ``gate`` is
+    clear, blocks the writer thread (the writer is busy: later turns wait on the loop)."""
+
+    def __init__(self, store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.gate = threading.Event()
+        self.batches = 0
+        self.rows: list[tuple[str, tuple[Any, ...]]] = []
+        original = store._write_batch
+
+        def write(connection: Any, ops: list[tuple[str, list[tuple[Any, ...]]]]) -> Any:
+            assert self.gate.wait(TIMEOUT), "the test never released the writer"
+            self.batches += 1
+            self.rows.extend((sql, row) for sql, rows in ops for row in rows)
+            return original(connection, ops)
+
+        monkeypatch.setattr(store, "_write_batch", write)
+
+    def inserted(self, message_id: int) -> bool:
+        return any(
+            sql.startswith("INSERT OR REPLACE INTO queue_entries") and row[1] == message_id
+            for sql, row in self.rows
+        )
+
+    def deleted(self, message_id: int) -> bool:
+        return any(
+            sql.startswith("DELETE FROM queue_entries") and message_id in row[1:]
+            for sql, row in self.rows
+        )
+
+
+async def busy_writer(store: SQLiteStore) -> asyncio.Future[None]:
+    """Give the (gated) writer a batch, so the next turns wait for it; its commit future."""
+    store.save_session(SessionRecord("other", 1))
+    future = store.commit()
+    assert future is not None
+    await asyncio.sleep(0)  # the turn ends: handed to the writer, which blocks on the gate
+    return future
+
+
+def queued(store_dir: Path) -> list[tuple[str, int]]:
+    store = SQLiteStore(store_dir, clock=ManualClock())
+    try:
+        return [(r.queue, r.message_id) for r in store.recover().queued]
+    finally:
+        store.close()
+
+
+def test_an_entry_removed_while_its_turn_waits_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept_ids: list[int] = []
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        writer = HeldWriter(store, monkeypatch)
+        first = await busy_writer(store)
+        acked, kept = message(b"acked"), message(b"kept")
+        for m in (acked, kept):
+            store.journal(m)
+            store.enqueue("c", entry(m))
+        turn = store.commit()
+        assert turn is not None
+        await asyncio.sleep(0)  # sealed, waiting for the writer
+        store.remove("c", acked.message_id)  # accepted before the writer took it
+        assert store.commit() is turn, "the removal added nothing to write"
+        writer.gate.set()
+        await asyncio.wait_for(turn, TIMEOUT)
+        assert first.done()
+        assert store.cancelled_writes == 1
+        assert not writer.inserted(acked.message_id)
+        assert not writer.deleted(acked.message_id)
+        assert writer.inserted(kept.message_id)
+        kept_ids.append(kept.message_id)
+        store.close()
+
+    run(body)
+    assert queued(tmp_path) == [("c", kept_ids[0])]
+
+
+def test_an_entry_removed_in_its_own_turn_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"m")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        store.remove("c", m.message_id)
+        store.close()
+        assert not writer.inserted(m.message_id)
+        assert not writer.deleted(m.message_id)
+
+    run(body)
+    assert queued(tmp_path) == []
+
+
+def test_an_entry_the_writer_has_taken_gets_its_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        writer = HeldWriter(store, monkeypatch)
+        m = message(b"m")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        taken = store.commit()
+        assert taken is not None
+        await asyncio.sleep(0)  # handed to the (idle, now gated) writer: taken
+        store.remove("c", m.message_id)
+        removal = store.commit()
+        assert removal is not None and removal is not taken
+        writer.gate.set()
+        await asyncio.wait_for(removal, TIMEOUT)
+        assert store.cancelled_writes == 0
+        assert writer.inserted(m.message_id) and writer.deleted(m.message_id)
+        store.close()
+
+    run(body)
+    assert queued(tmp_path) == []
+
+
+def test_a_turn_left_with_nothing_to_write_resolves_after_the_earlier_ones_without_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publisher acknowledged through a turn whose copies were all accepted: its future
+    still means everything before it is durable, and no transaction is spent on it."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        writer = HeldWriter(store, monkeypatch)
+        first = await busy_writer(store)
+        m = message(b"m")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit()
+        assert turn is not None
+        await asyncio.sleep(0)
+        store.remove("c", m.message_id)
+        await asyncio.sleep(0)
+        assert not turn.done(), "done before the turn ahead of it"
+        writer.gate.set()
+        await asyncio.wait_for(turn, TIMEOUT)
+        assert first.done()
+        assert writer.batches == 1
+        assert not writer.inserted(m.message_id)
+        store.close()
+
+    run(body)
+    assert queued(tmp_path) == []
+
+
+def test_a_second_insert_of_a_pending_entry_keeps_both_and_the_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same entry inserted again (a later turn) while its first insert waits: cancelling
+    only one insert would leave the other on disk with no delete."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        writer = HeldWriter(store, monkeypatch)
+        await busy_writer(store)
+        m = message(b"m")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        await asyncio.sleep(0)  # sealed
+        store.enqueue("c", entry(m))
+        await asyncio.sleep(0)  # sealed too
+        store.remove("c", m.message_id)
+        removal = store.commit()
+        assert removal is not None
+        writer.gate.set()
+        await asyncio.wait_for(removal, TIMEOUT)
+        assert store.cancelled_writes == 0
+        assert writer.deleted(m.message_id)
+        store.close()
+
+    run(body)
+    assert queued(tmp_path) == []
+
+
+def test_a_journal_kept_message_is_written_when_its_entry_is_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), journal_retention_seconds=3600)
+        writer = HeldWriter(store, monkeypatch)
+        await busy_writer(store)
+        m = message(b"kept by the journal")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit()
+        assert turn is not None
+        await asyncio.sleep(0)
+        store.remove("c", m.message_id)
+        writer.gate.set()
+        await asyncio.wait_for(turn, TIMEOUT)
+        assert store.cancelled_writes == 1
+        assert not writer.inserted(m.message_id)
+        assert any(sql.startswith("INSERT INTO journal") for sql, _row in writer.rows)
+        store.close()
+
+    run(body)
+    rows = sqlite_module.sqlite3.connect(tmp_path / sqlite_module.DATABASE_FILE).execute(
+        "SELECT payload FROM journal"
+    )
+    assert [r[0] for r in rows] == [b"kept by the journal"]
+    assert queued(tmp_path) == []
+
+
+def test_one_of_two_references_cancelled_keeps_the_other_and_the_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids: list[int] = []
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        writer = HeldWriter(store, monkeypatch)
+        await busy_writer(store)
+        m = message(b"two queues")
+        store.journal(m)
+        ids.append(m.message_id)
+        store.enqueue("c1", entry(m))
+        store.enqueue("c2", entry(m))
+        turn = store.commit()
+        assert turn is not None
+        await asyncio.sleep(0)
+        store.remove("c1", m.message_id)
+        writer.gate.set()
+        await asyncio.wait_for(turn, TIMEOUT)
+        assert store.cancelled_writes == 1
+        store.close()
+
+    run(body)
+    store = SQLiteStore(tmp_path, clock=ManualClock())
+    try:
+        state = store.recover()
+    finally:
+        store.close()
+    assert [(r.queue, r.message_id) for r in state.queued] == [("c2", ids[0])]
+    assert state.messages[ids[0]].payload == b"two queues"
