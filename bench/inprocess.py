@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from kittiwake.app import GC_YOUNG_THRESHOLD
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore
+from kittiwake.config import ListenerConfig
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.packets import (
@@ -41,7 +42,7 @@ from kittiwake.mqtt.packets import (
     Subscribe,
     SubscriptionRequest,
 )
-from kittiwake.mqtt.server import MQTTServer
+from kittiwake.mqtt.server import MQTTServer, MQTTServerProtocol
 
 VERSION = 4
 
@@ -65,16 +66,62 @@ class CountingTransport:
         return 0
 
 
+class CountingSocketTransport(CountingTransport):
+    """What the asyncio shell (mqtt/server.py) sees of a socket: counts what is sent."""
+
+    __slots__ = ()
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 1883) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+# --shell: feed reads through the asyncio shell (MQTTServerProtocol.data_received, its write
+# coalescing and flushes) instead of straight to the connection; one server per broker.
+SHELL = {"on": False}
+SERVERS: dict[Broker, MQTTServer] = {}
+
+
 class Client:
     """One connection, fed reads as the asyncio shell feeds them."""
 
     def __init__(self, broker: Broker, client_id: str) -> None:
-        self.transport = CountingTransport()
-        self.connection = MQTTConnection(broker, self.transport, client_id)
+        self.protocol: MQTTServerProtocol | None = None
+        if SHELL["on"]:
+            server = SERVERS.get(broker)
+            if server is None:
+                server = SERVERS[broker] = MQTTServer(broker)
+            self.transport = CountingSocketTransport()
+            self.protocol = MQTTServerProtocol(
+                server, server.listener_context(ListenerConfig(host="127.0.0.1", port=0))
+            )
+            self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
+            assert self.protocol.connection is not None
+            self.connection = self.protocol.connection
+        else:
+            self.transport = CountingTransport()
+            self.connection = MQTTConnection(broker, self.transport, client_id)
         self.decoder = PacketDecoder(broker.config.limits.max_packet_size)
         self.read(encode(Connect(client_id, protocol_version=VERSION, clean_start=True), VERSION))
 
     def read(self, data: bytes) -> None:
+        if self.protocol is not None:
+            self.protocol.data_received(data)
+            return
         connection = self.connection
         for packet in self.decoder.feed(data):
             connection.handle(packet)
@@ -382,10 +429,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument(
+        "--shell",
+        action="store_true",
+        help="qos1/topics: feed reads through the asyncio shell (mqtt/server.py), as a socket does",
+    )
+    parser.add_argument(
         "--publishers", type=int, default=1, help="qos1: publishers fanning in to one subscriber"
     )
     args = parser.parse_args()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
+    SHELL["on"] = args.shell
     if args.workload == "connections":
         size = asyncio.run(idle_connections(args.connections))
         print(f"idle connections: {size:,.0f} bytes allocated per connection")
