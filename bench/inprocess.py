@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from kittiwake.app import GC_YOUNG_THRESHOLD
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.periodic import run_every
 from kittiwake.broker.store import MemoryStore
+from kittiwake.collector import CollectorPolicy
 from kittiwake.config import ListenerConfig
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
@@ -94,6 +96,8 @@ class CountingSocketTransport(CountingTransport):
 # coalescing and flushes) instead of straight to the connection; one server per broker.
 SHELL = {"on": False}
 SERVERS: dict[Broker, MQTTServer] = {}
+# topics: run kittiwake.collector's policy as kittiwake.app does (off with --no-freeze).
+FREEZE = {"on": True}
 
 
 class Client:
@@ -304,9 +308,15 @@ async def subscribe_fleet(broker: Broker, filters: list[str], per_connection: in
 
 
 async def topics(filters: int, messages: int, batch: int) -> tuple[float, float]:
-    """QoS 0 over `filters` distinct topics: (subscribe s per filter, publish s per message)."""
+    """QoS 0 over `filters` distinct topics: (subscribe s per filter, publish s per message).
+
+    The collector policy runs as in a serving broker (kittiwake.app), unless --no-freeze."""
     broker = Broker(store=MemoryStore())
-    cancel = broker.schedule_ticks(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    cancel = broker.schedule_ticks(loop)
+    if FREEZE["on"]:
+        policy = CollectorPolicy(lambda: len(broker.routes.tree) + len(broker.sessions))
+        cancel_policy = run_every(loop, 1.0, policy.check, "collector policy")
     subscribe_cost = await subscribe_fleet(broker, fleet_filters(filters), 5000)
     pub = Client(broker, "pub")
     names = fleet_topics(filters)
@@ -328,6 +338,9 @@ async def topics(filters: int, messages: int, batch: int) -> tuple[float, float]
         await asyncio.sleep(0)
     elapsed = time.process_time() - start
     cancel()
+    if FREEZE["on"]:
+        cancel_policy()
+        gc.unfreeze()  # the next run starts from the same heap as this one did
     return subscribe_cost / filters, elapsed / (len(reads) * batch)
 
 
@@ -429,6 +442,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="topics: without kittiwake.collector's policy (freezing long-lived objects)",
+    )
+    parser.add_argument(
         "--shell",
         action="store_true",
         help="qos1/topics: feed reads through the asyncio shell (mqtt/server.py), as a socket does",
@@ -439,6 +457,7 @@ def main() -> None:
     args = parser.parse_args()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
     SHELL["on"] = args.shell
+    FREEZE["on"] = not args.no_freeze
     if args.workload == "connections":
         size = asyncio.run(idle_connections(args.connections))
         print(f"idle connections: {size:,.0f} bytes allocated per connection")
