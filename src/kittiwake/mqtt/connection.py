@@ -33,7 +33,12 @@ from kittiwake.broker.topics import (
 )
 from kittiwake.logs import ConnectionLog, connection_log
 from kittiwake.mqtt.answers import encode_answer, response_information
-from kittiwake.mqtt.codec import encode_ack, encode_publish, encode_publish_head
+from kittiwake.mqtt.codec import (
+    encode_ack,
+    encode_publish,
+    encode_publish_head,
+    encode_suback_v3,
+)
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError, quoted
 from kittiwake.mqtt.login import Login, Verdict, refusal_code
 from kittiwake.mqtt.packet_ids import MAX_PACKET_ID, OutgoingPacketIds
@@ -764,9 +769,9 @@ class MQTTConnection:
 
         self._answer(
             completion,
-            self._encode(
-                SubAck(packet.packet_id, codes, Properties() if version == 5 else _NONE), version
-            ),
+            self._encode(SubAck(packet.packet_id, codes, Properties()), version)
+            if version == 5
+            else encode_suback_v3(packet.packet_id, codes),
             then=send_retained if accepted else None,
         )
 
@@ -1155,10 +1160,6 @@ _RECEIVED = DeliveryState.RECEIVED
 
 # Every 3.x connection's topic alias maps (see MQTTConnection.__init__).
 _NO_ALIASES: Final[dict[Any, Any]] = {}
-
-# The properties of every answer to a 3.x client, which has none: one shared empty object
-# (the encoder never reads, nor anything modifies, a 3.x answer's properties).
-_NONE = Properties()
 
 # Key of a message's cached 5.0 property block in Message.encoded.
 _V5_SHARED_PROPERTIES = "v5-properties"
