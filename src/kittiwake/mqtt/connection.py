@@ -739,13 +739,16 @@ class MQTTConnection:
                 raise MQTTProtocolError(
                     ReasonCode.PROTOCOL_ERROR, "No Local is not allowed on a shared subscription"
                 )
-            options = SubscriptionOptions(
-                max_qos=request.qos,
-                no_local=request.no_local if version == 5 else False,
-                retain_as_published=request.retain_as_published if version == 5 else False,
-                retain_handling=request.retain_handling if version == 5 else 0,
-                subscription_id=subscription_id,
-            )
+            if version < 5:
+                options = _V3_OPTIONS[request.qos]
+            else:
+                options = SubscriptionOptions(
+                    max_qos=request.qos,
+                    no_local=request.no_local,
+                    retain_as_published=request.retain_as_published,
+                    retain_handling=request.retain_handling,
+                    subscription_id=subscription_id,
+                )
             outcome = self.broker.subscribe(session, request.topic_filter, options)
             if isinstance(outcome, SubscribeRefusal):
                 self._log.info(
@@ -1160,6 +1163,10 @@ _RECEIVED = DeliveryState.RECEIVED
 
 # Every 3.x connection's topic alias maps (see MQTTConnection.__init__).
 _NO_ALIASES: Final[dict[Any, Any]] = {}
+
+# A 3.x subscription's options, by maximum QoS: only that differs (the broker copies them
+# into the subscription and changes no options object), so one each serves every SUBSCRIBE.
+_V3_OPTIONS: Final = tuple(SubscriptionOptions(max_qos=qos) for qos in range(3))
 
 # Key of a message's cached 5.0 property block in Message.encoded.
 _V5_SHARED_PROPERTIES = "v5-properties"
