@@ -142,6 +142,11 @@ def request(
                 else "check the user name and password"
             )
             raise AdminError(f"the broker refused the login: {reason} (HTTP 401); {hint}") from None
+        if exc.code == 403:
+            who = user or "anonymous"
+            raise AdminError(
+                f"the broker refused {method} {path} to {who}: {reason} (HTTP 403)"
+            ) from None
         raise AdminError(f"{reason} (HTTP {exc.code})") from None
     except urllib.error.URLError as exc:
         raise AdminError(

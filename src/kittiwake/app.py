@@ -10,9 +10,10 @@ import gc
 import logging
 import signal
 from collections.abc import Callable
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 
-from kittiwake.amqp.links import link_layer_factory
+from kittiwake.amqp.links import LinkLayer, link_layer_factory
 from kittiwake.amqp.server import AMQPServer
 from kittiwake.broker.authentication import (
     Authentication,
@@ -36,6 +37,7 @@ from kittiwake.config import (
     JournalConfig,
     ListenerConfig,
     StoreConfig,
+    load_config,
 )
 from kittiwake.flight.auth import BearerTokens
 from kittiwake.flight.listener import FlightListener, FlightUnavailable
@@ -55,8 +57,12 @@ GC_YOUNG_THRESHOLD = 10_000
 class BrokerApp:
     """A broker with its listeners; ``start`` binds, ``stop`` closes everything."""
 
-    def __init__(self, config: Config, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: Config, *, clock: Clock | None = None, config_path: str | None = None
+    ) -> None:
         self.config = config
+        # The file the config came from: SIGHUP reads its authorisation rules again.
+        self.config_path = config_path
         # One clock for the core and the store: expiry, sweeps and stored times agree.
         clock = clock or MonotonicClock()
         self.broker = Broker(
@@ -186,6 +192,53 @@ class BrokerApp:
             tokens=self.flight_tokens,
         )
 
+    async def reload(self) -> None:
+        """SIGHUP: the password file, then the authorisation rules, read again; nobody is
+        disconnected."""
+        await self.reload_users()
+        await self.reload_rules()
+
+    async def reload_rules(self) -> None:
+        """Read the configuration file again and apply its authorisation rules (RELOADED_AUTH
+        keys of ``[auth]``) to everyone, connected clients included. A file that cannot be
+        read or is not valid leaves the rules as they were; other changed settings are named
+        in the log and wait for a restart."""
+        path = self.config_path
+        if path is None:
+            log.info("SIGHUP: no configuration file; authorisation rules unchanged")
+            return
+        try:
+            config = await asyncio.to_thread(load_config, path)
+        except ConfigError as exc:
+            log.error("SIGHUP: rules not reloaded, authorisation unchanged: %s", exc)
+            return
+        auth = replace(
+            self.config.auth, **{key: getattr(config.auth, key) for key in RELOADED_AUTH}
+        )
+        waiting = changes_needing_restart(self.config, replace(config, auth=auth))
+        renew = self.broker.replace_authorization(auth)
+        self.mqtt.permissions_renewed(renew)
+        for protocol in self.amqp.connections:
+            handler = protocol.connection.handler if protocol.connection is not None else None
+            if isinstance(handler, LinkLayer):
+                handler.permissions_renewed(renew)
+        self.config = replace(self.config, auth=auth)
+        log.info(
+            "SIGHUP: authorisation rules reloaded from %s (%d ACL rules, %d groups, "
+            "%d admins, %d monitors)",
+            path,
+            len(auth.acl),
+            len(auth.groups),
+            len(auth.admins),
+            len(auth.monitors),
+        )
+        if waiting:
+            log.warning(
+                "SIGHUP: %s changed in %s: applied at the next start only",
+                ", ".join(waiting),
+                path,
+            )
+
     async def reload_users(self) -> None:
         """SIGHUP: read the password file again; connections stay, new logins see the change.
         A file that cannot be read or parsed leaves the users as they were."""
@@ -201,6 +254,38 @@ class BrokerApp:
             return
         self.authentication.replace_users(users)
         log.info("SIGHUP: %d users loaded from %s", len(users), path)
+
+
+# The [auth] keys SIGHUP applies to a running broker (with the password file's users).
+RELOADED_AUTH = (
+    "groups",
+    "acl",
+    "admins",
+    "monitors",
+    "publish_allow",
+    "publish_deny",
+    "subscribe_allow",
+    "subscribe_deny",
+)
+
+
+def changes_needing_restart(running: Config, read: Config) -> list[str]:
+    """The settings (dotted keys) that differ between the running config and the one read,
+    outside what a reload applies."""
+    changed: list[str] = []
+    for item in fields(Config):
+        before, after = getattr(running, item.name), getattr(read, item.name)
+        if before == after:
+            continue
+        if is_dataclass(before):
+            changed.extend(
+                f"{item.name}.{inner.name}"
+                for inner in fields(before)
+                if getattr(before, inner.name) != getattr(after, inner.name)
+            )
+        else:
+            changed.append(item.name)
+    return changed
 
 
 def anonymous_policy(policy: AnonymousPolicy) -> bool | None:
@@ -255,8 +340,9 @@ def journal_selection(journal: JournalConfig) -> JournalSelection:
     )
 
 
-async def serve(config: Config) -> None:
-    """Run until SIGINT or SIGTERM.
+async def serve(config: Config, config_path: str | None = None) -> None:
+    """Run until SIGINT or SIGTERM; SIGHUP reloads users and authorisation rules (from
+    ``config_path``, the file ``config`` was read from).
 
     The signal handlers come first, before the store opens or anything listens: a stop
     requested at any moment of start-up is then a graceful stop once start-up is done, never
@@ -275,13 +361,13 @@ async def serve(config: Config) -> None:
 
     def reload() -> None:
         if app is not None:
-            task = asyncio.ensure_future(app.reload_users())
+            task = asyncio.ensure_future(app.reload())
             reloads.add(task)
             task.add_done_callback(reloads.discard)
 
     # Before anything else too: SIGHUP's default action would end the broker.
     loop.add_signal_handler(signal.SIGHUP, reload)
-    app = BrokerApp(config)
+    app = BrokerApp(config, config_path=config_path)
     try:
         await app.start()
         await stop.wait()

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(config.log_level, config.log_format)
     try:
-        _run(serve(config), use_uvloop=config.uvloop)
+        _run(serve(config, args.config), use_uvloop=config.uvloop)
     except (OSError, StoreError, FlightUnavailable, ConfigError) as exc:
         logging.getLogger("kittiwake").error("cannot start: %s", exc)
         return 1

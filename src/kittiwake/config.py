@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import tomllib
 import types
 import typing
@@ -21,6 +22,12 @@ from kittiwake.broker.topics import TopicError, validate_topic_filter
 log = logging.getLogger(__name__)
 
 QueueFullPolicy = Literal["reject_new", "discard_oldest"]
+
+
+# A web origin (RFC 6454) as a browser's Origin header gives it: scheme://host[:port].
+_ORIGIN = re.compile(
+    r"https?://(\[[0-9a-f:.]+\]|[^/\s:?#\[\]]+)(:[0-9]{1,5})?|null", re.IGNORECASE
+)
 
 
 class ConfigError(ValueError):
@@ -88,6 +95,11 @@ class ListenerConfig:
     tls: TLSConfig = field(default_factory=TLSConfig)
     # Clients without credentials on this listener: "auto" = as auth.allow_anonymous says.
     allow_anonymous: AnonymousPolicy = "auto"
+    # websockets listeners: the origins (as browsers send them, "https://app.example.com",
+    # "http://localhost:3000") whose web pages may connect; a handshake from any other
+    # origin is refused with HTTP 403. Empty = any origin (Mosquitto's and EMQX's default).
+    # A handshake without an Origin header (not a browser) is not refused.
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.port == _PROTOCOL_DEFAULT_PORT:
@@ -238,6 +250,10 @@ class AuthConfig:
     # groups by name. Empty while no ACL rule exists: every client the listener lets in; once
     # ACL rules or admins exist, only the users and groups named here.
     admins: tuple[str, ...] = ()
+    # Read-only operators: users and groups that may use the http listener's GET endpoints
+    # (console pages, /metrics, the admin API's views and the read-only admin commands) but
+    # no action (purge, disconnect, delete: 403). Admins may read too.
+    monitors: tuple[str, ...] = ()
     # An empty allow list allows every topic; a deny entry always wins over an allow entry.
     publish_allow: tuple[str, ...] = ()
     publish_deny: tuple[str, ...] = ()
@@ -474,6 +490,18 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, f.name)}: must not be negative, got {value}")
     if isinstance(obj, ListenerConfig) and not 0 <= obj.port <= 65535:
         raise ConfigError(f"{_join(where, 'port')}: {obj.port} is not a TCP port")
+    if isinstance(obj, ListenerConfig) and obj.allowed_origins:
+        if obj.protocol != "websockets":
+            raise ConfigError(
+                f"{_join(where, 'allowed_origins')}: only a websockets listener checks origins"
+            )
+        for i, origin in enumerate(obj.allowed_origins):
+            if not _ORIGIN.fullmatch(origin):
+                raise ConfigError(
+                    f"{_join(where, 'allowed_origins')}[{i}]: {origin!r} is not an origin "
+                    'such as "https://app.example.com" or "http://localhost:3000" (scheme, '
+                    "host and optional port; no path, no trailing slash)"
+                )
     if isinstance(obj, ListenerConfig) and obj.protocol == "flight":
         _check_flight_certificates(obj.tls, _join(where, "tls"))
     if isinstance(obj, ACLRule):

@@ -164,9 +164,7 @@ class BrokerProcess:
         that were told the address find the broker again)."""
         return self._start_once(same_ports=True)
 
-    def _start_once(self, same_ports: bool = False) -> BrokerProcess:
-        if not same_ports:
-            self.port = free_port()
+    def _config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"log_level": "debug"}
         for name, values in self.sections.items():
             if name in ("log_level", "log_format", "uvloop"):
@@ -177,24 +175,35 @@ class BrokerProcess:
             {"protocol": "mqtt", **self.listener, "host": self.host, "port": self.port}
         ]
         if self.amqp:
-            if not same_ports:
-                self.amqp_port = free_port()
             config["listeners"].insert(
                 0, {"protocol": "amqp", "host": self.host, "port": self.amqp_port}
             )
         if self.http is not None:
-            if not same_ports:
-                self.http_port = free_port()
             config["listeners"].insert(
                 0, {"protocol": "http", **self.http, "host": self.host, "port": self.http_port}
             )
         if self.flight:
-            if not same_ports:
-                self.flight_port = free_port()
             config["listeners"].insert(
                 0, {"protocol": "flight", "host": self.host, "port": self.flight_port}
             )
-        self.config_path.write_text(to_toml(config), encoding="utf-8")
+        return config
+
+    def rewrite_config(self, **sections: dict[str, Any]) -> None:
+        """Write the config file again with ``sections`` replacing those given at start (same
+        listeners and ports): what an operator edits before sending SIGHUP."""
+        self.sections = {**self.sections, **sections}
+        self.config_path.write_text(to_toml(self._config()), encoding="utf-8")
+
+    def _start_once(self, same_ports: bool = False) -> BrokerProcess:
+        if not same_ports:
+            self.port = free_port()
+            if self.amqp:
+                self.amqp_port = free_port()
+            if self.http is not None:
+                self.http_port = free_port()
+            if self.flight:
+                self.flight_port = free_port()
+        self.config_path.write_text(to_toml(self._config()), encoding="utf-8")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(SRC_DIR), env.get("PYTHONPATH", "")) if p

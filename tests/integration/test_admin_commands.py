@@ -116,3 +116,20 @@ def test_an_unreachable_broker_is_explained() -> None:
     assert result.returncode == 1
     assert f"cannot reach the broker at {url}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_monitor_reads_and_is_told_clearly_it_may_not_act(
+    broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    users = tmp_path / "users"
+    users.write_text(
+        format_password_file({"mona": PasswordHash.make("watch", log2_n=4)}), encoding="utf-8"
+    )
+    process = broker(http=True, auth={"password_file": str(users), "monitors": ["mona"]})
+    url = process.http_url
+    status = kittiwake("status", "--url", url, "--user", "mona", password="watch")
+    assert status.returncode == 0, status.stderr
+    purge = kittiwake("purge", "orders", "--url", url, "--user", "mona", password="watch")
+    assert purge.returncode == 1
+    assert "HTTP 403" in purge.stderr and "read-only" in purge.stderr, purge.stderr
+    assert "mona" in purge.stderr and "Traceback" not in purge.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -298,3 +299,41 @@ def test_only_admins_operate_the_broker_once_acls_exist(
         assert status == 403, (path, body)
         assert call(process, path, user=("olga", "ops"))[0] == 200, path
     assert "user alice is not an admin" in process.log_text()
+
+
+def test_monitors_read_and_only_admins_act(
+    broker: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """auth.monitors: the console, /metrics and the API's views, but no action (403, logged);
+    anyone else gets nothing. SIGHUP re-reads both lists."""
+    process = broker(
+        http=True,
+        auth={
+            "password_file": users_file(
+                tmp_path, {"olga": "ops", "mona": "watch", "alice": "lamp"}
+            ),
+            "admins": ["olga"],
+            "monitors": ["mona"],
+        },
+    )
+    purge = "/api/queues/orders/purge"
+    for path in ("/api/status", "/api/queues", "/metrics", "/"):
+        assert call(process, path, user=("mona", "watch"))[0] == 200, path
+        assert call(process, path, user=("alice", "lamp"))[0] == 403, path
+    status, _headers, body = call(
+        process, purge, method="POST", user=("mona", "watch"), headers=ACTION
+    )
+    assert status == 403 and b"read-only" in body, body
+    assert call(process, purge, method="POST", user=("olga", "ops"), headers=ACTION)[0] != 403
+    assert "user mona is not an admin (read-only monitor)" in process.log_text()
+
+    process.rewrite_config(
+        auth={**process.sections["auth"], "admins": ["olga", "mona"], "monitors": []}
+    )
+    assert process.proc is not None
+    process.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "authorisation rules reloaded" in process.log_text(), what="reload")
+    status, _headers, body = call(
+        process, purge, method="POST", user=("mona", "watch"), headers=ACTION
+    )
+    assert status != 403, body

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from paho.mqtt.client import WebsocketConnectionError
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
@@ -159,3 +160,69 @@ def test_paho_over_secure_websockets(broker, pki):
         assert client.get().payload == b"secure websocket"
     finally:
         client.stop()
+
+
+# -- allowed origins ------------------------------------------------------------------------
+
+ALLOWED = "https://app.example.com"
+
+
+def raw_handshake(address: tuple[str, int], *origins: str) -> bytes:
+    """The status line of a hand-written WebSocket upgrade carrying these Origin headers."""
+    lines = [
+        "GET /mqtt HTTP/1.1",
+        f"Host: {address[0]}:{address[1]}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version: 13",
+        "Sec-WebSocket-Protocol: mqtt",
+        *(f"Origin: {origin}" for origin in origins),
+    ]
+    with socket.create_connection(address, timeout=5) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer.partition(b"\r\n")[0]
+
+
+def test_a_listener_with_allowed_origins_refuses_other_browsers_pages(broker):
+    """A page from another site gets HTTP 403 (logged); the allowed origin (in any case) and
+    clients that send no Origin (not browsers) get in."""
+    process = broker(listener={"protocol": "websockets", "allowed_origins": [ALLOWED]})
+    address = tuple(process)
+    assert raw_handshake(address, "https://evil.example") == b"HTTP/1.1 403 Forbidden"
+    assert raw_handshake(address, ALLOWED, "https://evil.example").startswith(b"HTTP/1.1 403")
+    assert raw_handshake(address, "https://APP.example.com") == (
+        b"HTTP/1.1 101 Switching Protocols"
+    )
+    assert raw_handshake(address).startswith(b"HTTP/1.1 101")
+    log = process.log_text()
+    assert "origin https://evil.example not in allowed_origins" in log
+
+    # paho sends Origin: http://host:port unless told otherwise.
+    refused = PahoClient(address, unique("ws-origin"), transport="websockets")
+    try:
+        with pytest.raises(WebsocketConnectionError):
+            refused.client.connect(address[0], address[1])
+    finally:
+        refused.stop()
+    allowed = PahoClient(address, unique("ws-origin"), protocol=MQTTv5, transport="websockets")
+    allowed.client.ws_set_options(headers={"Origin": ALLOWED})
+    try:
+        allowed.connect()
+        topic = unique("ws/origin")
+        allowed.subscribe(topic, 1)
+        allowed.publish(topic, b"from an allowed page", 1)
+        assert allowed.get().payload == b"from an allowed page"
+    finally:
+        allowed.stop()
+
+
+def test_without_allowed_origins_any_origin_connects(address):
+    """The default, as Mosquitto's and EMQX's (the README says what that risks)."""
+    assert raw_handshake(address, "https://anywhere.example").startswith(b"HTTP/1.1 101")

@@ -350,3 +350,24 @@ def test_a_renamed_key_beside_its_replacement_is_refused() -> None:
         config_from_dict(
             {"store": {"journal_retention_seconds": 1}, "journal": {"retention_seconds": 2}}
         )
+
+
+def test_allowed_origins_are_websocket_origins() -> None:
+    config = config_from_dict(
+        {
+            "listeners": [
+                {
+                    "protocol": "websockets",
+                    "allowed_origins": ["https://app.example.com", "http://[::1]:3000", "null"],
+                }
+            ]
+        }
+    )
+    assert config.listeners[0].allowed_origins[0] == "https://app.example.com"
+    for bad in ("app.example.com", "https://app.example.com/", "https://a.example/path", "*"):
+        with pytest.raises(ConfigError, match=r"listeners\[0\].allowed_origins\[0\]"):
+            config_from_dict(
+                {"listeners": [{"protocol": "websockets", "allowed_origins": [bad]}]}
+            )
+    with pytest.raises(ConfigError, match="only a websockets listener"):
+        config_from_dict({"listeners": [{"protocol": "mqtt", "allowed_origins": ["null"]}]})

@@ -57,7 +57,7 @@ from kittiwake.amqp.terminus import (
     set_capabilities,
     subscription_name,
 )
-from kittiwake.broker.authorization import Permissions
+from kittiwake.broker.authorization import Permissions, RenewPermissions
 from kittiwake.broker.broker import Broker, Subscribed, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Settlement
@@ -131,6 +131,14 @@ class LinkLayer:
                 self.principal_name, self.connection.engine.remote_container or ""
             )
         return permissions
+
+    def permissions_renewed(self, renew: RenewPermissions) -> None:
+        """The rules were reloaded (SIGHUP): later attaches and transfers are checked by the
+        new ones (the topic subscriptions' sessions were renewed by the broker)."""
+        if self._permissions is not None:
+            self._permissions = renew(
+                self.principal_name, self.connection.engine.remote_container or ""
+            )
 
     def check_queue_access(self, action: str, queue: str) -> None:
         """A queue named by a link or a transfer: refused unless this user may ``action`` it

@@ -15,11 +15,15 @@ names matched as MQTT topic filters); no broker-wide list applies to them, and w
 every queue is open.
 
 Answers are cached per principal (a :class:`Permissions` lives as long as its connection),
-never globally. Knows no protocol: front ends turn a refusal into reason codes.
+never globally. The rules can be replaced while the broker runs (SIGHUP,
+:meth:`Authorizer.replace_config`): each holder of a Permissions knows whose it is (a session,
+a connection) and asks for its principal's new one. Knows no protocol: front ends turn a
+refusal into reason codes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, topic_matches
@@ -129,12 +133,29 @@ class Permissions:
         return answer
 
 
+# A reload's source of new rules (Broker.replace_authorization): a principal's user (None:
+# anonymous) and client id in, its Permissions out, one object per principal so that holders
+# which shared one (a connection and its session) still do.
+RenewPermissions = Callable[[str | None, str], Permissions]
+
+
 class Authorizer:
     """Builds each principal's :class:`Permissions` from the configuration."""
 
     __slots__ = ("_config", "_everyone", "_groups")
 
     def __init__(self, config: AuthConfig) -> None:
+        self._config = config
+        self.replace_config(config)
+
+    @property
+    def config(self) -> AuthConfig:
+        return self._config
+
+    def replace_config(self, config: AuthConfig) -> None:
+        """Take new rules (a reload). Permissions made before keep the old rules until their
+        holders ask :meth:`permissions` again for their principal; checks made from here on (new
+        connections, Flight requests, the admin API) see the new rules at once."""
         self._config = config
         groups: dict[str, set[str]] = {}
         for group in config.groups:
@@ -150,15 +171,28 @@ class Authorizer:
         return bool(self._config.acl)
 
     def may_administer(self, user: str | None) -> bool:
-        """May this user operate the broker (console, metrics, admin API)? Anyone let in
-        while neither ACL rules nor admins are configured; then only the named users and
-        the members of the named groups."""
-        admins = self._config.admins
-        if not admins and not self._config.acl:
+        """May this user operate the broker (console, metrics, admin API, actions)? Anyone
+        let in while no ACL rules, admins or monitors are configured; then only the users and
+        members of the groups auth.admins names."""
+        return self._named(user, self._config.admins)
+
+    def may_monitor(self, user: str | None) -> bool:
+        """May this user read what operators see (console pages, /metrics, the admin API's
+        views) without acting? Admins may; so may the users and groups auth.monitors names."""
+        return self._named(user, self._config.admins) or self._named(
+            user, self._config.monitors
+        )
+
+    def _named(self, user: str | None, names: tuple[str, ...]) -> bool:
+        """Is ``user`` (or a group of theirs) among ``names``? Anyone is while no ACL rule,
+        admin or monitor is configured (the operators' listener is then as open as the
+        others)."""
+        config = self._config
+        if not config.acl and not config.admins and not config.monitors:
             return True
         if user is None:
             return False
-        return user in admins or bool(self.groups_of(user).intersection(admins))
+        return user in names or bool(self.groups_of(user).intersection(names))
 
     def groups_of(self, user: str | None) -> frozenset[str]:
         return frozenset(self._groups.get(user, ())) if user is not None else frozenset()

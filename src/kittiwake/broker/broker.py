@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from kittiwake import __version__
 from kittiwake.broker import dispatch, publishing, recovery, subscriptions, wills
-from kittiwake.broker.authorization import Authorizer
+from kittiwake.broker.authorization import Authorizer, Permissions, RenewPermissions
 from kittiwake.broker.client_ids import ClientIds
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.connection_admission import ConnectionAdmission
@@ -31,7 +31,7 @@ from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
 from kittiwake.broker.periodic import run_every
 from kittiwake.broker.publishing import PendingCommits
-from kittiwake.broker.queues import Queue, QueuedMessage, Removal
+from kittiwake.broker.queues import Queue, QueuedBytes, QueuedMessage, Removal
 from kittiwake.broker.retained import RetainedMessages
 from kittiwake.broker.route_plans import RoutePlan, RoutePlans
 from kittiwake.broker.sessions import (
@@ -60,7 +60,7 @@ from kittiwake.broker.subscriptions import (
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.wills import SessionTimers
 from kittiwake.clock import Clock, MonotonicClock
-from kittiwake.config import Config
+from kittiwake.config import AuthConfig, Config
 
 __all__ = [
     "Broker",
@@ -147,6 +147,8 @@ class Broker:
         # New connections per client address, for every listener (connection_admission.py).
         self.admission = ConnectionAdmission(self.config.limits, self.clock)
         self.sessions: dict[str, Session] = {}
+        # Bytes waiting in all of this broker's queues (max_total_queued_bytes reads it).
+        self.queue_totals = QueuedBytes()
         # Ids held by connections of other protocols than MQTT (JMS), one registry with them.
         self.client_ids = ClientIds(self.sessions)
         self.retained = RetainedMessages()
@@ -412,14 +414,9 @@ class Broker:
         self.flow.check(now, self.queued_bytes())
 
     def queued_bytes(self) -> int:
-        """Bytes waiting in every session's and shared group's queue (one pass: a tick's
-        cost, never the publish path's)."""
-        total = 0
-        for session in self.sessions.values():
-            total += session.queue.bytes
-        for group in self.shared_groups.values():
-            total += group.queue.bytes
-        return total
+        """Bytes waiting in every session's, shared group's and JMS queue (a running total
+        the queues keep: no walk over them)."""
+        return self.queue_totals.bytes
 
     # -- subscriptions (see subscriptions.py) ----------------------------------------------
 
@@ -428,6 +425,48 @@ class Broker:
     unsubscribe = subscriptions.unsubscribe
     send_retained = subscriptions.send_retained
     feed_retained = subscriptions.feed_retained
+
+    def replace_authorization(self, auth: AuthConfig) -> RenewPermissions:
+        """New authorisation rules (SIGHUP), applied without dropping anyone.
+
+        Every session's principal gets its new rules (a Permissions shared by a connection
+        and its session stays shared); route plans, which hold per-topic read verdicts, are
+        worked out again. Subscriptions are kept, as Mosquitto keeps them: the per-message
+        read check filters what their principal may no longer read, so one that lies wholly
+        inside a newly denied area receives nothing until the rules allow it again. A shared
+        subscription's queue cannot be filtered per member: a member whose filter is no
+        longer wholly readable leaves its group (logged). Messages already queued for a
+        session were authorised when routed and stay queued.
+
+        Returns where front ends get their connections' new Permissions (by principal).
+        """
+        self.config = replace(self.config, auth=auth)
+        authorizer = self.authorizer
+        authorizer.replace_config(auth)
+        renewed: dict[tuple[str | None, str], Permissions] = {}
+
+        def renew(user: str | None, client_id: str) -> Permissions:
+            new = renewed.get((user, client_id))
+            if new is None:
+                new = renewed[user, client_id] = authorizer.permissions(user, client_id)
+            return new
+
+        for session in list(self.sessions.values()):
+            if session.permissions is None:
+                continue
+            permissions = session.permissions = renew(session.principal, session.client_id)
+            for full_filter, member in list(session.members.items()):
+                if not permissions.may_subscribe_wholly(member.group.topic_filter):
+                    log.warning(
+                        "rules reloaded: %s (user %s) may no longer read all of %s; "
+                        "its shared subscription is removed",
+                        session.client_id,
+                        session.principal or "(anonymous)",
+                        full_filter,
+                    )
+                    self.unsubscribe(session, full_filter)
+        self.routes.changed()
+        return renew
 
     @property
     def subscription_count(self) -> int:
@@ -441,13 +480,6 @@ class Broker:
     def route_plan(self, topic: str) -> RoutePlan:
         """Who gets a publication on ``topic`` (cached until routing changes)."""
         return self.routes.plan(topic)
-
-    def count_forwarded(self, receivers: int) -> None:
-        """A front end sent a QoS 0 publication as is to the ``direct`` receivers of its plan
-        (without building a Message): counted like any publication."""
-        stats = self.stats
-        stats.messages_received += 1
-        stats.messages_sent += receivers
 
     # -- delivery (see dispatch.py) --------------------------------------------------------
 
@@ -519,6 +551,7 @@ class Broker:
             max_messages=limits.max_queued_messages,
             max_bytes=limits.max_queued_bytes,
             policy=limits.queue_full_policy,
+            totals=self.queue_totals,
         )
         consumer = Consumer(None, window=limits.max_inflight, name=client_id)
         queue.attach(consumer)

@@ -75,6 +75,7 @@ class QueueDestinations:
             durable=True,
             on_removed=self._removed,
             destination=Destination.queue(name),
+            totals=self.broker.queue_totals,
         )
 
     def delete(self, name: str) -> bool:

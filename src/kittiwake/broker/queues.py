@@ -108,6 +108,17 @@ class QueueCounters:
 RemovalHandler = Callable[["Queue", QueuedMessage, Removal], object]
 
 
+class QueuedBytes:
+    """Bytes waiting in every queue that shares this counter (one per broker: sessions',
+    shared groups' and JMS queues), kept by the queues as their own byte counts change, so
+    the broker-wide bound reads one number instead of walking every queue."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class Queue:
     """Entries waiting for consumers, bounded by count and bytes, with a policy when full.
 
@@ -140,6 +151,7 @@ class Queue:
         "on_removed",
         "ordering",
         "policy",
+        "totals",
     )
 
     def __init__(
@@ -154,6 +166,7 @@ class Queue:
         durable: bool = False,
         on_removed: RemovalHandler | None = None,
         destination: Destination | None = None,
+        totals: QueuedBytes | None = None,
     ) -> None:
         self.name = name
         # Set when the queue is a destination itself (a JMS queue); None when bindings feed it.
@@ -171,6 +184,8 @@ class Queue:
         # is stored (durable queue, persistent entry): otherwise nothing is left to clean up.
         self.on_removed = on_removed
         self.bytes = 0
+        # The broker-wide count this queue's bytes are part of (its own when it has none).
+        self.totals = totals if totals is not None else QueuedBytes()
         # Entries waiting, visible or not; kept by hand because the hot path asks constantly.
         self.count = 0
         # Entries given to consumers and not settled yet.
@@ -250,7 +265,9 @@ class Queue:
 
     def push_front(self, entry: QueuedMessage) -> None:
         """Put an entry back in its arrival place, ahead of later ones; never refused."""
-        self.bytes += entry.size
+        size = entry.size
+        self.bytes += size
+        self.totals.bytes += size
         self.count += 1
         if self.ordering == "priority":
             heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
@@ -277,7 +294,9 @@ class Queue:
             else:
                 return None
             message = entry.message
-            self.bytes -= len(message.payload) + len(message.topic)
+            size = len(message.payload) + len(message.topic)
+            self.bytes -= size
+            self.totals.bytes -= size
             self.count -= 1
             if message.expiry is not None and now >= message.expiry:
                 self.counters.expired += 1
@@ -325,6 +344,7 @@ class Queue:
         self._ready = None
         self._heap.clear()
         self._delayed.clear()
+        self.totals.bytes -= self.bytes
         self.bytes = 0
         self.count = 0
         return entries
@@ -665,7 +685,9 @@ class Queue:
 
     def _insert(self, entry: QueuedMessage) -> None:
         message = entry.message
-        self.bytes += len(message.payload) + len(message.topic)
+        size = len(message.payload) + len(message.topic)
+        self.bytes += size
+        self.totals.bytes += size
         self.count += 1
         delivery_time = message.delivery_time
         if delivery_time is not None:
@@ -714,7 +736,9 @@ class Queue:
                 victim = heapq.heappop(self._delayed)[2]
             else:
                 return False
-            self.bytes -= victim.size
+            size = victim.size
+            self.bytes -= size
+            self.totals.bytes -= size
             self.count -= 1
             self.counters.discarded += 1
             victims.append(victim)

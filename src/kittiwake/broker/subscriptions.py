@@ -179,6 +179,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
                 max_messages=broker.config.limits.max_queued_messages,
                 max_bytes=broker.config.limits.max_queued_bytes,
                 policy=broker.config.limits.queue_full_policy,
+                totals=broker.queue_totals,
             ),
         )
         group.queue.on_removed = broker._entry_removed

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kittiwake.broker.authentication import Authentication
+from kittiwake.broker.authorization import RenewPermissions
 from kittiwake.broker.broker import Broker
 from kittiwake.config import ListenerConfig
 from kittiwake.mqtt.codec import PacketDecoder
@@ -73,6 +74,8 @@ class ListenerContext:
     allow_anonymous: bool | None = None
     # How a verified client certificate names the user ("none", "cn", "subject").
     certificate_user: str = "none"
+    # WebSockets: the browser origins whose pages may connect (lower case); empty = any.
+    allowed_origins: frozenset[str] = frozenset()
 
 
 class MQTTServerProtocol(asyncio.Protocol):
@@ -310,6 +313,7 @@ class MQTTServer:
             self.authentication,
             None if policy == "auto" else bool(policy),
             listener.tls.certificate_user,
+            frozenset(origin.lower() for origin in listener.allowed_origins),
         )
 
     def _sweep(self) -> None:
@@ -331,6 +335,12 @@ class MQTTServer:
         except Exception:
             log.exception("keepalive sweep failed")
         self._sweeper = asyncio.get_running_loop().call_later(0.5, self._sweep)
+
+    def permissions_renewed(self, renew: RenewPermissions) -> None:
+        """The rules were reloaded (SIGHUP): every connection is checked by the new ones."""
+        for protocol in self.connections:
+            if protocol.connection is not None:
+                protocol.connection.permissions_renewed(renew)
 
     async def close(self) -> None:
         if self._sweeper is not None:

@@ -43,10 +43,11 @@ _UNSUPPORTED_DATA = 1003
 class MQTTWebSocketProtocol(MQTTServerProtocol):
     """One WebSocket connection carrying MQTT; implements the connection's Transport."""
 
-    __slots__ = ("_closing_timer", "_first_bytes", "websocket")
+    __slots__ = ("_allowed_origins", "_closing_timer", "_first_bytes", "websocket")
 
     def __init__(self, server: MQTTServer, context: ListenerContext) -> None:
         super().__init__(server, context)
+        self._allowed_origins = context.allowed_origins
         self.websocket = ServerProtocol(
             subprotocols=list(SUBPROTOCOLS),
             # One frame holds at most one largest packet (a client may still split a packet
@@ -92,12 +93,21 @@ class MQTTWebSocketProtocol(MQTTServerProtocol):
     def _handshake(self, request: Request) -> None:
         websocket = self.websocket
         path = request.path.partition("?")[0]
+        refused_origin = self._refused_origin(request)
         if path != PATH:
             response = websocket.reject(404, f"MQTT over WebSockets is served at {PATH}\n")
+        elif refused_origin is not None:
+            response = websocket.reject(403, "origin not allowed\n")
         else:
             response = websocket.accept(request)
         websocket.send_response(response)
-        if response.status_code != 101:
+        if refused_origin is not None and path == PATH:
+            log.warning(
+                "websocket from %s refused (403): origin %s not in allowed_origins",
+                self._peer_text(),
+                refused_origin[:200],
+            )
+        elif response.status_code != 101:
             log.info(
                 "websocket from %s refused (%s): %s %s",
                 self._peer_text(),
@@ -105,6 +115,25 @@ class MQTTWebSocketProtocol(MQTTServerProtocol):
                 request.path[:100],
                 websocket.handshake_exc or "",
             )
+
+    def _refused_origin(self, request: Request) -> str | None:
+        """The request's Origin when the listener does not allow it (None: allowed).
+
+        Browsers send Origin with every WebSocket handshake and let any page open one to any
+        host, so without a check a page on any site a user visits can reach a broker on
+        their network as them. Clients that are not browsers send none (or any they like):
+        the check guards browsers, and such a handshake is not refused.
+        """
+        allowed = self._allowed_origins
+        if not allowed:
+            return None
+        origins = request.headers.get_all("Origin")
+        if not origins:
+            return None
+        if len(origins) > 1:  # RFC 6454 §7.3: one Origin header at most
+            return ", ".join(origins)
+        origin = origins[0]
+        return None if origin.lower() in allowed else origin
 
     def _frame(self, frame: Frame) -> None:
         if frame.opcode is Opcode.BINARY or frame.opcode is Opcode.CONT:

@@ -117,16 +117,26 @@ class HTTPListener:
             response = error(401, verdict.value)
             response.headers["WWW-Authenticate"] = REALM
             return response
-        if not self.operated.broker.authorizer.may_administer(verdict.name):
-            log.info(
-                "http %s %s from %s refused: user %s is not an admin",
-                request.method,
-                request.path,
-                request.remote,
-                verdict.name or "(anonymous)",
-            )
-            return error(403, "not an admin (auth.admins)")
-        if request.method not in SAFE_METHODS and ACTION_HEADER not in request.headers:
+        authorizer = self.operated.broker.authorizer
+        reading = request.method in SAFE_METHODS
+        if not authorizer.may_administer(verdict.name):
+            may_read = authorizer.may_monitor(verdict.name)
+            if not reading or not may_read:
+                log.info(
+                    "http %s %s from %s refused: user %s is not %s",
+                    request.method,
+                    request.path,
+                    request.remote,
+                    verdict.name or "(anonymous)",
+                    "an admin (read-only monitor)" if may_read else "an admin or monitor",
+                )
+                return error(
+                    403,
+                    "read-only user: actions need auth.admins"
+                    if may_read
+                    else "not an admin or monitor (auth.admins, auth.monitors)",
+                )
+        if not reading and ACTION_HEADER not in request.headers:
             return error(
                 403, f"an action needs the header {ACTION_HEADER} (cross-site requests cannot)"
             )

@@ -18,6 +18,7 @@ from kittiwake.jms import (
 )
 
 from ..brokerproc import BrokerProcess
+from ..test_rules_reload import RELOADED, sighup
 from ..test_users import kittiwake_passwd
 
 
@@ -115,3 +116,30 @@ def test_topic_rules_filter_a_jms_subscriber_by_its_user(acl_broker: BrokerProce
     finally:
         alice.close()
         bob.close()
+
+
+def test_sighup_applies_new_queue_rules_to_a_connected_jms_client(broker) -> None:
+    """alice stays connected through the reload; her next send to a queue she may no
+    longer send to is refused, and the queue she now may use is open to her. (Without a
+    password file the user name is taken on trust.)"""
+    process = broker(
+        amqp=True,
+        store={"backend": "memory"},
+        auth={"acl": [{"users": ["alice"], "send": ["orders"]}]},
+    )
+    alice = connect(process, "alice", "any")
+    try:
+        session = alice.create_session()
+        anonymous = session.create_producer(None)
+        anonymous.send(session.create_text_message("before"), Queue("orders"))
+        with pytest.raises(JMSSecurityException):
+            anonymous.send(session.create_text_message("not yet"), Queue("returns"))
+        process.rewrite_config(auth={"acl": [{"users": ["alice"], "send": ["returns"]}]})
+        sighup(process, RELOADED, 1)
+        with pytest.raises(JMSSecurityException):
+            anonymous.send(session.create_text_message("after"), Queue("orders"))
+        anonymous.send(session.create_text_message("after"), Queue("returns"))
+        with pytest.raises(JMSSecurityException):
+            session.create_producer(Queue("orders"))
+    finally:
+        alice.close()

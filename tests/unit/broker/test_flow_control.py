@@ -16,6 +16,7 @@ import pytest
 from kittiwake.broker.broker import Broker, SubscriptionOptions
 from kittiwake.broker.consumers import Delivery
 from kittiwake.broker.message import Message
+from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
 from kittiwake.clock import ManualClock
@@ -210,5 +211,70 @@ def test_a_subscriber_that_leaves_while_stalled_is_forgotten() -> None:
         broker.tick()
         assert broker.stats.stalled_subscribers == 0
         assert not broker.flow._watched
+
+    run(body)
+
+
+def test_jms_queue_bytes_count_toward_the_broker_wide_bound() -> None:
+    """A JMS queue nobody consumes holds memory like a session's queue does: past the bound
+    every QoS 1/2 publisher waits, and goes again once the queue is purged."""
+
+    async def body() -> None:
+        broker, _clock, _session, _consumer = subscriber(
+            flow_control_depth=0, flow_control_bytes=0, max_total_queued_bytes=5_000
+        )
+        destinations = QueueDestinations(broker)
+        assert publish(broker, b"x") is None  # in flight: the subscriber's window is full
+        for _ in range(6):
+            assert destinations.send("orders", Message("orders", b"x" * 1000))[0]
+        broker.tick()
+        waiting = publish(broker, b"x")
+        assert waiting is not None, "JMS queue bytes were not counted"
+        assert destinations.purge("orders") == 6
+        broker.tick()
+        await asyncio.sleep(0)
+        assert waiting.done()
+
+    run(body)
+
+
+def test_the_running_total_is_the_sum_of_every_queues_bytes() -> None:
+    """The bound reads a total the queues keep as they change, not a walk over them: after
+    every kind of change it equals what a walk would find."""
+
+    async def body() -> None:
+        broker, _clock, session, consumer = subscriber(
+            flow_control_depth=0, flow_control_bytes=0, max_queued_messages=5,
+            queue_full_policy="discard_oldest",
+        )
+        destinations = QueueDestinations(broker)
+
+        def walked() -> int:
+            queues = [s.queue for s in broker.sessions.values()]
+            queues += [g.queue for g in broker.shared_groups.values()]
+            queues += list(destinations.router.queues.values())
+            return sum(q.bytes for q in queues)
+
+        def check() -> None:
+            assert broker.queued_bytes() == walked()
+
+        other, _, _ = broker.connect("other", RecordingConsumer(), clean_start=True,
+                                     expiry_interval=0, window=1)
+        broker.start_delivery(other)
+        broker.subscribe(other, "$share/g/t", SubscriptionOptions(max_qos=1))
+        for size in range(1, 12):  # past max_queued_messages: the oldest are discarded
+            publish(broker, b"x" * size)
+            destinations.send("orders", Message("orders", b"y" * size))
+        check()
+        assert broker.queued_bytes() > 0
+        await settle(broker, session, consumer, 2)
+        check()
+        broker.unsubscribe(other, "$share/g/t")  # the group's last member: its queue goes
+        check()
+        destinations.delete("orders")
+        check()
+        broker.disconnect(session, publish_will=False)  # expiry 0: the session ends
+        check()
+        assert broker.queued_bytes() == 0
 
     run(body)
