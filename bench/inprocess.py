@@ -31,7 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from kittiwake.app import GC_YOUNG_THRESHOLD
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.periodic import run_every
 from kittiwake.broker.store import MemoryStore
+from kittiwake.collector import CollectorPolicy
+from kittiwake.config import ListenerConfig
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.packets import (
@@ -41,7 +44,7 @@ from kittiwake.mqtt.packets import (
     Subscribe,
     SubscriptionRequest,
 )
-from kittiwake.mqtt.server import MQTTServer
+from kittiwake.mqtt.server import MQTTServer, MQTTServerProtocol
 
 VERSION = 4
 
@@ -65,16 +68,64 @@ class CountingTransport:
         return 0
 
 
+class CountingSocketTransport(CountingTransport):
+    """What the asyncio shell (mqtt/server.py) sees of a socket: counts what is sent."""
+
+    __slots__ = ()
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 1883) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+# --shell: feed reads through the asyncio shell (MQTTServerProtocol.data_received, its write
+# coalescing and flushes) instead of straight to the connection; one server per broker.
+SHELL = {"on": False}
+SERVERS: dict[Broker, MQTTServer] = {}
+# topics: run kittiwake.collector's policy as kittiwake.app does (off with --no-freeze).
+FREEZE = {"on": True}
+
+
 class Client:
     """One connection, fed reads as the asyncio shell feeds them."""
 
     def __init__(self, broker: Broker, client_id: str) -> None:
-        self.transport = CountingTransport()
-        self.connection = MQTTConnection(broker, self.transport, client_id)
+        self.protocol: MQTTServerProtocol | None = None
+        if SHELL["on"]:
+            server = SERVERS.get(broker)
+            if server is None:
+                server = SERVERS[broker] = MQTTServer(broker)
+            self.transport = CountingSocketTransport()
+            self.protocol = MQTTServerProtocol(
+                server, server.listener_context(ListenerConfig(host="127.0.0.1", port=0))
+            )
+            self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
+            assert self.protocol.connection is not None
+            self.connection = self.protocol.connection
+        else:
+            self.transport = CountingTransport()
+            self.connection = MQTTConnection(broker, self.transport, client_id)
         self.decoder = PacketDecoder(broker.config.limits.max_packet_size)
         self.read(encode(Connect(client_id, protocol_version=VERSION, clean_start=True), VERSION))
 
     def read(self, data: bytes) -> None:
+        if self.protocol is not None:
+            self.protocol.data_received(data)
+            return
         connection = self.connection
         for packet in self.decoder.feed(data):
             connection.handle(packet)
@@ -257,9 +308,15 @@ async def subscribe_fleet(broker: Broker, filters: list[str], per_connection: in
 
 
 async def topics(filters: int, messages: int, batch: int) -> tuple[float, float]:
-    """QoS 0 over `filters` distinct topics: (subscribe s per filter, publish s per message)."""
+    """QoS 0 over `filters` distinct topics: (subscribe s per filter, publish s per message).
+
+    The collector policy runs as in a serving broker (kittiwake.app), unless --no-freeze."""
     broker = Broker(store=MemoryStore())
-    cancel = broker.schedule_ticks(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    cancel = broker.schedule_ticks(loop)
+    if FREEZE["on"]:
+        policy = CollectorPolicy(lambda: len(broker.routes.tree) + len(broker.sessions))
+        cancel_policy = run_every(loop, 1.0, policy.check, "collector policy")
     subscribe_cost = await subscribe_fleet(broker, fleet_filters(filters), 5000)
     pub = Client(broker, "pub")
     names = fleet_topics(filters)
@@ -281,6 +338,9 @@ async def topics(filters: int, messages: int, batch: int) -> tuple[float, float]
         await asyncio.sleep(0)
     elapsed = time.process_time() - start
     cancel()
+    if FREEZE["on"]:
+        cancel_policy()
+        gc.unfreeze()  # the next run starts from the same heap as this one did
     return subscribe_cost / filters, elapsed / (len(reads) * batch)
 
 
@@ -382,10 +442,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="topics: without kittiwake.collector's policy (freezing long-lived objects)",
+    )
+    parser.add_argument(
+        "--shell",
+        action="store_true",
+        help="qos1/topics: feed reads through the asyncio shell (mqtt/server.py), as a socket does",
+    )
+    parser.add_argument(
         "--publishers", type=int, default=1, help="qos1: publishers fanning in to one subscriber"
     )
     args = parser.parse_args()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
+    SHELL["on"] = args.shell
+    FREEZE["on"] = not args.no_freeze
     if args.workload == "connections":
         size = asyncio.run(idle_connections(args.connections))
         print(f"idle connections: {size:,.0f} bytes allocated per connection")

@@ -22,11 +22,13 @@ from kittiwake.broker.authentication import (
     parse_password_file,
 )
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.periodic import run_every
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.broker.sys_topics import SysPublisher
 from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.clock import Clock, MonotonicClock
+from kittiwake.collector import CollectorPolicy
 from kittiwake.config import (
     AnonymousPolicy,
     AuthConfig,
@@ -110,6 +112,7 @@ class BrokerApp:
         self.addresses: list[tuple[str, int]] = []
         self._cancel_ticks: Callable[[], None] | None = None
         self._cancel_queue_ticks: Callable[[], None] | None = None
+        self._cancel_collector: Callable[[], None] | None = None
 
     async def start(self, *, freeze_gc: bool = True) -> None:
         loop = asyncio.get_running_loop()
@@ -138,6 +141,10 @@ class BrokerApp:
         # garbage collection, so a full collection never walks it mid-traffic.
         if freeze_gc:
             gc.freeze()
+            # And what it builds to keep as it grows (subscriptions, sessions): collector.py.
+            broker = self.broker
+            policy = CollectorPolicy(lambda: len(broker.routes.tree) + len(broker.sessions))
+            self._cancel_collector = run_every(loop, 1.0, policy.check, "collector policy")
         log.info("kittiwake %s ready", self.broker.version)
 
     async def stop(self) -> None:
@@ -152,6 +159,8 @@ class BrokerApp:
             self._cancel_ticks()
         if self._cancel_queue_ticks is not None:
             self._cancel_queue_ticks()
+        if self._cancel_collector is not None:
+            self._cancel_collector()
         await self.mqtt.close()
         await self.amqp.close()
         for flight in self.flight:

@@ -175,8 +175,9 @@ def pump(broker: Broker, target: Session | SharedGroup) -> None:
 
 
 class PumpSchedule:
-    """Sessions and groups to pump at the end of this loop turn: one pump serves every
-    acknowledgement and publication of a read, instead of one pump each."""
+    """Sessions and groups to pump at the end of this read (see :meth:`run`), or else of this
+    loop turn: one pump serves every acknowledgement and publication of a read, instead of one
+    pump each."""
 
     __slots__ = ("_broker", "_pending", "delayed", "loop")
 
@@ -198,11 +199,18 @@ class PumpSchedule:
             self.loop.call_soon(self._run)
         pending[target] = None
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Pump what is pending now: a front end's transport calls this once a read's packets
+        are handled, so what they freed or queued goes out with that read's answers instead
+        of after every other read of the loop turn (the scheduled run then finds nothing)."""
+        if not self._pending:
+            return
         targets = list(self._pending)
         self._pending.clear()
         for target in targets:
             pump(self._broker, target)
+
+    _run = run
 
     def due(self, now: float) -> list[Session]:
         """Sessions whose delayed entries are visible by now (and that can take them)."""

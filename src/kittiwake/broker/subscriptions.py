@@ -231,6 +231,8 @@ def send_retained(broker: Broker, subscribed: Subscribed) -> None:
     (see dispatch.feed_retained): any number arrive, none is cut by a queue limit, and the
     first goes out without collecting the rest. Others (link credit) get them queued at once.
     """
+    if not broker.retained and not broker.retained_cursors:
+        return  # nothing retained, and no earlier cursor to restart: nothing to send
     subscription = subscribed.subscription
     if subscription.share_group is not None:
         return  # shared subscriptions never receive retained messages (MQTT-4.8.2)

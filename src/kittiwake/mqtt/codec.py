@@ -734,6 +734,14 @@ def _encode_subscribe(p: Subscribe, version: int) -> bytes:
     return _frame(0x82, b"".join(parts))
 
 
+def encode_suback_v3(packet_id: int, return_codes: list[int]) -> bytes:
+    """A 3.1/3.1.1 SUBACK (no properties) without a packet object: a fleet subscribing a
+    filter per SUBSCRIBE gets one per filter."""
+    if len(return_codes) < 126:  # the remaining length fits its one-byte form
+        return bytes((0x90, 2 + len(return_codes), packet_id >> 8, packet_id & 0xFF, *return_codes))
+    return _frame(0x90, packet_id.to_bytes(2, "big") + bytes(return_codes))
+
+
 def _encode_suback(p: SubAck, version: int) -> bytes:
     body = p.packet_id.to_bytes(2, "big")
     if version == 5:

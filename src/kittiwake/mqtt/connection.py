@@ -34,7 +34,12 @@ from kittiwake.broker.topics import (
 )
 from kittiwake.logs import ConnectionLog, connection_log
 from kittiwake.mqtt.answers import encode_answer, response_information
-from kittiwake.mqtt.codec import encode_ack, encode_publish, encode_publish_head
+from kittiwake.mqtt.codec import (
+    encode_ack,
+    encode_publish,
+    encode_publish_head,
+    encode_suback_v3,
+)
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError, quoted
 from kittiwake.mqtt.login import Login, Verdict, refusal_code
 from kittiwake.mqtt.packet_ids import MAX_PACKET_ID, OutgoingPacketIds
@@ -757,13 +762,16 @@ class MQTTConnection:
                 raise MQTTProtocolError(
                     ReasonCode.PROTOCOL_ERROR, "No Local is not allowed on a shared subscription"
                 )
-            options = SubscriptionOptions(
-                max_qos=request.qos,
-                no_local=request.no_local if version == 5 else False,
-                retain_as_published=request.retain_as_published if version == 5 else False,
-                retain_handling=request.retain_handling if version == 5 else 0,
-                subscription_id=subscription_id,
-            )
+            if version < 5:
+                options = _V3_OPTIONS[request.qos]
+            else:
+                options = SubscriptionOptions(
+                    max_qos=request.qos,
+                    no_local=request.no_local,
+                    retain_as_published=request.retain_as_published,
+                    retain_handling=request.retain_handling,
+                    subscription_id=subscription_id,
+                )
             outcome = self.broker.subscribe(session, request.topic_filter, options)
             if isinstance(outcome, SubscribeRefusal):
                 self._log.info(
@@ -787,9 +795,9 @@ class MQTTConnection:
 
         self._answer(
             completion,
-            self._encode(
-                SubAck(packet.packet_id, codes, Properties() if version == 5 else _NONE), version
-            ),
+            self._encode(SubAck(packet.packet_id, codes, Properties()), version)
+            if version == 5
+            else encode_suback_v3(packet.packet_id, codes),
             then=send_retained if accepted else None,
         )
 
@@ -1179,9 +1187,9 @@ _RECEIVED = DeliveryState.RECEIVED
 # Every 3.x connection's topic alias maps (see MQTTConnection.__init__).
 _NO_ALIASES: Final[dict[Any, Any]] = {}
 
-# The properties of every answer to a 3.x client, which has none: one shared empty object
-# (the encoder never reads, nor anything modifies, a 3.x answer's properties).
-_NONE = Properties()
+# A 3.x subscription's options, by maximum QoS: only that differs (the broker copies them
+# into the subscription and changes no options object), so one each serves every SUBSCRIBE.
+_V3_OPTIONS: Final = tuple(SubscriptionOptions(max_qos=qos) for qos in range(3))
 
 # Key of a message's cached 5.0 property block in Message.encoded.
 _V5_SHARED_PROPERTIES = "v5-properties"

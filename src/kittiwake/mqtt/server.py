@@ -1,7 +1,9 @@
 """The asyncio shell around :class:`MQTTConnection`: bytes in, bytes out, nothing else.
 
-Every complete packet of a read is decoded at once, and writes are coalesced: one socket write
-per connection per loop turn, however many messages a turn produced for it.
+Every complete packet of a read is decoded at once, and writes are coalesced: what a read
+produces for its own connection (answers, and the deliveries its acknowledgements freed) leaves
+in one socket write at the end of that read; what other connections' reads produce for it, in
+one write per loop turn.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         "_linger",
         "_loop",
         "_paused",
+        "_reading",
         "_server",
         "connection",
         "decoder",
@@ -100,6 +103,8 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._buffer: list[bytes] = []
         self._flush_scheduled = False
+        # Set while a read is handled: what is written meanwhile is flushed at its end.
+        self._reading = False
         self._first_read = True
         # Set while the socket's send buffer is above its high-water mark (pause_writing).
         self._paused = False
@@ -160,9 +165,21 @@ class MQTTServerProtocol(asyncio.Protocol):
                     MQTTProtocolError(0x82, "the first packet must be CONNECT")
                 )
                 return
-        self._server.traffic.bytes_received += len(data)
-        connection.last_received = self._server.broker.clock.now()
-        handle_input(connection, self.decoder, data)
+        server = self._server
+        server.traffic.bytes_received += len(data)
+        broker = server.broker
+        connection.last_received = broker.clock.now()
+        # Writes made while the read is handled wait for its end (no flush scheduled each).
+        self._reading = True
+        try:
+            handle_input(connection, self.decoder, data)
+            # What the read's acknowledgements freed and its publications queued goes out
+            # now, with its answers, not after every other read of this loop turn.
+            broker.pumps.run()
+        finally:
+            self._reading = False
+        if self._buffer:
+            self._flush()
 
     def eof_received(self) -> bool:
         # The client is done writing (after our half-close, or of its own accord): what we
@@ -188,7 +205,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         if self._linger is not None:
             return  # our side is shut: nothing more goes out
         self._buffer.append(data)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._reading:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 

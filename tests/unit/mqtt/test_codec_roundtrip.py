@@ -17,6 +17,7 @@ from kittiwake.mqtt.codec import (
     encode,
     encode_publish,
     encode_remaining_length,
+    encode_suback_v3,
 )
 from kittiwake.mqtt.packets import (
     Auth,
@@ -544,3 +545,11 @@ def test_every_packet_type_with_multibyte_remaining_length(version: int) -> None
         data = encode(packet, version)
         assert len(data) > 130, packet
         assert decode_all(data, version) == [packet]
+
+
+@pytest.mark.parametrize("count", [1, 4, 125, 126, 300])
+def test_the_v3_suback_shortcut_encodes_what_the_packet_encoder_does(count: int) -> None:
+    codes = [(i % 3) if i % 7 else 0x80 for i in range(count)]
+    for packet_id in (1, 0x1234, 0xFFFF):
+        expected = encode(SubAck(packet_id, codes), 4)
+        assert encode_suback_v3(packet_id, codes) == expected
