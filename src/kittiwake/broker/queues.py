@@ -251,6 +251,7 @@ class Queue:
         if ready is not None and message.delivery_time is None and self.ordering == "fifo":
             # _insert's usual case, inlined: this is every queued QoS 1 copy's path.
             self.bytes += size
+            self.totals.bytes += size
             self.count += 1
             ready.append(entry)
         else:
