@@ -38,9 +38,13 @@ system-deps: java
 
 # The browser test of MQTT over WebSockets: Debian's Chromium (headless) and MQTT.js from npm,
 # pinned by tests/browser/package-lock.json.
+# Only what is missing is installed: where Node.js comes from NodeSource its npm is inside it, and
+# Debian's npm package would conflict with it.
 browser-deps:
-	@command -v chromium >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { \
-	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium nodejs npm; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+	@command -v npm >/dev/null 2>&1 || { \
+	  $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q nodejs npm; }
 	@[ -f tests/browser/node_modules/mqtt/dist/mqtt.min.js ] || \
 	  npm ci --prefix tests/browser --no-audit --no-fund
 
