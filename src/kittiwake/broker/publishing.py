@@ -28,6 +28,7 @@ from kittiwake.broker.shared_groups import SharedGroup
 
 if TYPE_CHECKING:
     from kittiwake.broker.broker import Broker
+    from kittiwake.broker.mqtt_subscriptions import SessionCopy
 
 
 def publish(broker: Broker, message: Message) -> Completion:
@@ -74,20 +75,10 @@ def publish_held(
     _accept(broker, message)
     plan = broker.routes.plan(message.topic)
     touched: list[Session | SharedGroup] = []
-    origin = message.origin  # None for a fenced write: no connection published it
     for copy in plan.copies:
-        options = copy.options
-        if copy.own is not options and origin == copy.session.client_id:
-            own = copy.own  # the session published it: its noLocal subscriptions skip it
-            if own is None:
-                continue
-            options = own
-        entry = QueuedMessage.of(
-            message,
-            options.max_qos,
-            message.retain and options.retain_as_published,
-            options.subscription_ids,
-        )
+        entry = session_entry(copy, message)
+        if entry is None:
+            continue
         session = copy.session
         if entry.persistent and session.queue.durable:
             if enqueue(broker, session, entry):
@@ -154,26 +145,32 @@ def route(broker: Broker, message: Message) -> list[Session | SharedGroup]:
     that need pumping."""
     plan = broker.routes.plan(message.topic)
     touched: list[Session | SharedGroup] = []
-    origin = message.origin
     for copy in plan.copies:
-        options = copy.options
-        if copy.own is not options and origin == copy.session.client_id:
-            own = copy.own  # the session published it: its noLocal subscriptions skip it
-            if own is None:
-                continue
-            options = own
-        entry = QueuedMessage.of(
-            message,
-            options.max_qos,
-            message.retain and options.retain_as_published,
-            options.subscription_ids,
-        )
-        if enqueue(broker, copy.session, entry):
+        entry = session_entry(copy, message)
+        if entry is not None and enqueue(broker, copy.session, entry):
             touched.append(copy.session)
     for group in plan.groups:
         if enqueue_shared(broker, group, message):
             touched.append(group)
     return touched
+
+
+def session_entry(copy: SessionCopy, message: Message) -> QueuedMessage | None:
+    """A session's copy of ``message`` as its route plan says (the options of the
+    subscriptions that take it); None when the session published it and only noLocal
+    subscriptions match."""
+    options = copy.options
+    if copy.own is not options and message.origin == copy.session.client_id:
+        own = copy.own  # the session published it: its noLocal subscriptions skip it
+        if own is None:
+            return None
+        options = own
+    return QueuedMessage.of(
+        message,
+        options.max_qos,
+        message.retain and options.retain_as_published,
+        options.subscription_ids,
+    )
 
 
 class PendingCommits:

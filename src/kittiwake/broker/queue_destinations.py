@@ -131,10 +131,9 @@ class QueueDestinations:
             message = state.messages.get(record.message_id)
             if message is None:
                 continue
-            entry = QueuedMessage(
+            entry = QueuedMessage.restored(
                 message,
                 record.qos,
-                True,
                 record.retain,
                 record.subscription_ids,
                 record.delivery_count,

@@ -62,6 +62,19 @@ class QueuedMessage:
         qos, persistent = _LEVELS[message.qos][message.persistent][max_qos]
         return cls(message, qos, persistent, retain, subscription_ids)
 
+    @classmethod
+    def restored(
+        cls,
+        message: Message,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        delivery_count: int,
+    ) -> QueuedMessage:
+        """A stored copy brought back by recovery: its level was decided when it was queued
+        (and only stored copies are persistent), its attempts are the stored count."""
+        return cls(message, qos, True, retain, subscription_ids, delivery_count)
+
 
 class Removal(Enum):
     """Why an entry left its queue for good; the value is the reason a dead letter carries."""

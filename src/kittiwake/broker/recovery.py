@@ -72,10 +72,9 @@ def recover(broker: Broker) -> None:
         stored_message = state.messages.get(queued.message_id)
         if stored_message is None:
             continue
-        entry = QueuedMessage(
+        entry = QueuedMessage.restored(
             stored_message,
             queued.qos,
-            True,
             queued.retain,
             queued.subscription_ids,
             queued.delivery_count,
