@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "its own default)")
     p.add_argument("--kittiwake-python", default=sys.executable,
                    help="interpreter that runs kittiwake (default: this one)")
+    p.add_argument("--kittiwake-baseline", type=Path, metavar="SRC",
+                   help="also run another kittiwake checkout's src/ as broker "
+                        "'kittiwake-baseline' (before/after in one run)")
     p.add_argument("--out", type=Path, help="JSON result file (default bench/results/STAMP.json)")
     p.add_argument("--profile", help="comma-separated workloads to re-run on kittiwake under "
                                      "py-spy after the measured runs (not in the tables)")
@@ -108,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                               include_pending=args.include_pending)
     names = (args.brokers.split(",") if args.brokers
              else ["kittiwake"] if args.smoke else list(brokers_mod.BROKERS))
+    if args.kittiwake_baseline is not None and "kittiwake-baseline" not in names:
+        names.append("kittiwake-baseline")
     for n in names:
-        if n not in brokers_mod.BROKERS:
+        if n not in brokers_mod.BROKERS and n != "kittiwake-baseline":
             raise SystemExit(f"unknown broker {n!r}; known: {', '.join(brokers_mod.BROKERS)}")
     deadline = args.deadline or (20.0 if args.smoke else 60.0)
     idle_max = max((w.conns for w in chosen if w.kind == "idle"), default=0)
@@ -167,7 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     live: dict[str, brokers_mod.Broker] = {}
     failed = False
     for n in names:
-        b: brokers_mod.Broker = brokers_mod.BROKERS[n](workdir, broker_cpus)  # type: ignore[call-arg]
+        if n == "kittiwake-baseline":
+            if args.kittiwake_baseline is None:
+                sys.exit("kittiwake-baseline needs --kittiwake-baseline SRC")
+            b = brokers_mod.KittiwakeBaseline(workdir, broker_cpus, args.kittiwake_baseline)
+        else:
+            b = brokers_mod.BROKERS[n](workdir, broker_cpus)  # type: ignore[call-arg]
         if isinstance(b, brokers_mod.Kittiwake):
             b.python = args.kittiwake_python
             b.store = args.kittiwake_store

@@ -228,7 +228,7 @@ class Kittiwake(Broker):
         super().__init__(workdir, cpus)
         self.python = python
         self.store = store  # the backend of the ordinary (non-durable) workloads
-        self.config_path = workdir / "kittiwake.toml"
+        self.config_path = workdir / f"{self.name}.toml"
         try:
             out = subprocess.run(
                 [python, "-c", "import kittiwake, sys\n"
@@ -241,9 +241,12 @@ class Kittiwake(Broker):
         except (subprocess.SubprocessError, OSError, ValueError) as exc:
             self.version = f"? ({exc})"
 
+    # The source tree this broker runs (this repo's; another checkout's for a baseline).
+    src: Path = REPO_DIR / "src"
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        src = str(REPO_DIR / "src")
+        src = str(self.src)
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH")
                                    else "")
         return env
@@ -259,7 +262,7 @@ class Kittiwake(Broker):
         # kittiwake's default store is SQLite; clean-session traffic never touches it.
         # Durable workloads always get SQLite with fsync on every group commit (its default).
         backend = "sqlite" if self.durable else self.store
-        data_dir = self.workdir / "kittiwake-data"
+        data_dir = self.workdir / f"{self.name}-data"
         shutil.rmtree(data_dir, ignore_errors=True)  # every start begins empty
         self.config_path.write_text(f"""\
 log_level = "warning"
@@ -283,6 +286,18 @@ backend = "{backend}"
 data_dir = "{data_dir}"
 synchronous = "full"
 """)
+
+
+class KittiwakeBaseline(Kittiwake):
+    """Another checkout of kittiwake (``--kittiwake-baseline``), measured in the same run as
+    this one: a before/after comparison of two versions of the code on the same machine."""
+
+    name = "kittiwake-baseline"
+
+    def __init__(self, workdir: Path, cpus: set[int] | None, src: Path,
+                 python: str = sys.executable, store: str = "sqlite") -> None:
+        self.src = src
+        super().__init__(workdir, cpus, python, store)
 
 
 class Mosquitto(Broker):
