@@ -45,6 +45,10 @@ COMMANDS: dict[str, tuple[str, _Request]] = {
     "subscriptions": ("subscriptions of every session", ("GET", "/api/subscriptions", None)),
     "queues": ("queues with their depth and consumers", ("GET", "/api/queues", None)),
     "retained": ("topics with a retained message", ("GET", "/api/retained", None)),
+    "browse": (
+        "the first 100 messages of a queue, in delivery order, without taking any",
+        ("GET", "/api/queues/{}/entries", "queue"),
+    ),
     "purge": (
         "remove every waiting message from a queue",
         ("POST", "/api/queues/{}/purge", "queue"),
@@ -240,6 +244,16 @@ def render(command: str, answer: Any) -> str:
             [
                 (r["topic"], r["bytes"], r["qos"], r["persistent"], r["expires_in"])
                 for r in answer
+            ],
+        )
+    if command == "browse":
+        return format_table(
+            ["MESSAGE ID", "DESTINATION", "STATE", "PRIORITY", "BYTES", "DELIVERIES",
+             "AGE (S)", "EXPIRES IN (S)"],
+            [
+                (e["message_id"], e["destination"], e["state"], e["priority"], e["bytes"],
+                 e["delivery_count"], e["age"], e["expires_in"])
+                for e in answer
             ],
         )
     if command == "purge":

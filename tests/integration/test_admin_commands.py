@@ -87,6 +87,12 @@ def test_tables_and_json_against_a_running_broker(
     (line,) = [row for row in queues.stdout.splitlines() if row.startswith(queue + " ")]
     assert line.split()[1:3] == ["queue", "2"]
 
+    browse = kittiwake("browse", queue, *common, password="s3cret")
+    assert browse.returncode == 0, browse.stderr
+    header, _rule, *rows = browse.stdout.splitlines()
+    assert header.split()[:3] == ["MESSAGE", "ID", "DESTINATION"]
+    assert [row.split()[1:3] for row in rows] == [[queue, "waiting"], [queue, "waiting"]]
+
     purge = kittiwake("purge", queue, *common, password="s3cret")
     assert purge.returncode == 0, purge.stderr
     assert purge.stdout.strip() == f"queue {queue}: 2 messages purged"

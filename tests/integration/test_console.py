@@ -115,9 +115,20 @@ def test_every_console_page_shows_the_broker(
     )
     assert chromium.wait_for(f"{row} && {row}.cells[2].innerText") == "3"
     chromium.screenshot(SCREENSHOTS / "queues.png")
+
+    def button(label: str) -> str:
+        return f"[...{row}.querySelectorAll('button')].find(b => b.innerText === '{label}')"
+
+    # Browsing the queue lists its messages, taking none.
+    chromium.evaluate(f"{button('Browse')}.click()")
+    entries = "document.querySelectorAll('#entries-table tbody tr')"
+    assert chromium.wait_for(f"{entries}.length === 3 && {entries}[0].cells.length > 1")
+    assert text_of(chromium, "#entries-table").count("waiting") == 3
+    assert chromium.wait_for(f"{row} && {row}.cells[2].innerText") == "3"
+    chromium.screenshot(SCREENSHOTS / "queues-browsed.png")
     # The purge action, confirmed as an operator would.
     chromium.evaluate("window.confirm = () => true")
-    chromium.evaluate(f"{row}.querySelector('button').click()")
+    chromium.evaluate(f"{button('Purge')}.click()")
     chromium.wait_for("document.getElementById('message').innerText.includes('3 messages purged')")
     assert chromium.wait_for(f"{row} && {row}.cells[2].innerText === '0'")
     chromium.screenshot(SCREENSHOTS / "queues-purged.png")

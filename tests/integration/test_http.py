@@ -337,3 +337,42 @@ def test_monitors_read_and_only_admins_act(
         process, purge, method="POST", user=("mona", "watch"), headers=ACTION
     )
     assert status != 403, body
+
+
+def test_browsing_a_queue_shows_its_messages_in_delivery_order_and_takes_none(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    """The console's and the admin command's browse: the queue's own read-only walk, in the
+    order a consumer would get the messages (priority, then arrival), in-flight ones marked
+    as such, payloads never shown; browsing twice takes nothing."""
+    process = broker(http=True, amqp=True)
+    queue = unique("browsed")
+    connection = BlockingConnection(process.amqp_url, timeout=10)
+    try:
+        sender = connection.create_sender(queue)
+        for body, priority in (("low", 1), ("high", 9), ("mid", 4), ("low2", 1)):
+            sender.send(Message(body=body, durable=True, priority=priority))
+        rows = get_json(process, f"/api/queues/{queue}/entries")
+        assert [r["priority"] for r in rows] == [9, 4, 1, 1]
+        assert [r["state"] for r in rows] == ["waiting"] * 4
+        assert all(r["destination"] == queue and r["persistent"] for r in rows)
+        first_low, second_low = rows[2]["message_id"], rows[3]["message_id"]
+        assert 0 < first_low < second_low  # FIFO inside a priority
+        assert all("payload" not in r for r in rows)
+        again = get_json(process, f"/api/queues/{queue}/entries")
+        without_age = [{k: v for k, v in r.items() if k != "age"} for r in rows]
+        assert [{k: v for k, v in r.items() if k != "age"} for r in again] == without_age
+        assert len(get_json(process, f"/api/queues/{queue}/entries?limit=2")) == 2
+        # A consumer holding the first one without settling it: shown in flight, in its
+        # place (the blocking client may have taken credit for one more meanwhile).
+        receiver = connection.create_receiver(queue, credit=1)
+        received = receiver.receive(timeout=10)
+        assert received.body == "high"
+        rows = get_json(process, f"/api/queues/{queue}/entries")
+        assert [r["priority"] for r in rows] == [9, 4, 1, 1]
+        assert rows[0]["state"] == "in flight"
+        assert [r["state"] for r in rows[2:]] == ["waiting", "waiting"]
+        assert call(process, f"/api/queues/{queue}/entries?limit=0")[0] == 400
+        assert call(process, "/api/queues/no-such-queue/entries")[0] == 404
+    finally:
+        connection.close()

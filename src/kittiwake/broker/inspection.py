@@ -12,7 +12,7 @@ from typing import Literal
 
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.queue_destinations import QueueDestinations
-from kittiwake.broker.queues import Queue
+from kittiwake.broker.queues import EntryState, Queue
 from kittiwake.broker.sessions import NEVER_EXPIRES
 
 QueueKind = Literal["queue", "session", "shared"]
@@ -156,6 +156,68 @@ def _queue_view(queue: Queue, kind: QueueKind) -> QueueView:
         discarded=counters.discarded,
         rejected=counters.rejected,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class EntryView:
+    """One message of a queue as a browse shows it: where it stands and what it is, never
+    its payload (an operator's view must not leak message contents)."""
+
+    message_id: int
+    # The topic (or queue) it was sent to.
+    destination: str
+    # "waiting", "delayed" or "in flight"
+    state: str
+    priority: int
+    bytes: int
+    persistent: bool
+    # Earlier attempts that may have reached a consumer.
+    delivery_count: int
+    # Seconds since the broker accepted it.
+    age: float
+    expires_in: float | None
+    # Seconds before a delayed message becomes visible; None when it is visible.
+    visible_in: float | None
+
+
+def find_queue(
+    broker: Broker, destinations: QueueDestinations | None, name: str
+) -> Queue | None:
+    """A queue by the name ``queues`` shows: a JMS queue's, a shared group's or a session's."""
+    if destinations is not None and name in destinations.router.queues:
+        return destinations.router.queues[name]
+    for group in broker.shared_groups.values():
+        if group.queue.name == name:
+            return group.queue
+    for session in broker.sessions.values():
+        if session.queue.name == name:
+            return session.queue
+    return None
+
+
+def browse(queue: Queue, now: float, limit: int) -> list[EntryView]:
+    """The first ``limit`` entries of ``queue`` in the order consumers get them (the queue's
+    own read-only walk: nothing is taken, counted or expired)."""
+    views = []
+    for row in queue.browse(now)[:limit]:
+        entry, message = row.entry, row.entry.message
+        due = message.delivery_time
+        visible_in = round(due - now, 3) if row.state is EntryState.DELAYED and due else None
+        views.append(
+            EntryView(
+                message_id=message.message_id,
+                destination=message.topic,
+                state=row.state.value,
+                priority=message.priority,
+                bytes=message.size,
+                persistent=entry.persistent,
+                delivery_count=entry.delivery_count,
+                age=round(max(0.0, now - message.created), 3),
+                expires_in=None if message.expiry is None else round(message.expiry - now, 3),
+                visible_in=visible_in,
+            )
+        )
+    return views
 
 
 def retained(broker: Broker) -> list[RetainedView]:

@@ -29,6 +29,10 @@ from kittiwake.web.throughput import Throughput
 # site's page cannot make a logged-in operator's browser purge a queue.
 ACTION_HEADER = "X-Kittiwake-Action"
 
+# Rows a queue browse returns unless asked, and at most.
+BROWSE_DEFAULT = 100
+BROWSE_MAX = 10_000
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -84,6 +88,7 @@ class AdminAPI:
         app.router.add_get("/api/queues", self.queues)
         app.router.add_get("/api/retained", self.retained)
         app.router.add_get("/api/throughput", self.throughput)
+        app.router.add_get("/api/queues/{name:.+}/entries", self.entries)
         app.router.add_post("/api/queues/{name:.+}/purge", self.purge)
         app.router.add_delete("/api/sessions/{client_id:.+}", self.delete_session)
         app.router.add_post("/api/clients/{client_id:.+}/disconnect", self.disconnect)
@@ -141,6 +146,22 @@ class AdminAPI:
                 self.operated.broker, self.operated.destinations, session_queues=with_sessions
             )
         )
+
+    async def entries(self, request: web.Request) -> web.Response:
+        """Browse a queue: its first ``limit`` entries (default 100, at most 10,000: one
+        pass on the loop stays short)."""
+        name = request.match_info["name"]
+        try:
+            limit = int(request.query.get("limit", BROWSE_DEFAULT))
+        except ValueError:
+            return error(400, "limit must be a whole number")
+        if not 1 <= limit <= BROWSE_MAX:
+            return error(400, f"limit must be between 1 and {BROWSE_MAX}")
+        broker = self.operated.broker
+        queue = inspection.find_queue(broker, self.operated.destinations, name)
+        if queue is None:
+            return error(404, f"no queue {name!r}")
+        return _json(inspection.browse(queue, broker.clock.now(), limit))
 
     async def retained(self, request: web.Request) -> web.Response:
         return _json(inspection.retained(self.operated.broker))

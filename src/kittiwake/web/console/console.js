@@ -5,6 +5,8 @@
 const ACTION_HEADER = "X-Kittiwake-Action";
 const REFRESH_MS = 1000;
 const pages = ["overview", "clients", "sessions", "queues", "retained"];
+// The queue whose first messages the queues page shows (its Browse button), or null.
+let browsing = null;
 
 function show(message, isError) {
   const element = document.getElementById("message");
@@ -178,9 +180,28 @@ const renderers = {
       ["Queue", "name"], ["Kind", "kind"], ["Depth", "depth", true], ["Bytes", "bytes", true],
       ["In flight", "in_flight", true], ["Consumers", "consumers", true],
       ["Expired", "expired", true], ["Dead-lettered", "dead_lettered", true],
-    ], queues, [["Purge", q => act(`Purge every waiting message of ${q.name}?`,
+    ], queues, [["Browse", q => { browsing = q.name; refresh(); }],
+      ["Purge", q => act(`Purge every waiting message of ${q.name}?`,
       `/api/queues/${encode(q.name)}/purge`, "POST",
       a => `queue ${a.queue}: ${a.purged} messages purged`), q => q.kind === "queue"]]);
+    const section = document.getElementById("entries");
+    section.hidden = browsing === null;
+    if (browsing === null) return;
+    document.getElementById("entries-queue").textContent = browsing;
+    let entries = [];
+    try {
+      entries = await api(`/api/queues/${encode(browsing)}/entries`);
+    } catch (error) {
+      browsing = null;  // the queue is gone
+      section.hidden = true;
+      throw error;
+    }
+    fillTable("entries-table", [
+      ["Message id", "message_id", true], ["Destination", "destination"], ["State", "state"],
+      ["Priority", "priority", true], ["Bytes", "bytes", true], ["Persistent", "persistent"],
+      ["Deliveries", "delivery_count", true], ["Age (s)", e => e.age.toFixed(1), true],
+      ["Expires in (s)", e => e.expires_in === null ? null : Math.round(e.expires_in), true],
+    ], entries);
   },
   async retained() {
     const retained = await api("/api/retained");
