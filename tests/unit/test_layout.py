@@ -1,6 +1,6 @@
 """The layout rules of DESIGN.md section 3, checked on the source: ``broker/`` (the protocol-free
-core) imports no protocol front end, no store implementation and nothing above it; codecs
-import no asyncio."""
+core) imports no protocol front end, no store implementation and nothing above it; codecs and
+the MQTT connection's state machine import no asyncio, socket or ssl."""
 
 from __future__ import annotations
 
@@ -40,7 +40,24 @@ def test_the_core_imports_no_front_end_and_no_store_implementation() -> None:
     assert offenders == {}
 
 
+IO_MODULES = ("asyncio", "socket", "selectors", "ssl")
+
+
+def io_imports(path: Path) -> set[str]:
+    """The modules of ``path`` that do I/O or need an event loop."""
+    return {m for m in imported_modules(path) if m.split(".")[0] in IO_MODULES}
+
+
 def test_codecs_are_sans_io() -> None:
     for name in ("codec.py", "packets.py", "properties.py", "packet_ids.py"):
-        modules = imported_modules(PACKAGE / "mqtt" / name)
-        assert not {m for m in modules if m.split(".")[0] in ("asyncio", "socket", "selectors")}
+        assert io_imports(PACKAGE / "mqtt" / name) == set(), name
+
+
+def test_the_mqtt_state_machine_is_sans_io() -> None:
+    """The connection and its login are driven with bytes alone: only the shell (server.py,
+    websocket.py) knows the loop and the socket, and hands in what needs them."""
+    shell = {"kittiwake.mqtt.server", "kittiwake.mqtt.websocket"}
+    for name in ("connection.py", "login.py", "answers.py", "errors.py", "reason_codes.py"):
+        path = PACKAGE / "mqtt" / name
+        assert io_imports(path) == set(), name
+        assert imported_modules(path) & shell == set(), name

@@ -1,8 +1,10 @@
 """One MQTT client connection: turns decoded packets into broker calls and broker deliveries
 into packets.
 
-It never touches a socket: bytes go out through the :class:`Transport` it is given, and the
-asyncio shell in :mod:`kittiwake.mqtt.server` feeds it decoded packets. No delivery rule lives
+It never touches a socket or the event loop: bytes go out through the :class:`Transport` it is
+given, the asyncio shell in :mod:`kittiwake.mqtt.server` feeds it decoded packets, and what needs
+the loop is a callable that shell injects (``call_soon``, and the login's password check). So a
+unit test drives it with bytes alone (tests/unit/mqtt/connection_harness.py). No delivery rule lives
 here: who gets what, at which QoS, is the broker's business; so is what must be durable before
 an answer goes out (each answer waits on the completion of the core call it reports, never on
 the store), and answers leave in the order of the packets they answer.
@@ -10,7 +12,6 @@ the store), and answers leave in the order of the packets they answer.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections import deque
@@ -41,7 +42,7 @@ from kittiwake.mqtt.codec import (
     encode_suback_v3,
 )
 from kittiwake.mqtt.errors import MQTTProtocolError, UnsupportedProtocolVersionError, quoted
-from kittiwake.mqtt.login import Login, Verdict, refusal_code
+from kittiwake.mqtt.login import Login, PendingVerdict, refusal_code
 from kittiwake.mqtt.packet_ids import MAX_PACKET_ID, OutgoingPacketIds
 from kittiwake.mqtt.packets import (
     Auth,
@@ -89,6 +90,10 @@ class Transport(Protocol):
         """Bytes written but not yet sent; QoS 0 messages are dropped above a limit."""
 
 
+# Runs a callable on a later turn of the event loop (the shell passes ``loop.call_soon``).
+CallSoon = Callable[[Callable[[], None]], object]
+
+
 class MQTTConnection:
     """The protocol state machine of one connection (awaiting CONNECT → connected → closed).
 
@@ -99,6 +104,7 @@ class MQTTConnection:
     __slots__ = (
         "_answers",
         "_awaiting_commit",
+        "_call_soon",
         "_checking",
         "_connect_seen",
         "_held_bytes",
@@ -133,11 +139,19 @@ class MQTTConnection:
     )
 
     def __init__(
-        self, broker: Broker, transport: Transport, peer: str = "?", login: Login | None = None
+        self,
+        broker: Broker,
+        transport: Transport,
+        peer: str = "?",
+        login: Login | None = None,
+        *,
+        call_soon: CallSoon | None = None,
     ) -> None:
         self.broker = broker
         self.transport = transport
         self.peer = peer
+        # Defers work to a later loop turn; without a loop (unit tests) it runs at once.
+        self._call_soon: CallSoon = _call_now if call_soon is None else call_soon
         # MQTT's message counts (/metrics): one increment per publication each way.
         self.traffic = broker.stats.protocol("mqtt")
         self.session: Session | None = None
@@ -146,7 +160,7 @@ class MQTTConnection:
         self._login = login or _default_login(broker)
         # While a password is being checked: the check, and the packets that came after the
         # CONNECT meanwhile (handled once it is accepted).
-        self._checking: asyncio.Future[Verdict] | None = None
+        self._checking: PendingVerdict | None = None
         self._held_input: list[Packet] = []
         self.protocol_version = 4
         self.client_id = ""
@@ -174,7 +188,7 @@ class MQTTConnection:
         self._answers: deque[_Answer] | None = None
         # The completion whose callback was last registered, so the acknowledgements of a run
         # of publications in one commit register one callback, not one each.
-        self._watched: asyncio.Future[None] | None = None
+        self._watched: Completion = None
         # QoS 1 publications whose PUBACK is held (store commit, flow control, an earlier
         # answer); with the session's exactly_once_keys (which already include held QoS 2
         # ones) they make up the client's use of our Receive Maximum.
@@ -319,7 +333,8 @@ class MQTTConnection:
             )
         if self.principal is None:
             verdict = self._login.check(packet.username, packet.password)
-            if isinstance(verdict, asyncio.Future):
+            if not isinstance(verdict, (Principal, Refusal)):
+                # Pending: the password is being checked (off the loop, by the shell's verify).
                 self._check_then_connect(packet, verdict)
                 return None
             if isinstance(verdict, Refusal):
@@ -421,7 +436,7 @@ class MQTTConnection:
         broker.start_delivery(session)
         self._answer(completion, b"", _CONNACK, then=lambda: self._connack_sent(held, connack))
 
-    def _check_then_connect(self, packet: Connect, check: asyncio.Future[Verdict]) -> None:
+    def _check_then_connect(self, packet: Connect, check: PendingVerdict) -> None:
         """A password is being hashed off the loop: hold the input until the verdict."""
         self._checking = check
         pause = getattr(self.transport, "pause_reading", None)
@@ -668,6 +683,15 @@ class MQTTConnection:
             self._count_dropped()
             return True
         return False
+
+    def _acknowledge_later(self, session: Session, delivery: Delivery) -> None:
+        """Complete a dropped delivery on the next loop turn, so a long run of oversized messages
+        cannot recurse through pump → deliver → acknowledge."""
+
+        def complete() -> None:
+            self.broker.acknowledge(session, delivery)
+
+        self._call_soon(complete)
 
     def _count_dropped(self) -> None:
         """A message handed to us (and counted sent by whoever handed it) was not sent."""
@@ -936,7 +960,7 @@ class MQTTConnection:
             if delivery_id and self.session is not None:
                 delivery = self._packet_ids.pop(delivery_id, None)
                 if delivery is not None:
-                    _schedule_acknowledge(self, self.session, delivery)
+                    self._acknowledge_later(self.session, delivery)
             return
         self.transport.write(data)
 
@@ -1068,7 +1092,7 @@ class MQTTConnection:
         if answers is None:
             return
         ready: list[bytes] = []
-        succeeded: asyncio.Future[None] | None = None
+        succeeded: Completion = None
         while answers and not self.closed:
             completion, data, kind, packet_id, then, size = answers[0]
             if completion is not None and completion is not succeeded:
@@ -1270,14 +1294,6 @@ def _default_login(broker: Broker) -> Login:
     return Login(Authentication(allow_anonymous=None if policy == "auto" else policy))
 
 
-def _schedule_acknowledge(connection: MQTTConnection, session: Session, delivery: Delivery) -> None:
-    """Complete a dropped delivery on the next loop turn, so a long run of oversized messages
-    cannot recurse through pump → deliver → acknowledge."""
-
-    def complete() -> None:
-        connection.broker.acknowledge(session, delivery)
-
-    try:
-        asyncio.get_running_loop().call_soon(complete)
-    except RuntimeError:  # no loop (unit tests): complete at once
-        complete()
+def _call_now(callback: Callable[[], None]) -> None:
+    """``call_soon`` without an event loop (unit tests): run it at once."""
+    callback()

@@ -1,5 +1,9 @@
 """The asyncio shell around :class:`MQTTConnection`: bytes in, bytes out, nothing else.
 
+The only module of the MQTT front end that knows the event loop: the connection (and its login)
+are sans-IO, and get from here what needs the loop: ``call_soon``, and a password check that
+runs on a worker thread.
+
 Every complete packet of a read is decoded at once, and writes are coalesced: what a read
 produces for its own connection (answers, and the deliveries its acknowledgements freed) leaves
 in one socket write at the end of that read; what other connections' reads produce for it, in
@@ -13,14 +17,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from kittiwake.broker.authentication import Authentication
+from kittiwake.broker.authentication import Authentication, Credentials
 from kittiwake.broker.authorization import RenewPermissions
 from kittiwake.broker.broker import Broker
 from kittiwake.config import ListenerConfig
 from kittiwake.mqtt.codec import PacketDecoder
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.errors import MQTTProtocolError
-from kittiwake.mqtt.login import Login
+from kittiwake.mqtt.login import Login, Verdict
 from kittiwake.tls import certificate_user, server_context
 
 log = logging.getLogger(__name__)
@@ -136,9 +140,12 @@ class MQTTServerProtocol(asyncio.Protocol):
                 transport.get_extra_info("peercert"), context.certificate_user
             ),
             address=address,
+            verify=self._verify_off_loop,
         )
         broker = self._server.broker
-        self.connection = MQTTConnection(broker, self, peer_text, login)
+        self.connection = MQTTConnection(
+            broker, self, peer_text, login, call_soon=self._loop.call_soon
+        )
         refusal = broker.admission.admit(address)
         if refusal is None:
             self._admitted = address
@@ -150,6 +157,11 @@ class MQTTServerProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.mqtt_received(data)
+
+    def _verify_off_loop(self, credentials: Credentials) -> asyncio.Future[Verdict]:
+        """A password check (scrypt) on a worker thread, so it never blocks the loop."""
+        verify = self._context.authentication.verify
+        return self._loop.run_in_executor(None, verify, credentials)
 
     def mqtt_received(self, data: bytes) -> None:
         """MQTT bytes from the client (straight from TCP, or out of WebSocket frames)."""

@@ -1,16 +1,25 @@
 """Drive :class:`~kittiwake.mqtt.connection.MQTTConnection` with bytes alone: no socket, no
-server. A :class:`Wire` is one connection seen from its client: packets are encoded and fed to
-the connection as a socket read would, and what the connection writes is decoded back.
+server, no event loop. A :class:`Wire` is one connection seen from its client: packets are
+encoded and fed to the connection as a socket read would, and what the connection writes is
+decoded back.
+
+What the asyncio shell injects is the test's to give: ``call_soon`` (by default it runs at once;
+a :class:`LaterTurns` holds the callbacks until the test runs them) and the login's ``verify``
+(see :class:`PendingCheck`). Only a commit the test holds open (:class:`ControlledStore`) needs a
+loop, because the core's completion is an asyncio future.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore
 from kittiwake.mqtt.codec import PacketDecoder, encode
-from kittiwake.mqtt.connection import MQTTConnection
+from kittiwake.mqtt.connection import CallSoon, MQTTConnection
+from kittiwake.mqtt.login import Login, Verdict
 from kittiwake.mqtt.packets import ConnAck, Connect, Packet, Publish
 from kittiwake.mqtt.properties import Properties
 from kittiwake.mqtt.server import handle_input
@@ -54,6 +63,60 @@ async def turns(count: int = 5) -> None:
         await asyncio.sleep(0)
 
 
+class LaterTurns:
+    """A ``call_soon`` with the loop's turns in the test's hands: callbacks wait in order until
+    :meth:`run` (what one loop turn would run)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Callable[[], None]] = []
+
+    def __call__(self, callback: Callable[[], None]) -> None:
+        self.waiting.append(callback)
+
+    def run(self) -> int:
+        """Run what waits now (not what those callbacks defer); returns how many ran."""
+        ready, self.waiting = self.waiting, []
+        for callback in ready:
+            callback()
+        return len(ready)
+
+
+class PendingCheck:
+    """A password check the test answers: what the shell's worker thread would return, as a
+    loop-free stand-in for its future (the connection's ``PendingVerdict``)."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[Any], object]] = []
+        self._verdict: Verdict | None = None
+        self._error: Exception | None = None
+        self.done = False
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
+        assert not self.done, "registered after the verdict"
+        self._callbacks.append(fn)
+
+    def result(self) -> Verdict:
+        assert self.done, "read before the verdict"
+        if self._error is not None:
+            raise self._error
+        assert self._verdict is not None
+        return self._verdict
+
+    def answer(self, verdict: Verdict) -> None:
+        self._verdict = verdict
+        self._finish()
+
+    def fail(self, error: Exception) -> None:
+        self._error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        assert not self.done, "answered twice"
+        self.done = True
+        for callback in self._callbacks:
+            callback(self)
+
+
 class FakeTransport:
     """The byte pipe of :class:`MQTTConnection`, recording every write."""
 
@@ -76,11 +139,20 @@ class FakeTransport:
 class Wire:
     """One client's end of an MQTTConnection on ``broker``."""
 
-    def __init__(self, broker: Broker, version: int = 5) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        version: int = 5,
+        *,
+        login: Login | None = None,
+        call_soon: CallSoon | None = None,
+    ) -> None:
         self.broker = broker
         self.version = version
         self.transport = FakeTransport()
-        self.connection = MQTTConnection(broker, self.transport, "unit-test")
+        self.connection = MQTTConnection(
+            broker, self.transport, "unit-test", login, call_soon=call_soon
+        )
         self._inbound = PacketDecoder(broker.config.limits.max_packet_size)
         self._outbound = PacketDecoder()
         self._outbound.protocol_version = version

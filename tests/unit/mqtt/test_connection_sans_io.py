@@ -1,0 +1,144 @@
+"""The MQTT connection is a state machine driven by bytes alone: no event loop runs here.
+
+What needs the loop is handed in by the asyncio shell (mqtt/server.py): the login's password
+check, which the shell runs on a worker thread, and ``call_soon``. Here the test plays the
+shell: it answers the password check itself and runs the deferred callbacks when it chooses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from connection_harness import LaterTurns, PendingCheck, Wire
+
+from kittiwake.broker.authentication import (
+    Authentication,
+    Credentials,
+    PasswordHash,
+    Principal,
+    Refusal,
+)
+from kittiwake.broker.broker import Broker
+from kittiwake.clock import ManualClock
+from kittiwake.mqtt.login import Login
+from kittiwake.mqtt.packets import (
+    ConnAck,
+    Connect,
+    PingReq,
+    PingResp,
+    PubAck,
+    Publish,
+    SubAck,
+    Subscribe,
+    SubscriptionRequest,
+)
+from kittiwake.mqtt.properties import Properties
+from kittiwake.mqtt.reason_codes import ReasonCode
+
+# Cheap hashes for tests (the parameters travel with each hash; production uses 2**14).
+FAST = 4
+
+
+def no_loop() -> None:
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()
+
+
+def users(**passwords: str) -> Authentication:
+    return Authentication(
+        {name: PasswordHash.make(pw, log2_n=FAST) for name, pw in passwords.items()}
+    )
+
+
+def test_a_round_trip_needs_no_event_loop() -> None:
+    no_loop()
+    broker = Broker(clock=ManualClock())
+    sub, pub = Wire(broker, 5), Wire(broker, 4)
+    assert sub.connect("sub").reason_code == 0
+    sub.send(Subscribe(1, [SubscriptionRequest("t", 1)]))
+    assert [type(p) for p in sub.received()] == [SubAck]
+    assert pub.connect("pub").reason_code == 0
+    pub.send(Publish("t", b"hello", 1, packet_id=7))
+    assert [(type(p), p.packet_id) for p in pub.received()] == [(PubAck, 7)]  # type: ignore[attr-defined]
+    got = sub.received()
+    assert [(type(p), p.payload) for p in got] == [(Publish, b"hello")]  # type: ignore[attr-defined]
+
+
+def test_a_connect_and_what_follows_it_wait_for_a_pending_password_check() -> None:
+    no_loop()
+    broker = Broker(clock=ManualClock())
+    authentication = users(alice="pw")
+    checks: list[tuple[Credentials, PendingCheck]] = []
+
+    def verify(credentials: Credentials) -> PendingCheck:
+        check = PendingCheck()
+        checks.append((credentials, check))
+        return check
+
+    wire = Wire(broker, 5, login=Login(authentication, address="10.0.0.1", verify=verify))
+    wire.send(Connect("c", protocol_version=5, username="alice", password=b"pw"))
+    wire.send(Subscribe(1, [SubscriptionRequest("t", 0)]))
+    wire.send(PingReq())
+    assert wire.received() == [], "answered before the password was checked"
+    [(credentials, check)] = checks
+    assert (credentials.username, credentials.password, credentials.address) == (
+        "alice",
+        "pw",
+        "10.0.0.1",
+    )
+    check.answer(authentication.verify(credentials))
+    got = wire.received()
+    assert [type(p) for p in got] == [ConnAck, SubAck, PingResp]
+    assert got[0].reason_code == 0  # type: ignore[attr-defined]
+    assert wire.connection.principal == Principal("alice", True, "password")
+
+
+@pytest.mark.parametrize("outcome", ["refused", "failed"])
+def test_a_pending_check_that_refuses_or_fails_refuses_the_connect(outcome: str) -> None:
+    broker = Broker(clock=ManualClock())
+    check = PendingCheck()
+    login = Login(users(alice="pw"), verify=lambda _credentials: check)
+    wire = Wire(broker, 5, login=login)
+    wire.send(Connect("c", protocol_version=5, username="alice", password=b"wrong"))
+    wire.send(Subscribe(1, [SubscriptionRequest("t", 0)]))
+    assert wire.received() == []
+    if outcome == "refused":
+        check.answer(Refusal.BAD_CREDENTIALS)
+    else:
+        check.fail(RuntimeError("worker thread died"))
+    got = wire.received()
+    assert [(type(p), p.reason_code) for p in got] == [  # type: ignore[attr-defined]
+        (ConnAck, ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+    ]
+    assert wire.connection.closed and wire.transport.closed
+
+
+@pytest.mark.parametrize(("password", "code"), [(b"pw", 0), (b"wrong", 0x86)])
+def test_without_a_shell_the_password_is_verified_inline(password: bytes, code: int) -> None:
+    no_loop()
+    broker = Broker(clock=ManualClock())
+    wire = Wire(broker, 5, login=Login(users(alice="pw")))
+    assert wire.connect("c", username="alice", password=password).reason_code == code
+
+
+def test_a_dropped_delivery_gives_back_its_credit_on_a_later_turn() -> None:
+    """A QoS 1 message above the client's Maximum Packet Size is dropped and its delivery
+    completed through ``call_soon`` (not inline, so a run of them cannot recurse); until that
+    turn runs it holds the client's only Receive Maximum slot."""
+    no_loop()
+    broker = Broker(clock=ManualClock())
+    later = LaterTurns()
+    sub = Wire(broker, 5, call_soon=later)
+    sub.connect("sub", properties=Properties(receive_maximum=1, maximum_packet_size=2048))
+    sub.send(Subscribe(1, [SubscriptionRequest("t", 1)]))
+    sub.received()
+    pub = Wire(broker, 5)
+    pub.connect("pub")
+    pub.send(Publish("t", b"x" * 4096, 1, packet_id=1))
+    pub.send(Publish("t", b"small", 1, packet_id=2))
+    assert sub.received() == []
+    assert later.run() == 1
+    got = sub.received()
+    assert [(type(p), p.payload) for p in got] == [(Publish, b"small")]  # type: ignore[attr-defined]
+    assert later.waiting == []
