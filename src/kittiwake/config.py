@@ -328,8 +328,10 @@ class JournalConfig:
     """What the journal keeps for the data pipeline (the Spark data source reads it), and how
     long. Nothing is kept past its subscribers unless a retention is set."""
 
-    # Keep journalled messages this long after every subscriber acknowledged them; 0 = only
-    # while a queue references them.
+    # Keep journalled messages this long, counted from when the store wrote each one (not
+    # from its acknowledgements: a queue still holding an older one keeps it for itself, but
+    # readers of the journal no longer see it); 0 = no time bound (with retention_bytes 0
+    # too, a message is kept only while a queue references it).
     retention_seconds: float = 0.0
     # Also (or instead) keep the newest messages up to this many payload bytes; 0 = no size
     # bound. Either retention turns the journal on.

@@ -776,9 +776,11 @@ class SQLiteStore:
     def _sweep_journal(self) -> None:
         """Delete journalled messages no queue references, once past the retention.
 
-        The time retention keeps acknowledged messages for so many seconds; the size retention
-        keeps the newest ones whose payloads fit in so many bytes (whichever is stricter wins).
-        Referenced messages are never deleted.
+        The time retention keeps messages for so many seconds after the batch that stored
+        them (their ``stored_at``), acknowledged or not; the size retention keeps the newest
+        ones whose payloads fit in so many bytes (whichever is stricter wins). Referenced
+        messages are never deleted, but once past a retention they are no longer journal
+        content (readers start above them).
         """
         self._removed = 0
         # First the journal's new start (every row at or below it is past a retention), then
