@@ -25,9 +25,7 @@ QueueFullPolicy = Literal["reject_new", "discard_oldest"]
 
 
 # A web origin (RFC 6454) as a browser's Origin header gives it: scheme://host[:port].
-_ORIGIN = re.compile(
-    r"https?://(\[[0-9a-f:.]+\]|[^/\s:?#\[\]]+)(:[0-9]{1,5})?|null", re.IGNORECASE
-)
+_ORIGIN = re.compile(r"https?://(\[[0-9a-f:.]+\]|[^/\s:?#\[\]]+)(:[0-9]{1,5})?|null", re.IGNORECASE)
 
 
 class ConfigError(ValueError):
@@ -219,8 +217,16 @@ class ACLRule:
 
 # Every list of filters an ACL rule holds.
 ACL_RULE_FILTERS = (
-    "publish", "subscribe", "deny_publish", "deny_subscribe",
-    "send", "receive", "browse", "deny_send", "deny_receive", "deny_browse",
+    "publish",
+    "subscribe",
+    "deny_publish",
+    "deny_subscribe",
+    "send",
+    "receive",
+    "browse",
+    "deny_send",
+    "deny_receive",
+    "deny_browse",
 )
 
 
@@ -322,17 +328,20 @@ class JournalConfig:
     """What the journal keeps for the data pipeline (the Spark data source reads it), and how
     long. Nothing is kept past its subscribers unless a retention is set."""
 
-    # Keep journalled messages this long after every subscriber acknowledged them; 0 = only
-    # while a queue references them.
+    # Keep journalled messages this long, counted from when the store wrote each one (not
+    # from its acknowledgements: a queue still holding an older one keeps it for itself, but
+    # readers of the journal no longer see it); 0 = no time bound (with retention_bytes 0
+    # too, a message is kept only while a queue references it).
     retention_seconds: float = 0.0
     # Also (or instead) keep the newest messages up to this many payload bytes; 0 = no size
     # bound. Either retention turns the journal on.
     retention_bytes: int = 0
-    # MQTT filters whose persistent publications (QoS 1/2) the journal keeps; "#" = every topic
-    # (except those starting with '$', which no wildcard matches).
+    # MQTT filters whose persistent publications (MQTT QoS 1/2, JMS PERSISTENT) the journal
+    # keeps; "#" = every topic (except those starting with '$', which no wildcard matches).
     persistent_topics: tuple[str, ...] = ("#",)
-    # Filters whose QoS 0 publications the journal keeps too: an opt-in, because each costs a
-    # disk write that QoS 0 otherwise never pays (no acknowledgement waits for it).
+    # Filters whose non-persistent publications (MQTT QoS 0, JMS NON_PERSISTENT: it arrives at
+    # QoS 1 but is never written toward the store) the journal keeps too: an opt-in, because
+    # each costs a disk write they otherwise never pay (no acknowledgement waits for it).
     qos0_topics: tuple[str, ...] = ()
     # Seconds the broker remembers a finished batch write of the Spark sink (df.write, whose
     # driver committed it): until then a late task of it, or a rerun with the same writeId,
@@ -477,7 +486,7 @@ def _check_flight_certificates(tls: TLSConfig, where: str) -> None:
     requires it, and hands over the name it proves, not the whole subject."""
     if tls.certificate_user == "subject":
         raise ConfigError(
-            f"{_join(where, 'certificate_user')}: a flight listener names the user by \"cn\" "
+            f'{_join(where, "certificate_user")}: a flight listener names the user by "cn" '
             "only (gRPC hands over the certificate's name, not its whole subject)"
         )
     if tls.certificate_user == "cn" and not tls.require_client_certificate:

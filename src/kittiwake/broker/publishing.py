@@ -117,8 +117,8 @@ def release_held(broker: Broker, held: list[HeldCopy], commit: asyncio.Future[No
 
 def _accept(broker: Broker, message: Message) -> None:
     """What every publication gets before routing: its time, its count, its journal row (a
-    persistent one; QoS 0 where the operator opted its topic in, nothing waiting for it) and
-    its place among the retained messages."""
+    persistent one; a non-persistent one, QoS 0 or JMS NON_PERSISTENT, where the operator
+    opted its topic in, nothing waiting for it) and its place among the retained messages."""
     if not message.created:
         message.created = broker.clock.now()
     broker.stats.messages_received += 1

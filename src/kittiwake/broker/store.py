@@ -100,13 +100,13 @@ class Store(Protocol):
         it in the order they were handed out. Called for every persistent publication,
         referenced or not: a store with a journal retention keeps it (and makes the
         publisher's acknowledgement wait for it), one without keeps it only while a queue
-        references it. Called for a QoS 0 publication only where :meth:`journals_qos0` says
-        so; nothing waits for that write.
+        references it. Called for a non-persistent publication (QoS 0, JMS NON_PERSISTENT)
+        only where :meth:`journals_qos0` says so; nothing waits for that write.
         """
 
     def journals_qos0(self, topic: str) -> bool:
-        """Whether the journal keeps QoS 0 publications on ``topic`` (then they must not
-        bypass :meth:`journal`)."""
+        """Whether the journal keeps non-persistent publications (QoS 0, JMS NON_PERSISTENT)
+        on ``topic`` (then they must not bypass :meth:`journal`)."""
 
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         """Add a journalled message to a queue."""

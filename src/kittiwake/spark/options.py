@@ -86,6 +86,8 @@ class SourceOptions:
     # "earliest", "latest" or the offset of partition 0 (None: the mode's default).
     starting: str | int | None = None
     ending: str | int = "latest"
+    # endingOffsets was given: a batch read's end; a stream refuses it (as Kafka's does).
+    ending_given: bool = False
     starting_timestamp_ms: int | None = None
     max_offsets_per_trigger: int | None = None
     min_partitions: int = 1
@@ -116,12 +118,12 @@ class SourceOptions:
             starting=_offset_spec(lowered.get("startingoffsets"), "startingOffsets", None),
             ending=_offset_spec(lowered.get("endingoffsets"), "endingOffsets", "latest")
             or "latest",
+            ending_given="endingoffsets" in lowered,
             starting_timestamp_ms=_optional_int(lowered, "startingtimestamp", "startingTimestamp"),
             max_offsets_per_trigger=_optional_int(
                 lowered, "maxoffsetspertrigger", "maxOffsetsPerTrigger", minimum=1
             ),
-            min_partitions=_optional_int(lowered, "minpartitions", "minPartitions", minimum=1)
-            or 1,
+            min_partitions=_optional_int(lowered, "minpartitions", "minPartitions", minimum=1) or 1,
             fail_on_data_loss=_bool(lowered, "failondataloss", "failOnDataLoss", True),
             include_headers=_bool(lowered, "includeheaders", "includeHeaders", False),
             retry_timeout_ms=_optional_int(lowered, "retrytimeoutms", "retryTimeoutMs")
@@ -222,9 +224,7 @@ def _offset_spec(value: str | None, name: str, default: str | None) -> str | int
     return offset
 
 
-def _optional_int(
-    options: Mapping[str, str], key: str, name: str, minimum: int = 0
-) -> int | None:
+def _optional_int(options: Mapping[str, str], key: str, name: str, minimum: int = 0) -> int | None:
     value = options.get(key)
     if value is None:
         return None

@@ -33,7 +33,7 @@ from pyspark.sql.types import StructType
 
 from kittiwake.flight.protocol import DDL, DDL_WITH_HEADERS, FIRST_OFFSET, PARTITION
 from kittiwake.spark.client import DataLossError, JournalClient, data_loss_message
-from kittiwake.spark.options import SinkOptions, SourceOptions, split_range
+from kittiwake.spark.options import OptionError, SinkOptions, SourceOptions, split_range
 from kittiwake.spark.sink import KittiwakeBatchWriter, KittiwakeStreamWriter, check_schema
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,13 @@ class KittiwakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     """``spark.readStream``: micro-batches of exact offset ranges, checkpointed by Spark."""
 
     def __init__(self, options: SourceOptions) -> None:
+        if options.ending_given:
+            # Ignoring it would read past the end the user asked for, without a word.
+            raise OptionError(
+                "endingOffsets is for batch reads (spark.read) only: a stream "
+                "(spark.readStream) reads on as the journal grows; remove the option, or use "
+                "Trigger.AvailableNow to stop at the high-water mark the query starts at"
+            )
         self.options = options
         # Trigger.AvailableNow: the high-water mark when the query started; never read past it.
         self._target: int | None = None
@@ -194,9 +201,7 @@ class KittiwakeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         client = JournalClient(self.options)
-        return _planned(
-            self.options, client, int(start[str(PARTITION)]), int(end[str(PARTITION)])
-        )
+        return _planned(self.options, client, int(start[str(PARTITION)]), int(end[str(PARTITION)]))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, JournalPartition)

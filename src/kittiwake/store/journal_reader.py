@@ -34,19 +34,23 @@ _PAYLOAD = operator.itemgetter(2)
 # restart of the WAL file), in milliseconds.
 _BUSY_TIMEOUT_MS = 5000
 
-# The columns a range read serves, and whether the row has a property blob: the few rows
-# that do are read again whole and decoded by the store's codec (message_from_row).
+# The columns a range read serves, whether the row has a property blob (the few rows that
+# do are read again whole and decoded by the store's codec, message_from_row), and whether
+# the message is persistent (what the selection asks, with the topic).
 _ROWS = (
     "SELECT message_id, topic, payload, qos, retain, priority, timestamp, "
-    "properties IS NOT NULL FROM journal WHERE message_id >= ? AND message_id < ?{} "
+    "properties IS NOT NULL, persistent FROM journal WHERE message_id >= ? AND message_id < ?{} "
     "ORDER BY message_id"
 )
+_TOPIC = 1
+_PERSISTENT = 8
 _WHOLE_ROWS_PER_QUERY = 500
 _WHOLE_ROWS = f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM journal WHERE message_id IN ({{}})"
 # Every row this condition passes is wanted when the request's filters include "#" and the
-# selection keeps every persistent topic and no QoS 0 one ("#" never matches a '$' topic):
-# then no row is looked at in Python, which is most of a range read's cost.
-_EVERYTHING_PERSISTENT = " AND qos > 0 AND substr(topic, 1, 1) <> '$'"
+# selection keeps every persistent topic and no non-persistent one ("#" never matches a '$'
+# topic): then no row is looked at in Python, which is most of a range read's cost. By the
+# persistent column, as JournalSelection.keeps decides: a JMS NON_PERSISTENT row has QoS 1.
+_EVERYTHING_PERSISTENT = " AND persistent <> 0 AND substr(topic, 1, 1) <> '$'"
 # Requests with at most this many filters, none with '+', are matched in SQL too (exact
 # topics and "prefix/#"); others row by row in Python.
 _SQL_FILTERS = 64
@@ -209,7 +213,7 @@ class JournalRange:
                 yield from self._unfiltered_chunks(*condition)
                 return
         cursor = self._connection.execute(_ROWS.format(""), (self._first, self.end))
-        # Per topic (and published QoS level): is the row journal content the filters want?
+        # Per topic and persistence: is the row journal content the filters want?
         kept: dict[tuple[str, bool], bool] = {}
         pending: list[Any] = []
         size = 0
@@ -218,12 +222,12 @@ class JournalRange:
             if not rows:
                 break
             for row in rows:
-                key = (row[1], row[3] > 0)
+                key = (row[_TOPIC], row[_PERSISTENT] != 0)
                 answer = kept.get(key)
                 if answer is None:
                     if len(kept) >= 4096:
                         kept.clear()
-                    answer = kept[key] = self._topic_kept(row[1], row[3])
+                    answer = kept[key] = self._topic_kept(*key)
                 if answer:
                     pending.append(row)
                     size += len(row[2])
@@ -261,8 +265,8 @@ class JournalRange:
         finally:
             self._connection.close()
 
-    def _topic_kept(self, topic: str, qos: int) -> bool:
-        return self._topics.matches(topic) and self._selection.keeps_row(topic, qos)
+    def _topic_kept(self, topic: str, persistent: bool) -> bool:
+        return self._topics.matches(topic) and self._selection.keeps(topic, persistent)
 
     def __enter__(self) -> JournalRange:
         return self
@@ -309,7 +313,9 @@ def _bounds(connection: sqlite3.Connection) -> JournalBounds:
 
 
 def _chunk(connection: sqlite3.Connection, rows: list[Any]) -> JournalChunk:
-    offsets, topics, payloads, qos, retain, priority, timestamps, flags = zip(*rows, strict=True)
+    offsets, topics, payloads, qos, retain, priority, timestamps, flags, _persistent = zip(
+        *rows, strict=True
+    )
     has_extras = any(flags)
     extras: list[Message | None] = [None] * len(offsets)
     if has_extras:

@@ -12,11 +12,16 @@ _CACHE_SIZE = 4096
 
 
 class JournalSelection:
-    """The journal's choice: persistent publications on ``persistent_topics`` and QoS 0 ones
-    on ``qos0_topics``, while ``enabled`` (a retention is set); nothing otherwise.
+    """The journal's choice: persistent publications (MQTT QoS 1/2, JMS PERSISTENT) on
+    ``persistent_topics`` and non-persistent ones (MQTT QoS 0, JMS NON_PERSISTENT, which
+    arrives at QoS 1 but is never written toward the store) on ``qos0_topics``, while
+    ``enabled`` (a retention is set); nothing otherwise.
 
-    The writer asks it per publication; the reader asks it again per row, so a row another
-    reason wrote (a message two queues share) is never served as journal content.
+    One rule, :meth:`keeps`, by persistence and never by QoS: the writer asks it per
+    publication; the reader asks it again per row (by the row's ``persistent`` column), so a
+    row another reason wrote (a message two queues share, or one an earlier selection kept) is
+    never served as journal content, and every row the writer kept for the current selection
+    is.
     """
 
     def __init__(
@@ -33,7 +38,8 @@ class JournalSelection:
         self._every_persistent = "#" in self.persistent_topics
         # The broker's QoS 0 path consults the store only when this is true.
         self.keeps_qos0 = bool(self.qos0_topics)
-        # The default selection: readers may then filter rows in SQL instead of one by one.
+        # The default selection: readers may then filter rows in SQL (by their persistent
+        # column) instead of one by one.
         self.keeps_every_persistent_only = set(self.persistent_topics) == {"#"} and not (
             self.keeps_qos0
         )
@@ -41,16 +47,13 @@ class JournalSelection:
         self._qos0_cache: dict[str, bool] = {}
 
     def keeps(self, topic: str, persistent: bool) -> bool:
-        """Whether a publication on ``topic`` belongs in the journal."""
+        """Whether a publication on ``topic`` belongs in the journal: ``persistent`` is the
+        message's persistence (a journal row's ``persistent`` column), not its QoS."""
         if persistent:
             if self._every_persistent and not topic.startswith("$"):
                 return True
             return _matches(self._persistent_cache, self.persistent_topics, topic)
         return self.keeps_qos0 and _matches(self._qos0_cache, self.qos0_topics, topic)
-
-    def keeps_row(self, topic: str, qos: int) -> bool:
-        """Whether a stored row (by its topic and published QoS) is journal content."""
-        return self.keeps(topic, qos > 0)
 
 
 def _matches(cache: dict[str, bool], filters: tuple[str, ...], topic: str) -> bool:

@@ -309,10 +309,8 @@ class SQLiteStore:
             # Journal content (the selection's choice) is written referenced or not, and a
             # persistent publication's acknowledgement waits for it. Other persistent
             # publications are written by enqueue(), once several queues reference them;
-            # other QoS 0 ones never.
-            keeps = self._keeps_journal and self._selection_keeps(
-                message.topic, message.persistent
-            )
+            # non-persistent ones (QoS 0, JMS NON_PERSISTENT) never.
+            keeps = self._keeps_journal and self._selection_keeps(message.topic, message.persistent)
             if not keeps and not message.persistent:
                 return
             self._last_id += 1
@@ -323,7 +321,8 @@ class SQLiteStore:
                 self._schedule()
 
     def journals_qos0(self, topic: str) -> bool:
-        """Whether a QoS 0 publication on ``topic`` must go through :meth:`journal`."""
+        """Whether a non-persistent publication (QoS 0, JMS NON_PERSISTENT) on ``topic``
+        must go through :meth:`journal`."""
         return self._selection_keeps(topic, False)
 
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
@@ -461,9 +460,7 @@ class SQLiteStore:
         if record.will is None:
             self._add("DELETE FROM wills WHERE client_id=?", (client_id,))
         else:
-            self._add(
-                _UPSERT_WILL, (client_id, *message_row(record.will, self._clock_to_wall_ms))
-            )
+            self._add(_UPSERT_WILL, (client_id, *message_row(record.will, self._clock_to_wall_ms)))
 
     def delete_session(self, client_id: str) -> None:
         for sql in _DELETE_SESSION:
@@ -512,13 +509,24 @@ class SQLiteStore:
             ):
                 state.messages[row[0]] = message_from_row(row, offset)
             for (
-                client_id, expiry_interval, will_delay, will_expiry, window, principal
+                client_id,
+                expiry_interval,
+                will_delay,
+                will_expiry,
+                window,
+                principal,
             ) in connection.execute(
                 "SELECT client_id, expiry_interval, will_delay, will_expiry, in_flight_window, "
                 "principal FROM sessions"
             ):
                 state.sessions[client_id] = SessionRecord(
-                    client_id, expiry_interval, [], None, will_delay, will_expiry, window,
+                    client_id,
+                    expiry_interval,
+                    [],
+                    None,
+                    will_delay,
+                    will_expiry,
+                    window,
                     principal,
                 )
             for row in connection.execute(
@@ -768,9 +776,11 @@ class SQLiteStore:
     def _sweep_journal(self) -> None:
         """Delete journalled messages no queue references, once past the retention.
 
-        The time retention keeps acknowledged messages for so many seconds; the size retention
-        keeps the newest ones whose payloads fit in so many bytes (whichever is stricter wins).
-        Referenced messages are never deleted.
+        The time retention keeps messages for so many seconds after the batch that stored
+        them (their ``stored_at``), acknowledged or not; the size retention keeps the newest
+        ones whose payloads fit in so many bytes (whichever is stricter wins). Referenced
+        messages are never deleted, but once past a retention they are no longer journal
+        content (readers start above them).
         """
         self._removed = 0
         # First the journal's new start (every row at or below it is past a retention), then

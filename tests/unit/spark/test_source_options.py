@@ -14,9 +14,16 @@ pytest.importorskip("pyarrow")
 
 import itertools
 
+from pyspark.sql.types import StructType
+
 from kittiwake.spark.client import DataLossError
 from kittiwake.spark.options import OptionError, SourceOptions, split_range
-from kittiwake.spark.source import JournalPartition, KittiwakeStreamReader, _planned
+from kittiwake.spark.source import (
+    JournalPartition,
+    KittiwakeDataSource,
+    KittiwakeStreamReader,
+    _planned,
+)
 
 
 def test_defaults() -> None:
@@ -131,3 +138,19 @@ def test_a_journal_whose_offsets_went_back_fails_or_waits() -> None:
     lenient = KittiwakeStreamReader(SourceOptions.parse({"failOnDataLoss": "false"}))
     lenient._target = 5
     assert lenient.latestOffset({"0": 10}, ReadAllAvailable()) == {"0": 10}
+
+
+@pytest.mark.parametrize("ending", ["latest", '{"0": 2000}', '{"0": -1}'])
+def test_a_stream_refuses_ending_offsets_naming_the_option(ending: str) -> None:
+    """endingOffsets bounds a batch read only; a stream reads on as the journal grows, so it
+    refuses the option (as Kafka's source does) instead of ignoring it silently."""
+    options = SourceOptions.parse({"endingOffsets": ending})
+    with pytest.raises(OptionError, match=r"endingOffsets is for batch reads"):
+        KittiwakeStreamReader(options)
+    with pytest.raises(OptionError, match=r"endingOffsets is for batch reads"):
+        KittiwakeDataSource({"url": "grpc://x:1", "EndingOffsets": ending}).streamReader(
+            StructType()
+        )
+    # A batch read takes it; a stream without it is planned as before.
+    KittiwakeDataSource({"endingOffsets": ending}).reader(StructType())
+    KittiwakeStreamReader(SourceOptions.parse({"startingOffsets": "earliest"}))

@@ -332,3 +332,104 @@ def test_the_broker_hands_opted_in_qos0_publications_to_the_journal(tmp_path: Pa
         store.close()
 
     asyncio.run(body())
+
+
+def publish_message(store: SQLiteStore, topic: str, qos: int, persistent: bool) -> Message:
+    message = Message(topic, f"{topic} {qos} {persistent}".encode(), qos=qos, persistent=persistent)
+    store.journal(message)
+    return message
+
+
+# Filters a read may give: matched in SQL as a whole ("#"), in SQL by prefix, row by row ('+').
+READ_FILTERS = [("#",), ("a/#", "b/#"), ("+/x",)]
+
+
+@pytest.mark.parametrize("filters", READ_FILTERS)
+def test_a_non_persistent_message_is_served_by_the_rule_that_journalled_it(
+    tmp_path: Path, filters: tuple[str, ...]
+) -> None:
+    """A JMS NON_PERSISTENT message arrives at QoS 1 but is not persistent: the journal keeps
+    it only where its topic is opted in like a QoS 0 one, and the reader, asking the same
+    rule, serves exactly that (not by its QoS, which would call it persistent)."""
+
+    async def body() -> None:
+        store = open_store(
+            tmp_path,
+            journal_retention_seconds=3600,
+            persistent_topics=("a/#",),
+            qos0_topics=("b/#",),
+        )
+        durable_a = publish_message(store, "a/x", 2, True)
+        publish_message(store, "a/x", 1, False)  # not opted in: never written
+        publish_message(store, "b/x", 2, True)  # persistent, but b/# keeps only QoS 0 ones
+        non_persistent_b = publish_message(store, "b/x", 1, False)
+        qos0_b = publish_message(store, "b/x", 0, False)
+        await settle(store)
+        assert table_ids(tmp_path) == [
+            durable_a.message_id,
+            non_persistent_b.message_id,
+            qos0_b.message_id,
+        ]
+        assert [offset for offset, _t, _p in read_all(reader_for(store), filters)] == [
+            durable_a.message_id,
+            non_persistent_b.message_id,
+            qos0_b.message_id,
+        ]
+        store.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("filters", READ_FILTERS)
+def test_a_non_persistent_row_is_not_served_where_only_persistent_ones_are_selected(
+    tmp_path: Path, filters: tuple[str, ...]
+) -> None:
+    """Rows journalled while the operator had opted topics in stay in the journal when the
+    selection goes back to the default (persistent publications only): a reader then serves
+    the persistent rows and no non-persistent one, whatever its QoS, in SQL or in Python."""
+
+    async def body() -> list[Message]:
+        store = open_store(tmp_path, journal_retention_seconds=3600, qos0_topics=("a/#", "b/#"))
+        messages = [
+            publish_message(store, "a/x", 2, True),
+            publish_message(store, "b/x", 1, False),
+            publish_message(store, "a/x", 0, False),
+            publish_message(store, "b/x", 1, True),
+        ]
+        await settle(store)
+        store.close()
+        return messages
+
+    messages = asyncio.run(body())
+    assert table_ids(tmp_path) == [m.message_id for m in messages]
+    reader = JournalReader(tmp_path, JournalSelection(enabled=True))
+    assert [offset for offset, _t, _p in read_all(reader, filters)] == [
+        m.message_id for m in messages if m.persistent
+    ]
+
+
+def test_the_broker_journals_a_non_persistent_message_only_where_opted_in(
+    tmp_path: Path,
+) -> None:
+    """Through the broker's publish path: NON_PERSISTENT at QoS 1 is journalled (and then
+    served) on a topic opted in for QoS 0, never on one selected for persistent messages."""
+
+    async def body() -> None:
+        store = open_store(
+            tmp_path,
+            journal_retention_seconds=3600,
+            persistent_topics=("a/#",),
+            qos0_topics=("b/#",),
+        )
+        broker = Broker(Config(), clock=ManualClock(), store=store)
+        broker.publish(Message("a/x", b"persistent", qos=2, persistent=True))
+        broker.publish(Message("a/x", b"non-persistent on a", qos=1, persistent=False))
+        broker.publish(Message("b/x", b"non-persistent on b", qos=1, persistent=False))
+        await settle(store)
+        assert [(t, p) for _o, t, p in read_all(reader_for(store))] == [
+            ("a/x", b"persistent"),
+            ("b/x", b"non-persistent on b"),
+        ]
+        store.close()
+
+    asyncio.run(body())
