@@ -99,6 +99,8 @@ class BrokerStats:
     stalled_subscribers: int = 0
     # Times the broker-wide queued-bytes bound held every publisher back.
     total_bound_engaged: int = 0
+    # Retained publications not retained: payload over limits.max_retained_payload.
+    retained_refused: int = 0
     # Per protocol, by the front end's name for itself ("mqtt", "amqp"...).
     protocols: dict[str, ProtocolStats] = field(default_factory=dict)
 
@@ -481,6 +483,8 @@ class Broker:
 
     # Accept a publication; the completion says when the publisher may be told it is safe.
     publish = publishing.publish
+    # A retained publication over limits.max_retained_payload: delivered, not retained.
+    retained_too_large = publishing.retained_too_large
 
     def route_plan(self, topic: str) -> RoutePlan:
         """Who gets a publication on ``topic`` (cached until routing changes)."""
