@@ -165,6 +165,8 @@ class BrokerApp:
         await self.amqp.close()
         for flight in self.flight:
             await flight.stop()
+        # Drops the tick had not reported yet: the log's counts stay true to the end.
+        self.broker.queue_totals.report_drops(final=True)
         self.broker.store.close()
 
     def _flight_listener(self, listener: ListenerConfig) -> FlightListener:

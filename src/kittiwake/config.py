@@ -146,6 +146,11 @@ class LimitsConfig:
     # above it every QoS 1/2 publisher's acknowledgement waits until the total is back under
     # half of it (checked twice a second). 0 = no bound.
     max_total_queued_bytes: int = 1024 * 1024 * 1024
+    # Largest payload kept as a topic's retained message (bytes); 0 = no limit beyond
+    # max_packet_size. A larger retained publication is still delivered live, but not
+    # retained (the topic's older retained message stays); counted and logged, and an MQTT 5
+    # QoS 1/2 publisher is answered 0x97 Quota exceeded.
+    max_retained_payload: int = 0
     # Topic aliases a v5 client may use towards us.
     topic_alias_maximum: int = 64
     max_topic_levels: int = 128

@@ -106,7 +106,7 @@ class BrokerProcess:
         *,
         flight: bool = False,
         listener: dict[str, Any] | None = None,
-        amqp: bool = False,
+        amqp: bool | dict[str, Any] = False,
         http: bool | dict[str, Any] = False,
         **sections: dict[str, Any],
     ) -> None:
@@ -120,8 +120,10 @@ class BrokerProcess:
         self.flight_port = 0
         # Extra keys of the MQTT listener's table (protocol, tls, allow_anonymous...).
         self.listener = dict(listener or {})
-        # With ``amqp``, an AMQP listener too, on ``amqp_port`` (bound before MQTT's, too).
-        self.amqp = amqp
+        # With ``amqp``, an AMQP listener too, on ``amqp_port`` (bound before MQTT's, too); a
+        # dict gives extra keys of its table (tls, allow_anonymous...).
+        self.amqp = amqp is not False
+        self.amqp_listener: dict[str, Any] = amqp if isinstance(amqp, dict) else {}
         self.amqp_port = 0
         # With ``http``, an HTTP listener too (console, /metrics, admin API), on ``http_port``;
         # a dict gives extra keys of its table (allow_anonymous, tls...).
@@ -176,7 +178,13 @@ class BrokerProcess:
         ]
         if self.amqp:
             config["listeners"].insert(
-                0, {"protocol": "amqp", "host": self.host, "port": self.amqp_port}
+                0,
+                {
+                    "protocol": "amqp",
+                    **self.amqp_listener,
+                    "host": self.host,
+                    "port": self.amqp_port,
+                },
             )
         if self.http is not None:
             config["listeners"].insert(

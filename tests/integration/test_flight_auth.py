@@ -256,6 +256,30 @@ def test_reads_and_writes_follow_the_callers_own_acls(
     run_app(base_config(tmp_path, users), body)
 
 
+def test_refused_reads_and_writes_are_logged_with_user_address_and_topic(
+    tmp_path: Path, users: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One log line per refusal: the user, the caller's address, the topic, and for a write
+    the writer id (what names a Flight client; a read carries none)."""
+    import logging
+
+    async def body(broker: Running) -> None:
+        spark = basic("spark", "executor")
+        with pytest.raises(flight.FlightUnauthorizedError):
+            await call(read, broker.url, spark, ("secret/#",))
+        with pytest.raises(flight.FlightUnauthorizedError):
+            await call(put, broker.url, spark, "sensors/a", "logged-writer")
+
+    with caplog.at_level(logging.INFO, "kittiwake.flight.server"):
+        run_app(base_config(tmp_path, users), body)
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    [read_line] = [line for line in lines if "reading" in line]
+    assert "user 'spark', ipv4:127.0.0.1:" in read_line and "'secret/#'" in read_line
+    [write_line] = [line for line in lines if "publishing" in line]
+    assert "user 'spark', writer 'logged-writer', ipv4:127.0.0.1:" in write_line
+    assert "'sensors/a'" in write_line
+
+
 @pytest.fixture
 def fresh_logins() -> Iterator[None]:
     """The Spark client's per-process tokens, emptied around the test."""

@@ -275,6 +275,52 @@ def test_full_session_queue_discards_oldest_when_configured(broker, paho):
     back.no_message(0.3)
 
 
+def test_dropped_messages_are_logged_with_their_true_count_and_counted_in_metrics(
+    broker, paho
+):
+    """1,500 messages beyond an offline session's limit of 5: the first drop is logged at
+    once, the rest by the broker's tick; the log's running total reaches exactly 1,500, and
+    /metrics counts the same 1,500 in kittiwake_messages_dropped_total."""
+    import re
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    process = broker(http=True, limits={"max_queued_messages": 5})
+    topic = unique("limits/dropped")
+    client_id = unique("dropped")
+    sub = paho(process.address, client_id, clean=False)
+    sub.subscribe(topic, 1)
+    sub.disconnect()
+    pub = paho(process.address)
+    sent = [pub.publish(topic, str(i).encode(), 1, wait=False) for i in range(1_505)]
+    for info in sent:
+        info.wait_for_publish(10)
+        assert info.is_published()
+
+    def totals_logged() -> list[int]:
+        return [int(n) for n in re.findall(r"full \(.*?\): .*?(\d+) in all", process.log_text())]
+
+    assert wait_until(lambda: 1_500 in totals_logged(), 10), totals_logged()[-5:]
+    assert max(totals_logged()) == 1_500
+    assert len(totals_logged()) < 1_500  # one line per tick, not one per message
+
+    def dropped_metric() -> float:
+        with urllib.request.urlopen(process.http_url + "/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        return next(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "kittiwake_messages_dropped_total"
+        )
+
+    assert dropped_metric() == 1_500
+    back = paho(process.address, client_id, clean=False)
+    assert back.session_present
+    assert [m.payload for m in back.get_many(5)] == [str(i).encode() for i in range(5)]
+
+
 # -- keepalive -------------------------------------------------------------------------------------
 
 

@@ -220,3 +220,86 @@ def test_every_retained_message_reaches_a_new_subscriber_past_its_queue_limit(br
     assert seen == {b"%d" % n for n in range(count)}
     assert "full" not in process.log_text()
     subscriber.no_packet(0.3)
+
+
+# -- limits.max_retained_payload ---------------------------------------------------------------
+
+RETAINED_LIMIT = 16
+
+
+def test_a_retained_payload_over_the_limit_is_delivered_but_not_retained(broker, paho, raw):
+    """limits.max_retained_payload 16: a 17-byte retained publication reaches the live
+    subscriber but is not retained (the topic keeps its older message). A v5 QoS 1 publisher
+    gets PUBACK 0x97 Quota exceeded, QoS 2 PUBREC 0x97 (the exchange ends: its packet id is
+    free again), a 3.1.1 one a plain PUBACK; logged, and counted in /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kittiwake.mqtt.packets import Publish, PubRec
+
+    process = broker(http=True, limits={"max_retained_payload": RETAINED_LIMIT})
+    address = process.address
+    topic = unique("ret/limit")
+    big = b"x" * (RETAINED_LIMIT + 1)
+    paho(address).publish(topic, b"y" * RETAINED_LIMIT, 1, retain=True)  # the limit: kept
+    live = paho(address)
+    live.subscribe(topic, 2)
+    assert live.get().payload == b"y" * RETAINED_LIMIT
+
+    v5 = paho(address, protocol=MQTTv5)
+    assert v5.publish_result(v5.publish(topic, big, 1, retain=True, wait=False)) == 0x97
+    assert live.get().payload == big
+    client = raw(address, 5)
+    client.connect(unique("ret-limit-qos2"))
+    client.send(Publish(topic, big + b"2", 2, retain=True, packet_id=7))
+    rec = client.expect(PubRec)
+    assert (rec.packet_id, rec.reason_code) == (7, 0x97)
+    assert live.get().payload == big + b"2"
+    client.send(Publish(topic, b"id 7 again", 2, packet_id=7))  # a new publication, not a resend
+    assert client.expect(PubRec).reason_code == 0
+    assert live.get().payload == b"id 7 again"
+    paho(address).publish(topic, big + b"3", 1, retain=True)  # 3.1.1: acknowledged as usual
+    assert live.get().payload == big + b"3"
+
+    late = paho(address)
+    late.subscribe(topic, 1)
+    kept = late.get()
+    assert (kept.payload, kept.retain) == (b"y" * RETAINED_LIMIT, True)
+    late.no_message(0.25)
+    assert process.log_text().count(f"retained message on '{topic}'") == 3
+    with urllib.request.urlopen(process.http_url + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    refused = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "kittiwake_retained_refused_total"
+    ]
+    assert refused == [3]
+
+
+def test_a_jms_retained_message_over_the_limit_is_delivered_but_not_retained(broker, paho):
+    """The limit is the core's: a JMS message with JMS_IBM_Retain = 1 over it reaches a live
+    subscriber and is not retained."""
+    from proton import Message
+    from proton.utils import BlockingConnection
+
+    process = broker(amqp=True, limits={"max_retained_payload": RETAINED_LIMIT})
+    topic = unique("ret/jms-limit")
+    live = paho(process.address)
+    live.subscribe(topic, 1)
+    connection = BlockingConnection(process.amqp_url, timeout=10)
+    try:
+        sender = connection.create_sender(f"topic://{topic}")
+        for body in (b"small", b"z" * (RETAINED_LIMIT + 1)):
+            sender.send(
+                Message(body=body, durable=True, inferred=True, properties={"JMS_IBM_Retain": 1})
+            )
+    finally:
+        connection.close()
+    assert [m.payload for m in live.get_many(2)] == [b"small", b"z" * (RETAINED_LIMIT + 1)]
+    late = paho(process.address)
+    late.subscribe(topic, 1)
+    assert late.get().payload == b"small"
+    late.no_message(0.25)

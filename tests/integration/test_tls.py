@@ -237,3 +237,107 @@ def test_flight_over_tls_with_users(tmp_path: Path, pki: PKI) -> None:
             await app.stop()
 
     asyncio.run(body())
+
+
+# -- AMQP and HTTPS listeners with the same tls table ------------------------------------------
+
+
+def amqps_connection(process: BrokerProcess, pki: PKI, *, cert: bool, **kwargs: object):
+    """A python-qpid-proton blocking connection over TLS, checking the broker against the CA
+    (and showing alice's certificate with ``cert``)."""
+    from proton import SSLDomain
+    from proton.utils import BlockingConnection
+
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(pki.ca))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    if cert:
+        domain.set_credentials(str(pki.alice.certificate), str(pki.alice.key), None)
+    url = f"amqps://localhost:{process.amqp_port}"
+    return BlockingConnection(url, timeout=10, ssl_domain=domain, **kwargs)
+
+
+def test_proton_over_tls_sends_and_receives_on_an_amqp_listener(broker, pki):
+    from proton import Message
+
+    process = broker(amqp={"tls": tls_table(pki)}, store={"backend": "memory"})
+    connection = amqps_connection(process, pki, cert=False)
+    try:
+        queue = unique("tls-amqp")
+        connection.create_sender(queue).send(Message(body="encrypted"))
+        receiver = connection.create_receiver(queue)
+        assert receiver.receive(timeout=10).body == "encrypted"
+        receiver.accept()
+    finally:
+        connection.close()
+    assert "AMQP over TLS listening" in process.log_text()
+
+
+def test_an_amqp_client_certificate_names_the_user_by_sasl_external(broker, pki, tmp_path):
+    """certificate_user = "cn" on an amqp listener: a client that shows alice's certificate
+    and no password logs in as alice (SASL EXTERNAL) although users exist, anonymous access
+    is off, and only alice may send to her queue."""
+    from proton import Message
+    from proton.utils import LinkDetached
+
+    users = tmp_path / "users"
+    kittiwake_passwd(users, "someone", "else")
+    queue = unique("alice-q")
+    process = broker(
+        amqp={"tls": tls_table(pki, ca=str(pki.ca), certificate_user="cn")},
+        auth={
+            "password_file": str(users),
+            "allow_anonymous": False,
+            "acl": [{"users": ["alice"], "send": [queue], "receive": [queue]}],
+        },
+        store={"backend": "memory"},
+    )
+    connection = amqps_connection(process, pki, cert=True)
+    try:
+        connection.create_sender(queue).send(Message(body="by certificate"))
+        receiver = connection.create_receiver(queue)
+        assert receiver.receive(timeout=10).body == "by certificate"
+        receiver.accept()
+        with pytest.raises(LinkDetached, match="unauthorized-access"):
+            connection.create_sender(unique("not-hers"))
+    finally:
+        connection.close()
+    from proton import ConnectionException
+
+    with pytest.raises(ConnectionException, match="unauthorized-access"):  # no user at all
+        amqps_connection(process, pki, cert=False)
+
+
+def test_kittiwake_status_against_an_https_listener(broker, pki):
+    """The admin commands reach an http listener with a tls table over https://, checking it
+    against --cafile."""
+    from .test_admin_commands import kittiwake
+
+    process = broker(http={"tls": tls_table(pki), "allow_anonymous": True})
+    url = f"https://127.0.0.1:{process.http_port}"
+    status = kittiwake("status", "--url", url, "--cafile", str(pki.ca))
+    assert status.returncode == 0, status.stderr
+    assert "version" in status.stdout
+    unchecked = kittiwake("status", "--url", url)  # the test CA is not a system one
+    assert unchecked.returncode != 0
+
+
+def test_an_https_client_certificate_names_the_user(broker, pki, tmp_path):
+    """certificate_user = "cn" on an http listener: alice's certificate is her login (she is
+    an admin), with no Basic header; without it the request is refused."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    users = tmp_path / "users"
+    kittiwake_passwd(users, "someone", "else")
+    process = broker(
+        http={"tls": tls_table(pki, ca=str(pki.ca), certificate_user="cn")},
+        auth={"password_file": str(users), "admins": ["alice"]},
+    )
+    url = f"https://127.0.0.1:{process.http_port}/api/status"
+    with urllib.request.urlopen(url, context=client_context(pki, cert=True), timeout=10) as ok:
+        assert "version" in json.loads(ok.read())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, context=client_context(pki), timeout=10)
+    assert refused.value.code == 401

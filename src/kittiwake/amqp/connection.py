@@ -110,8 +110,11 @@ class AMQPConnection:
         check: CredentialCheck | None = None,
         handler: LinkHandler | None = None,
         peer: str = "",
+        certificate_name: str | None = None,
     ) -> None:
         self.config = config
+        # The user a verified client certificate names, offered as SASL EXTERNAL.
+        self.certificate_name = certificate_name
         self.clock = clock
         self.peer = peer
         self.allow_anonymous = allow_anonymous
@@ -247,7 +250,11 @@ class AMQPConnection:
                     return
                 self._refuse_header()
                 return
-            self.sasl = SaslServer(allow_anonymous=self.allow_anonymous, check=self._check)
+            self.sasl = SaslServer(
+                allow_anonymous=self.allow_anonymous,
+                check=self._check,
+                certificate_name=self.certificate_name,
+            )
             self._output.append(SASL_HEADER + self.sasl.start())
             self.phase = Phase.SASL
             self._header = b""

@@ -17,6 +17,7 @@ Translation only: every delivery rule is the core's.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable
@@ -74,7 +75,7 @@ from kittiwake.broker.shared_subscriptions import (
 )
 from kittiwake.broker.subscription_filters import EntrySelector, EntrySubject, FilteringReceiver
 from kittiwake.broker.temporary_destinations import TemporaryDestinations
-from kittiwake.broker.topics import TopicError, validate_topic_name
+from kittiwake.broker.topics import TopicError, quoted_topic, validate_topic_name
 from kittiwake.selector import InvalidSelector, Selector, compile_selector
 
 if TYPE_CHECKING:
@@ -122,6 +123,19 @@ class LinkLayer:
         return principal.username if principal is not None else None
 
     @property
+    def who(self) -> str:
+        """Who a refusal's log line is about: user, client (container) id and address."""
+        container = None
+        # A container id that is not UTF-8 is the peer's malformed input, not a reason to fail.
+        with contextlib.suppress(UnicodeDecodeError):
+            container = self.connection.engine.remote_container
+        user = self.principal_name
+        return (
+            f"user {quoted_topic(user) if user is not None else '(anonymous)'}, "
+            f"client id {quoted_topic(container or '')}, {self.connection.peer}"
+        )
+
+    @property
     def permissions(self) -> Permissions:
         """What this connection's user may do: made on first use (links attach only after
         SASL said who it is) and kept, like an MQTT connection's."""
@@ -147,13 +161,7 @@ class LinkLayer:
         if self.temporaries.is_temporary(queue):
             return
         if not self.permissions.queues.may(action, queue):
-            log.info(
-                "amqp %s: user %s may not %s queue %r",
-                self.connection.peer,
-                self.principal_name or "(anonymous)",
-                action,
-                queue,
-            )
+            log.info("amqp %s: may not %s queue %s", self.who, action, quoted_topic(queue))
             raise TerminusError(f"may not {action} queue {queue}", UNAUTHORIZED_ACCESS)
 
     def clocks(self) -> Clocks:
@@ -236,7 +244,15 @@ class LinkLayer:
     # -- attaching --------------------------------------------------------------------------
 
     def _refuse(self, link: Link, condition: str, description: str) -> None:
-        log.info("amqp %s: link %r refused: %s", self.connection.peer, link.name, description)
+        terminus = link.remote_target if link.is_receiver else link.remote_source
+        log.info(
+            "amqp %s: link %s %s %s refused: %s",
+            self.who,
+            quoted_topic(link.name),
+            "to" if link.is_receiver else "from",
+            quoted_topic(terminus.address or "(no address)"),
+            description,
+        )
         link.condition = Condition(condition, description)
         # A refused attach names no node (AMQP 1.0 section 2.6.3).
         _set_address(link.target if link.is_receiver else link.source, None)
@@ -502,16 +518,20 @@ class ProducerLink:
             try:
                 validate_topic_name(name)
             except TopicError as exc:
-                self._reject(delivery, "amqp:invalid-field", f"not a valid topic name: {exc}")
+                self._reject(
+                    delivery, "amqp:invalid-field", f"not a valid topic name: {exc}", to=name
+                )
                 return
             if not layer.permissions.may_publish(name):
-                self._reject(delivery, UNAUTHORIZED_ACCESS, f"may not publish to {name}")
+                self._reject(
+                    delivery, UNAUTHORIZED_ACCESS, f"may not publish to {name}", to=name
+                )
                 return
         elif request.name is None:  # an anonymous relay's queue: checked per transfer
             try:
                 layer.check_queue_access("send", name)
             except TerminusError as exc:
-                self._reject(delivery, exc.condition, str(exc))
+                self._reject(delivery, exc.condition, str(exc), to=name)
                 return
         if delivery.remote_state == TRANSACTIONAL_STATE:
             staged = layer.coordinator.find(delivery.remote.data)
@@ -556,8 +576,22 @@ class ProducerLink:
         delivery.settle()
         self.layer.connection.wake()
 
-    def _reject(self, delivery: ProtonDelivery, condition: str, description: str) -> None:
-        log.info("amqp %s: transfer rejected: %s", self.layer.connection.peer, description)
+    def _reject(
+        self,
+        delivery: ProtonDelivery,
+        condition: str,
+        description: str,
+        to: str | None = None,
+    ) -> None:
+        """Refuse one transfer (the link stays), logged with who sent it and where to: ``to``
+        where the transfer itself named it (an anonymous relay), else the link's address."""
+        address = to if to is not None else self.request.name
+        log.info(
+            "amqp %s: transfer to %s rejected: %s",
+            self.layer.who,
+            quoted_topic(address) if address is not None else "(anonymous relay)",
+            description,
+        )
         delivery.local.condition = Condition(condition, description)
         delivery.update(ProtonDelivery.REJECTED)
         delivery.settle()
@@ -878,6 +912,13 @@ class TopicConsumerLink(ConsumerLink):
         return True
 
     def _refuse(self, condition: str, description: str) -> bool:
+        log.info(
+            "amqp %s: link %s from topic %s refused: %s",
+            self.layer.who,
+            quoted_topic(self.link.name),
+            quoted_topic(self.name),
+            description,
+        )
         self.link.condition = Condition(condition, description)
         self.link.close()
         return False

@@ -37,6 +37,9 @@ MAX_PIPELINED_WHILE_CHECKING = 64 * 1024
 
 PLAIN = "PLAIN"
 ANONYMOUS = "ANONYMOUS"
+# The identity the TLS layer proved (RFC 4422 appendix A): offered only when the listener maps
+# client certificates to users (tls.certificate_user) and the client showed a verified one.
+EXTERNAL = "EXTERNAL"
 
 # Checks a username and password; True = authenticated, or a future of that when the answer
 # needs slow work (hashing a password, off the loop). The one hook for the authentication
@@ -75,14 +78,23 @@ class SaslServer:
         "_check",
         "_checked_user",
         "allow_anonymous",
+        "certificate_name",
         "checking",
         "done",
         "principal",
         "rest",
     )
 
-    def __init__(self, *, allow_anonymous: bool, check: CredentialCheck | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        allow_anonymous: bool,
+        check: CredentialCheck | None = None,
+        certificate_name: str | None = None,
+    ) -> None:
         self.allow_anonymous = allow_anonymous
+        # The user the client's verified TLS certificate names (EXTERNAL); None: no such.
+        self.certificate_name = certificate_name
         self._check = check
         self._buffer = b""
         self.done = False
@@ -94,7 +106,9 @@ class SaslServer:
 
     @property
     def mechanisms(self) -> list[str]:
-        return [PLAIN, ANONYMOUS] if self.allow_anonymous else [PLAIN]
+        offered = [PLAIN, ANONYMOUS] if self.allow_anonymous else [PLAIN]
+        # First: a client that can use the certificate it already showed picks it.
+        return [EXTERNAL, *offered] if self.certificate_name is not None else offered
 
     def start(self) -> bytes:
         """The server's first frame: sasl-mechanisms."""
@@ -147,6 +161,13 @@ class SaslServer:
         return encode_frame(FRAME_TYPE_SASL, 0, Described(ulong(SASL_OUTCOME), [ubyte(code.value)]))
 
     def _authenticate(self, mechanism: str, response: bytes) -> Principal | None:
+        if mechanism == EXTERNAL:
+            # The response is an authorisation identity to act as: none, or the certificate's
+            # own name (acting as someone else is not offered).
+            name = self.certificate_name
+            if name is None or response not in (b"", name.encode("utf-8")):
+                return None
+            return Principal(EXTERNAL, name)
         if mechanism == ANONYMOUS:
             return Principal(ANONYMOUS, None) if self.allow_anonymous else None
         if mechanism != PLAIN:

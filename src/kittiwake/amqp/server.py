@@ -14,7 +14,7 @@ from kittiwake.amqp.sasl import CredentialCheck
 from kittiwake.broker.authentication import Authentication, Credentials, Principal, Refusal
 from kittiwake.broker.broker import Broker
 from kittiwake.config import ListenerConfig
-from kittiwake.tls import server_context
+from kittiwake.tls import certificate_user, server_context
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ class AMQPServerProtocol(asyncio.Protocol):
     __slots__ = (
         "_admitted",
         "_allow_anonymous",
+        "_certificate_user",
         "_flush_scheduled",
         "_loop",
         "_server",
@@ -40,10 +41,17 @@ class AMQPServerProtocol(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, server: AMQPServer, allow_anonymous: bool | None = None) -> None:
+    def __init__(
+        self,
+        server: AMQPServer,
+        allow_anonymous: bool | None = None,
+        certificate_user: str = "none",
+    ) -> None:
         self._server = server
         # The listener's anonymous policy; None: the broker's.
         self._allow_anonymous = allow_anonymous
+        # The listener's tls.certificate_user: how a client certificate names its user.
+        self._certificate_user = certificate_user
         self._loop = asyncio.get_running_loop()
         self._flush_scheduled = False
         self.transport: asyncio.Transport | None = None
@@ -75,6 +83,9 @@ class AMQPServerProtocol(asyncio.Protocol):
             allow_anonymous=authentication.anonymous_allowed(self._allow_anonymous),
             check=self._server.credential_check(address),
             peer=peer_text,
+            certificate_name=certificate_user(
+                transport.get_extra_info("peercert"), self._certificate_user
+            ),
         )
         connection.handler = self._server.new_handler(connection)
         connection.wakeup = self.schedule_flush
@@ -222,8 +233,9 @@ class AMQPServer:
         policy = listener.allow_anonymous
         allow_anonymous = None if policy == "auto" else bool(policy)
         tls = server_context(listener.tls) if listener.tls.enabled else None
+        mode = listener.tls.certificate_user
         server = await loop.create_server(
-            lambda: AMQPServerProtocol(self, allow_anonymous), host, port, ssl=tls
+            lambda: AMQPServerProtocol(self, allow_anonymous, mode), host, port, ssl=tls
         )
         self._servers.append(server)
         address = server.sockets[0].getsockname()

@@ -31,7 +31,7 @@ from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
 from kittiwake.broker.periodic import run_every
 from kittiwake.broker.publishing import PendingCommits
-from kittiwake.broker.queues import Queue, QueuedBytes, QueuedMessage, Removal
+from kittiwake.broker.queues import Queue, QueuedMessage, QueueTotals, Removal
 from kittiwake.broker.retained import RetainedMessages
 from kittiwake.broker.route_plans import RoutePlan, RoutePlans
 from kittiwake.broker.sessions import (
@@ -99,6 +99,8 @@ class BrokerStats:
     stalled_subscribers: int = 0
     # Times the broker-wide queued-bytes bound held every publisher back.
     total_bound_engaged: int = 0
+    # Retained publications not retained: payload over limits.max_retained_payload.
+    retained_refused: int = 0
     # Per protocol, by the front end's name for itself ("mqtt", "amqp"...).
     protocols: dict[str, ProtocolStats] = field(default_factory=dict)
 
@@ -147,8 +149,9 @@ class Broker:
         # New connections per client address, for every listener (connection_admission.py).
         self.admission = ConnectionAdmission(self.config.limits, self.clock)
         self.sessions: dict[str, Session] = {}
-        # Bytes waiting in all of this broker's queues (max_total_queued_bytes reads it).
-        self.queue_totals = QueuedBytes()
+        # Bytes waiting in all of this broker's queues (max_total_queued_bytes reads it), and
+        # those whose drops the tick reports.
+        self.queue_totals = QueueTotals()
         # Ids held by connections of other protocols than MQTT (JMS), one registry with them.
         self.client_ids = ClientIds(self.sessions)
         self.retained = RetainedMessages()
@@ -383,6 +386,7 @@ class Broker:
         session.subscriptions.clear()
         self.retained_cursors.pop(session, None)
         session.queue.drain()
+        session.queue.end_drop_report()
         session.consumer.unsettled.clear()
         session.queue.in_flight = 0
         session.clear_keys()
@@ -395,7 +399,7 @@ class Broker:
 
     def tick(self) -> None:
         """Fire due timers: wills, session expiry, retained expiry, finished fenced writers,
-        delayed messages. Called about once a second."""
+        delayed messages; report queues' drops. Called about once a second."""
         now = self.clock.now()
         for session in self.timers.due(now):
             if session.will_at is not None and now >= session.will_at:
@@ -414,6 +418,7 @@ class Broker:
         for session in self.pumps.due(now):
             dispatch.pump(self, session)
         self.flow.check(now, self.queued_bytes())
+        self.queue_totals.report_drops()
 
     def queued_bytes(self) -> int:
         """Bytes waiting in every session's, shared group's and JMS queue (a running total
@@ -478,6 +483,8 @@ class Broker:
 
     # Accept a publication; the completion says when the publisher may be told it is safe.
     publish = publishing.publish
+    # A retained publication over limits.max_retained_payload: delivered, not retained.
+    retained_too_large = publishing.retained_too_large
 
     def route_plan(self, topic: str) -> RoutePlan:
         """Who gets a publication on ``topic`` (cached until routing changes)."""

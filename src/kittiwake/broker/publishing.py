@@ -17,6 +17,7 @@ every copy.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.completion import Completion
@@ -25,10 +26,13 @@ from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
 from kittiwake.broker.shared_groups import SharedGroup
+from kittiwake.broker.topics import quoted_topic
 
 if TYPE_CHECKING:
     from kittiwake.broker.broker import Broker
     from kittiwake.broker.mqtt_subscriptions import SessionCopy
+
+log = logging.getLogger(__name__)
 
 
 def publish(broker: Broker, message: Message) -> Completion:
@@ -131,8 +135,29 @@ def _accept(broker: Broker, message: Message) -> None:
         retain(broker, message)
 
 
+def retained_too_large(broker: Broker, message: Message) -> bool:
+    """Is this a retained publication whose payload is over ``limits.max_retained_payload``?
+    Such a one is delivered live but not retained (:func:`retain`); front ends ask this to
+    pick their answer (MQTT 5: 0x97 Quota exceeded)."""
+    limit = broker.config.limits.max_retained_payload
+    return bool(limit and message.retain and len(message.payload) > limit)
+
+
 def retain(broker: Broker, message: Message) -> None:
-    """The newest retained message of its topic replaces the older (kept if persistent)."""
+    """The newest retained message of its topic replaces the older (kept if persistent),
+    unless its payload is over the configured limit: then the older one stays."""
+    if retained_too_large(broker, message):
+        broker.stats.retained_refused += 1
+        log.info(
+            "retained message on %s from %s not retained: its payload of %d bytes is over "
+            "limits.max_retained_payload (%d); delivered live, the topic's retained message "
+            "is unchanged",
+            quoted_topic(message.topic),
+            message.origin if message.origin is not None else "the broker",
+            len(message.payload),
+            broker.config.limits.max_retained_payload,
+        )
+        return
     previous = broker.retained.update(message)
     if message.persistent and message.payload:
         broker.store.set_retained(message.topic, message)

@@ -92,6 +92,7 @@ class QueueDestinations:
             queue.detach(consumer)
         for entry in queue.drain():
             self._forget(queue, entry)
+        queue.end_drop_report()
         if self._windows.pop(name, 0):
             self.store.save_queue_window(name, 0)
         return True

@@ -121,15 +121,31 @@ class QueueCounters:
 RemovalHandler = Callable[["Queue", QueuedMessage, Removal], object]
 
 
-class QueuedBytes:
-    """Bytes waiting in every queue that shares this counter (one per broker: sessions',
-    shared groups' and JMS queues), kept by the queues as their own byte counts change, so
-    the broker-wide bound reads one number instead of walking every queue."""
+class QueueTotals:
+    """What every queue of one broker shares (sessions', shared groups' and JMS queues).
 
-    __slots__ = ("bytes",)
+    ``bytes``: bytes waiting in all of them, kept by the queues as their own byte counts
+    change, so the broker-wide bound reads one number instead of walking every queue.
+    ``dropping``: queues that have dropped messages (full queue) lately. A queue's first drop
+    is logged at once; what it drops after that is reported by :meth:`report_drops` from the
+    broker's tick, one line per queue and tick with the true counts, so a flood of drops
+    neither floods the log nor hides how many were lost.
+    """
+
+    __slots__ = ("bytes", "dropping")
 
     def __init__(self) -> None:
         self.bytes = 0
+        # A dict for its insertion order: reports come out in the order the drops began.
+        self.dropping: dict[Queue, None] = {}
+
+    def report_drops(self, *, final: bool = False) -> None:
+        """Log what each dropping queue dropped since its last line (the tick; ``final`` at
+        shutdown). A queue that dropped nothing since is forgotten: its next drop is logged
+        at once again."""
+        for queue in list(self.dropping):
+            if not queue.report_drops() or final:
+                del self.dropping[queue]
 
 
 class Queue:
@@ -155,6 +171,7 @@ class Queue:
         "count",
         "counters",
         "destination",
+        "drops_logged",
         "durable",
         "in_flight",
         "max_bytes",
@@ -179,7 +196,7 @@ class Queue:
         durable: bool = False,
         on_removed: RemovalHandler | None = None,
         destination: Destination | None = None,
-        totals: QueuedBytes | None = None,
+        totals: QueueTotals | None = None,
     ) -> None:
         self.name = name
         # Set when the queue is a destination itself (a JMS queue); None when bindings feed it.
@@ -198,12 +215,14 @@ class Queue:
         self.on_removed = on_removed
         self.bytes = 0
         # The broker-wide count this queue's bytes are part of (its own when it has none).
-        self.totals = totals if totals is not None else QueuedBytes()
+        self.totals = totals if totals is not None else QueueTotals()
         # Entries waiting, visible or not; kept by hand because the hot path asks constantly.
         self.count = 0
         # Entries given to consumers and not settled yet.
         self.in_flight = 0
         self.counters = QueueCounters()
+        # Drops (rejected + discarded) the log has told of so far (QueueTotals.dropping).
+        self.drops_logged = 0
         self.consumers: list[Consumer] = []
         self._cursor = 0
         # Attached consumers with a selector: while any is, dispatch asks each entry who
@@ -246,14 +265,7 @@ class Queue:
             victims: list[QueuedMessage] = []
             if self.policy == "reject_new" or not self._discard_oldest(entry.size, victims):
                 self.counters.rejected += 1
-                if self.counters.rejected == 1 or self.counters.rejected % 1000 == 0:
-                    log.warning(
-                        "queue %s full (%d messages, %d bytes): rejected %d so far",
-                        self.name,
-                        self.count,
-                        self.bytes,
-                        self.counters.rejected,
-                    )
+                self._note_drop()
                 return False, victims
             self._sequence += 1
             entry.sequence = self._sequence
@@ -287,6 +299,56 @@ class Queue:
             heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
         else:
             heapq.heappush(self._returned, (entry.sequence, entry))
+
+    # -- drops: counted at once, logged without flooding ------------------------------------
+
+    @property
+    def dropped(self) -> int:
+        """Entries this queue has refused or pushed out because it was full, ever."""
+        return self.counters.rejected + self.counters.discarded
+
+    def _note_drop(self) -> None:
+        """A drop was just counted: the first of a run is logged at once; the rest are left to
+        :meth:`report_drops` (the broker's tick, and the queue's end), with their true count."""
+        dropping = self.totals.dropping
+        if self in dropping:
+            return
+        dropping[self] = None
+        self.drops_logged = dropped = self.dropped
+        log.warning(
+            "queue %s full (%d messages, %d bytes; %s): dropped a message, %d in all; "
+            "further drops are reported by the broker's tick",
+            self.name,
+            self.count,
+            self.bytes,
+            self.policy,
+            dropped,
+        )
+
+    def report_drops(self) -> bool:
+        """Log the drops since the last line, if any; whether there were any."""
+        dropped = self.dropped
+        since = dropped - self.drops_logged
+        if not since:
+            return False
+        self.drops_logged = dropped
+        log.warning(
+            "queue %s full (%d messages, %d bytes; %s): %d more dropped, %d in all",
+            self.name,
+            self.count,
+            self.bytes,
+            self.policy,
+            since,
+            dropped,
+        )
+        return True
+
+    def end_drop_report(self) -> None:
+        """The queue's end (session end, deletion): the drops not yet logged are, now."""
+        dropping = self.totals.dropping
+        if self in dropping:
+            del dropping[self]
+            self.report_drops()
 
     # -- taking entries out ---------------------------------------------------------------
 
@@ -404,9 +466,7 @@ class Queue:
         deliveries it holds already (RECEIVED) stay unless ``received_too``. Returns how many
         came back."""
         taken = [
-            d
-            for d in consumer.unsettled.values()
-            if received_too or d.state is DeliveryState.SENT
+            d for d in consumer.unsettled.values() if received_too or d.state is DeliveryState.SENT
         ]
         for delivery in taken:
             self.settle(delivery, Settlement.MODIFIED)
@@ -758,10 +818,7 @@ class Queue:
             victims.append(victim)
             if self.on_removed is not None:
                 self.on_removed(self, victim, Removal.DISCARDED)
-        if self.counters.discarded == 1 or self.counters.discarded % 1000 == 0:
-            log.warning(
-                "queue %s full: discarded %d oldest so far", self.name, self.counters.discarded
-            )
+        self._note_drop()
         return True
 
 

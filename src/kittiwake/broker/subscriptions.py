@@ -222,6 +222,7 @@ def remove_subscription(broker: Broker, subscription: Subscription) -> None:
     broker.tree.remove(subscription.topic_filter, group)
     for entry in group.queue.drain():  # nobody left to take them
         broker._entry_removed(group.queue, entry, Removal.PURGED)
+    group.queue.end_drop_report()
 
 
 def send_retained(broker: Broker, subscribed: Subscribed) -> None:

@@ -35,10 +35,15 @@ class TopicError(ValueError):
     """
 
 
-def _show(text: str) -> str:
+def quoted_topic(text: str) -> str:
+    """A topic for a log line or an error message: its repr, cut after a few dozen
+    characters."""
     if len(text) > _SHOW_CHARS:
         return repr(text[:_SHOW_CHARS]) + "..."
     return repr(text)
+
+
+_show = quoted_topic
 
 
 def _check_common(text: str, kind: str, max_levels: int | None) -> None:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from kittiwake.broker.authorization import Authorizer
+from kittiwake.broker.topics import quoted_topic
 from kittiwake.config import LimitsConfig, TLSConfig
 from kittiwake.flight.auth import (
     AuthenticationRefused,
@@ -159,7 +160,7 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         def start() -> flight.FlightDataStream:
             caller = self._caller(context)
             request = RangeRequest.from_ticket(ticket.ticket)
-            self._check_topics(caller, request.topics)
+            self._check_topics(caller, request.topics, context)
             journal_range = self.reader.read(request.start, request.end, request.topics)
             schema = range_schema(
                 request.include_headers,
@@ -211,6 +212,15 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 )
             try:
                 apply(writes, request, caller)
+            except WriteRefused as exc:
+                log.info(
+                    "flight user %s, writer %s, %s: publishing to %s refused: not authorised",
+                    _user_text(caller),
+                    quoted_topic(request.writer),
+                    context.peer(),
+                    quoted_topic(exc.topic),
+                )
+                raise
             finally:
                 self._put_slots.release()
 
@@ -288,15 +298,26 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         caller: Caller = middleware.caller
         return caller
 
-    def _check_topics(self, caller: Caller, topics: tuple[str, ...]) -> None:
+    def _check_topics(self, caller: Caller, topics: tuple[str, ...], context: Any) -> None:
         """A journal read cannot be filtered per message: every topic a filter can match must
-        be readable by the caller (its own ACLs, as for any subscriber)."""
+        be readable by the caller (its own ACLs, as for any subscriber). A refusal is logged
+        with the user and address (a read names no client id)."""
         permissions = self._authorizer.permissions(caller.user, "")
         refused = [t for t in topics if not permissions.may_subscribe_wholly(t)]
         if refused:
+            log.info(
+                "flight user %s, %s: reading %s refused: not authorised",
+                _user_text(caller),
+                context.peer(),
+                quoted_topic(refused[0]),
+            )
             raise flight.FlightUnauthorizedError(
                 f"reading {refused[0]!r} is not authorised (auth.subscribe_* rules, ACLs)"
             )
+
+
+def _user_text(caller: Caller) -> str:
+    return quoted_topic(caller.user) if caller.user is not None else "(anonymous)"
 
 
 def _answered(what: str, handler: Callable[[], T]) -> T:

@@ -21,7 +21,11 @@ class WriteTooLarge(RequestError):
 
 
 class WriteRefused(RequestError):
-    """A put names a topic its caller may not publish to."""
+    """A put names a topic its caller may not publish to (``topic``, for the log)."""
+
+    def __init__(self, message: str, topic: str) -> None:
+        super().__init__(message)
+        self.topic = topic
 
 
 def read_messages(
@@ -77,7 +81,9 @@ def messages_of(
         except TopicError as exc:
             raise RequestError(f"cannot publish to {topic!r}: {exc}") from None
         if not may_publish(topic):
-            raise WriteRefused(f"publishing to {topic!r} is not authorised (auth rules, ACLs)")
+            raise WriteRefused(
+                f"publishing to {topic!r} is not authorised (auth rules, ACLs)", topic
+            )
         if allowed is not None:
             allowed.add(topic)
     topics = topic_column.to_pylist()

@@ -603,12 +603,45 @@ class MQTTConnection:
         commit = self.broker.publish(message)
         if qos == 0:
             return
+        if version == 5 and packet.retain and self.broker.retained_too_large(message):
+            self._answer_not_retained(session, message, commit, packet_id)
+            return
         ack = encode_ack(0x40 if qos == 1 else 0x50, packet_id)
         if commit is None and not self._answers:
             self.transport.write(ack)
             return
         kind = _PUBACK if qos == 1 else _PUBREC
         self._answer(commit, ack, kind, packet_id, None, len(message.payload))
+
+    def _answer_not_retained(
+        self, session: Session, message: Message, commit: Completion, packet_id: int
+    ) -> None:
+        """A retained publication over limits.max_retained_payload: delivered but not
+        retained. A v5 publisher hears it as 0x97 Quota exceeded, the PUBACK/PUBREC code of
+        "an administrative limit was exceeded" (0x9A Retain not supported is not one of
+        theirs); a code of 0x80 or more ends a QoS 2 exchange, so its id is released now."""
+        limit = self.broker.config.limits.max_retained_payload
+        why = f"delivered, not retained: a retained message may have at most {limit} bytes"
+        props = Properties(reason_string=why)
+        if message.qos == 1:
+            self._answer(
+                commit,
+                self._encode(PubAck(packet_id, ReasonCode.QUOTA_EXCEEDED, props), 5),
+                _PUBACK,
+                packet_id,
+                None,
+                len(message.payload),
+            )
+            return
+        released = self.broker.end_exactly_once(session, packet_id)[1]
+        self._answer(
+            all_of(commit, released),
+            self._encode(PubRec(packet_id, ReasonCode.QUOTA_EXCEEDED, props), 5),
+            _PUBREC,
+            packet_id,
+            None,
+            len(message.payload),
+        )
 
     def _refuse_unstored(self, session: Session, qos: int, packet_id: int) -> None:
         """The store could not take the message: never acknowledge it as safe.

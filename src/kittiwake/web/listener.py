@@ -1,6 +1,7 @@
 """The HTTP listener (``protocol = "http"``): aiohttp on the broker's loop, every request
-authenticated like any client (HTTP Basic against the broker's users; anonymous only where the
-listener's policy allows it), serving the console, /metrics and the admin API.
+authenticated like any client (HTTP Basic against the broker's users, or over TLS the user a
+verified client certificate names when ``tls.certificate_user`` says so; anonymous only where
+the listener's policy allows it), serving the console, /metrics and the admin API.
 
 Never blocks the loop: a password that must be hashed is checked on a worker thread.
 """
@@ -18,7 +19,7 @@ from aiohttp import web
 
 from kittiwake.broker.authentication import Authentication, Credentials, Principal, Refusal
 from kittiwake.config import ListenerConfig
-from kittiwake.tls import server_context
+from kittiwake.tls import certificate_user, server_context
 from kittiwake.web.admin_api import ACTION_HEADER, AdminAPI, Handler, Operated, error
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,21 @@ class HTTPListener:
     async def _console_index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(CONSOLE_DIRECTORY / "index.html")
 
+    def _certificate_credentials(self, request: web.Request) -> Credentials | None:
+        """The user a verified client certificate names, as MQTT's login takes it (the
+        certificate wins over a Basic header); None when the listener does not map
+        certificates or the client showed none."""
+        mode = self.listener.tls.certificate_user
+        if mode == "none" or request.transport is None:
+            return None
+        name = certificate_user(request.transport.get_extra_info("peercert"), mode)
+        if name is None:
+            return None
+        return Credentials(certificate_name=name, address=request.remote or "")
+
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        credentials = basic_credentials(
+        credentials = self._certificate_credentials(request) or basic_credentials(
             request.headers.get("Authorization"), request.remote or ""
         )
         verdict: Principal | Refusal | None = Refusal.BAD_CREDENTIALS

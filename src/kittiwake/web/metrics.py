@@ -52,6 +52,8 @@ class MetricsSnapshot:
     subscriber_stalls: int = 0
     stalled_subscribers: int = 0
     total_bound_engaged: int = 0
+    # Retained publications not retained (payload over limits.max_retained_payload).
+    retained_refused: int = 0
     sessions: int = 0
     subscriptions: int = 0
     retained_messages: int = 0
@@ -101,6 +103,7 @@ def snapshot(
         subscriber_stalls=stats.subscriber_stalls,
         stalled_subscribers=stats.stalled_subscribers,
         total_bound_engaged=stats.total_bound_engaged,
+        retained_refused=stats.retained_refused,
         sessions=len(broker.sessions),
         subscriptions=broker.subscription_count,
         retained_messages=len(broker.retained),
@@ -179,6 +182,11 @@ def metric_families(figures: MetricsSnapshot) -> Iterator[Metric]:
     )
     yield GaugeMetricFamily(
         "kittiwake_retained_messages", "Topics with a retained message.", figures.retained_messages
+    )
+    yield CounterMetricFamily(
+        "kittiwake_retained_refused",
+        "Retained publications delivered but not retained: payload over max_retained_payload.",
+        figures.retained_refused,
     )
     depth = GaugeMetricFamily(
         "kittiwake_queue_depth", "Messages waiting in a queue.", labels=["queue", "kind"]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import Queue, QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage, QueueTotals
 
 NOW = 1_000.0
 
@@ -200,6 +204,46 @@ def test_entry_larger_than_the_budget_is_refused_even_when_discarding() -> None:
     assert q.push(entry(b"x" * 20)) == (False, [])
     assert q.counters.rejected == 1 and q.counters.discarded == 0
     assert pop_all(q) == [b"aa"]
+
+
+def _drop_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    lines = [r.getMessage() for r in caplog.records if r.name == "kittiwake.broker.queues"]
+    caplog.clear()
+    return lines
+
+
+@pytest.mark.parametrize("policy", ["reject_new", "discard_oldest"])
+def test_drops_are_logged_first_at_once_then_by_the_tick_with_true_counts(
+    policy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first drop is logged when it happens; later ones only by report_drops (the
+    broker's tick), one line giving how many since the last line and how many in all; a
+    tick with no new drop logs nothing and the next drop is logged at once again."""
+    totals = QueueTotals()
+    q = queue(max_messages=2, policy=policy, totals=totals)
+    q.push(entry(b"a"))
+    q.push(entry(b"b"))
+    with caplog.at_level(logging.WARNING, "kittiwake.broker.queues"):
+        for _ in range(1_500):
+            q.push(entry(b"c"))
+        assert q.dropped == 1_500
+        [first] = _drop_lines(caplog)
+        assert "1 in all" in first and policy in first
+        totals.report_drops()
+        [report] = _drop_lines(caplog)
+        assert "1499 more dropped, 1500 in all" in report
+        totals.report_drops()  # nothing new: quiet, and the run is over
+        assert _drop_lines(caplog) == []
+        totals.report_drops()
+        q.push(entry(b"d"))
+        q.push(entry(b"e"))
+        [again] = _drop_lines(caplog)
+        assert "1501 in all" in again
+        q.end_drop_report()  # the queue's end tells what the tick has not
+        [last] = _drop_lines(caplog)
+        assert "1 more dropped, 1502 in all" in last
+        totals.report_drops()
+        assert _drop_lines(caplog) == []
 
 
 def test_discard_oldest_in_priority_order_drops_lowest_priority_newest() -> None:

@@ -358,3 +358,44 @@ def test_a_cursor_copes_with_topics_of_thousands_of_levels() -> None:
     assert [m.payload for m in retained.cursor("x/+/#")] == [b"deep"]
     retained.update(Message(deep, b"", retain=True))
     assert [m.payload for m in retained.cursor("#")] == [b"shallow"]
+
+
+# -- limits.max_retained_payload ----------------------------------------------------------------
+
+
+def test_a_retained_payload_over_the_limit_is_delivered_but_not_retained(
+    make_harness, caplog
+) -> None:
+    """Over max_retained_payload: the live subscriber still gets it, the topic keeps its older
+    retained message (memory and store), the refusal is counted and logged with topic and
+    publisher; a payload of exactly the limit is retained."""
+    import logging
+
+    harness = make_harness(limits={"max_retained_payload": 4})
+    older = harness.publish("t", b"1234", qos=1, retain=True)
+    session, consumer, _ = harness.connect("live")
+    harness.subscribe(session, "t")
+    consumer.clear()
+    with caplog.at_level(logging.INFO, "kittiwake.broker.publishing"):
+        harness.publish("t", b"12345", qos=1, retain=True, origin="big-publisher")
+    assert consumer.payloads == [b"12345"]
+    assert harness.broker.retained.get("t") is older
+    assert harness.store.retained == {"t": older}
+    assert harness.broker.stats.retained_refused == 1
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "'t'" in line and "big-publisher" in line and "5 bytes" in line
+    late, late_consumer, _ = harness.connect("late")
+    harness.subscribe(late, "t")
+    assert late_consumer.payloads == [b"1234"]
+
+
+def test_the_retained_limit_never_blocks_clearing_or_unretained_messages(make_harness) -> None:
+    """The limit is about what is kept: a large message without RETAIN is not counted, and an
+    empty retained publication still clears the topic."""
+    harness = make_harness(limits={"max_retained_payload": 4})
+    harness.publish("t", b"1", retain=True)
+    harness.publish("t", b"x" * 100)
+    assert harness.broker.stats.retained_refused == 0
+    harness.publish("t", b"", retain=True)
+    assert len(harness.broker.retained) == 0
+    assert harness.broker.retained_too_large(Message("t", b"x" * 100)) is False
