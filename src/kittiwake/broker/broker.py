@@ -411,8 +411,8 @@ class Broker:
             if message.persistent:
                 self.store.set_retained(message.topic, None)
         self.fenced_writes.drop_finished()
-        for session in self.pumps.due(now):
-            dispatch.pump(self, session)
+        for target in self.pumps.due(now):
+            dispatch.pump(self, target)
         self.flow.check(now, self.queued_bytes())
 
     def queued_bytes(self) -> int:
@@ -554,6 +554,7 @@ class Broker:
             max_bytes=limits.max_queued_bytes,
             policy=limits.queue_full_policy,
             totals=self.queue_totals,
+            offers_at_most_once=True,  # QoS 0 goes out at once (or when due), never queued
         )
         consumer = Consumer(None, window=limits.max_inflight, name=client_id)
         queue.attach(consumer)
