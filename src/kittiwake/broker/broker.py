@@ -26,6 +26,7 @@ from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.connection_admission import ConnectionAdmission
 from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, resend
+from kittiwake.broker.durable_subscriptions import DurableDefinitions
 from kittiwake.broker.fenced_writes import FencedWrites
 from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
@@ -157,6 +158,8 @@ class Broker:
         self.retained_cursors: dict[Session, list[RetainedCursor]] = {}
         self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=self.config.limits.match_cache_size)
         self.shared_groups: dict[tuple[str, str], SharedGroup] = {}
+        # JMS durable subscriptions' topic, selector and noLocal (shared or not).
+        self.durable_definitions = DurableDefinitions()
         # JMS shared subscriptions (a namespace apart from MQTT's groups, DESIGN.md section 5).
         self.shared_subscriptions = SharedSubscriptions(self)
         self.stats = BrokerStats()
