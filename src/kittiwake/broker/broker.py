@@ -4,7 +4,8 @@
 
 The rest lives where its name says: the publish path in publishing.py, queues to connections
 in dispatch.py, subscribing in subscriptions.py, MQTT shared subscriptions in shared_groups.py
-and JMS ones in shared_subscriptions.py, the client-id registry in client_ids.py, recovery in
+and JMS ones in shared_subscriptions.py, what makes a JMS durable subscription the same one in
+durable_subscriptions.py, the client-id registry in client_ids.py, recovery in
 recovery.py, wills and session expiry in wills.py, producer flow control in flow_control.py.
 Knows no protocol and no store implementation; runs on one event loop and never blocks; it
 holds no locks.
