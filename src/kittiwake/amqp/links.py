@@ -63,6 +63,7 @@ from kittiwake.broker.broker import Broker, Subscribed, SubscribeRefusal, Subscr
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Settlement
 from kittiwake.broker.destinations import Destination
+from kittiwake.broker.durable_subscriptions import SubscriptionDefinition
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import EntryState, QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
@@ -431,6 +432,10 @@ class LinkLayer:
             if request.durable:
                 consumer.client_id = self.durable_client_id(link)
                 consumer.durable = True
+                if not lookup:  # a lookup takes the subscription as it is
+                    consumer.definition = SubscriptionDefinition.of(
+                        request.name or "", request.selector, request.no_local
+                    )
         link.open()
         if not consumer.start():
             if isinstance(consumer, SharedConsumerLink):
@@ -856,6 +861,8 @@ class TopicConsumerLink(ConsumerLink):
         self.selector: Selector | None = None
         self.no_local = False
         self.durable = False
+        # What a durable subscription is asked for as (None: not durable, or a lookup by name).
+        self.definition: SubscriptionDefinition | None = None
 
     def start(self) -> bool:
         broker = self.layer.broker
@@ -864,8 +871,12 @@ class TopicConsumerLink(ConsumerLink):
             return self._refuse(
                 "amqp:resource-locked", "the subscription has an active consumer already"
             )
-        # Re-subscribing a durable subscription to another topic replaces it (JMS).
-        replace = existing is not None and self.name not in existing.subscriptions
+        definition = self.definition
+        if definition is not None:
+            # Another topic, selector or noLocal replaces a durable subscription (JMS).
+            replace = broker.durable_definitions.replaces(self.client_id, existing, definition)
+        else:
+            replace = existing is not None and self.name not in existing.subscriptions
         connected = broker.connect(
             self.client_id,
             self,
@@ -894,6 +905,8 @@ class TopicConsumerLink(ConsumerLink):
                 )
                 return self._refuse(condition, f"cannot subscribe: {result.value}")
             subscribed = result
+        if definition is not None:
+            broker.durable_definitions.define(self.client_id, definition)
         broker.start_delivery(session)  # what was in flight goes out again, nothing new yet
         if self.selector is not None or self.no_local:
             # Applied where the subscription's own queue hands entries over (see
@@ -942,6 +955,7 @@ class TopicConsumerLink(ConsumerLink):
             broker = self.layer.broker
             if remove and self.durable:
                 broker.set_session_expiry(session, 0)  # unsubscribed: it ends now
+                broker.durable_definitions.forget(self.client_id)
             broker.disconnect(session, publish_will=False)
         self.unsettled.clear()
 

@@ -4,7 +4,8 @@
 
 The rest lives where its name says: the publish path in publishing.py, queues to connections
 in dispatch.py, subscribing in subscriptions.py, MQTT shared subscriptions in shared_groups.py
-and JMS ones in shared_subscriptions.py, the client-id registry in client_ids.py, recovery in
+and JMS ones in shared_subscriptions.py, what makes a JMS durable subscription the same one in
+durable_subscriptions.py, the client-id registry in client_ids.py, recovery in
 recovery.py, wills and session expiry in wills.py, producer flow control in flow_control.py.
 Knows no protocol and no store implementation; runs on one event loop and never blocks; it
 holds no locks.
@@ -26,6 +27,7 @@ from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.connection_admission import ConnectionAdmission
 from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, resend
+from kittiwake.broker.durable_subscriptions import DurableDefinitions
 from kittiwake.broker.fenced_writes import FencedWrites
 from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
@@ -160,6 +162,8 @@ class Broker:
         self.retained_cursors: dict[Session, list[RetainedCursor]] = {}
         self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=self.config.limits.match_cache_size)
         self.shared_groups: dict[tuple[str, str], SharedGroup] = {}
+        # JMS durable subscriptions' topic, selector and noLocal (shared or not).
+        self.durable_definitions = DurableDefinitions()
         # JMS shared subscriptions (a namespace apart from MQTT's groups, DESIGN.md section 5).
         self.shared_subscriptions = SharedSubscriptions(self)
         self.stats = BrokerStats()
@@ -415,8 +419,8 @@ class Broker:
             if message.persistent:
                 self.store.set_retained(message.topic, None)
         self.fenced_writes.drop_finished()
-        for session in self.pumps.due(now):
-            dispatch.pump(self, session)
+        for target in self.pumps.due(now):
+            dispatch.pump(self, target)
         self.flow.check(now, self.queued_bytes())
         self.queue_totals.report_drops()
 
@@ -561,6 +565,7 @@ class Broker:
             max_bytes=limits.max_queued_bytes,
             policy=limits.queue_full_policy,
             totals=self.queue_totals,
+            offers_at_most_once=True,  # QoS 0 goes out at once (or when due), never queued
         )
         consumer = Consumer(None, window=limits.max_inflight, name=client_id)
         queue.attach(consumer)

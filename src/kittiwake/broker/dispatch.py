@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage
 from kittiwake.broker.sessions import Session, SessionLink
 from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.store import Store
@@ -92,13 +92,15 @@ def resend(broker: Broker, session: Session, link: SessionLink) -> None:
 
 
 def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
-    """Queue one copy for a session; QoS 0 goes straight out or nowhere. True when pumping
-    is needed."""
+    """Queue one copy for a session; QoS 0 goes straight out or nowhere (once its delivery
+    time has come, if it has one). True when pumping is needed."""
     queue = session.queue
     if entry.qos == 0:
-        if queue.offer(entry):
-            broker.stats.messages_sent += 1
-        return False
+        if entry.message.delivery_time is None:
+            if queue.offer(entry):
+                broker.stats.messages_sent += 1
+            return False
+        return hold_until_due(broker, queue, entry)
     # The queue of a persistent session is durable (an attribute: no property call here).
     if session.link is None and not queue.durable:
         return False
@@ -134,9 +136,11 @@ def enqueue_shared(broker: Broker, group: SharedGroup, message: Message) -> bool
     entry = QueuedMessage.of(message, group.max_qos)
     queue = group.queue
     if entry.qos == 0:
-        if queue.offer(entry):
-            broker.stats.messages_sent += 1
-        return False
+        if message.delivery_time is None:
+            if queue.offer(entry):
+                broker.stats.messages_sent += 1
+            return False
+        return hold_until_due(broker, queue, entry)
     if not queue.push(entry)[0]:
         broker.stats.messages_dropped += 1
         return False
@@ -147,6 +151,24 @@ def enqueue_shared(broker: Broker, group: SharedGroup, message: Message) -> bool
     return True
 
 
+def hold_until_due(broker: Broker, queue: Queue, entry: QueuedMessage) -> bool:
+    """An at-most-once copy with a delivery time: it waits in the queue's delayed entries
+    (never stored) and is offered when due (``Queue.offers_at_most_once``), to whoever is
+    connected then. Nobody connected now: nowhere, as any QoS 0 copy. True when pumping is
+    needed (the pump registers the queue for the ticks that make it due)."""
+    delivery_time = entry.message.delivery_time
+    if delivery_time is None or delivery_time <= broker.clock.now():
+        if queue.offer(entry):
+            broker.stats.messages_sent += 1
+        return False
+    if not any(consumer.receiver is not None for consumer in queue.consumers):
+        return False
+    if not queue.push(entry)[0]:
+        broker.stats.messages_dropped += 1
+        return False
+    return True
+
+
 def pump(broker: Broker, target: Session | SharedGroup) -> None:
     """Move queued messages into flight while the consumers' windows have room.
 
@@ -154,8 +176,11 @@ def pump(broker: Broker, target: Session | SharedGroup) -> None:
     acknowledgement frees may be theirs to use.
     """
     if isinstance(target, SharedGroup):
-        if target.queue.count:
-            broker.stats.messages_sent += target.queue.dispatch(broker.clock.now())
+        group_queue = target.queue
+        if group_queue.count:
+            broker.stats.messages_sent += group_queue.dispatch(broker.clock.now())
+            if group_queue.next_visible_time() is not None:
+                broker.pumps.delayed.add(target)
         return
     session = target
     if session.consumer.receiver is None:
@@ -186,8 +211,9 @@ class PumpSchedule:
         # None = no loop (unit tests): pump at once.
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[Session | SharedGroup, None] = {}
-        # Sessions whose queue holds entries not visible yet (delivery time): ticks pump them.
-        self.delayed: set[Session] = set()
+        # Sessions and groups whose queue holds entries not visible yet (delivery time):
+        # ticks pump them.
+        self.delayed: set[Session | SharedGroup] = set()
 
     def soon(self, target: Session | SharedGroup) -> None:
         """Pump this session (or group) once the current loop turn has done its reading."""
@@ -212,14 +238,20 @@ class PumpSchedule:
 
     _run = run
 
-    def due(self, now: float) -> list[Session]:
-        """Sessions whose delayed entries are visible by now (and that can take them)."""
-        broker = self._broker
-        ready = []
-        for session in list(self.delayed):
-            due = session.queue.next_visible_time()
-            if due is None or broker.sessions.get(session.client_id) is not session:
-                self.delayed.discard(session)
-            elif due <= now and session.link is not None:
-                ready.append(session)
+    def due(self, now: float) -> list[Session | SharedGroup]:
+        """Sessions and groups whose delayed entries are visible by now (and that can take
+        them: a session while connected; a group's pump finds its connected members)."""
+        ready: list[Session | SharedGroup] = []
+        for target in list(self.delayed):
+            due = target.queue.next_visible_time()
+            if due is None or not self._alive(target):
+                self.delayed.discard(target)
+            elif due <= now and (isinstance(target, SharedGroup) or target.link is not None):
+                ready.append(target)
         return ready
+
+    def _alive(self, target: Session | SharedGroup) -> bool:
+        broker = self._broker
+        if isinstance(target, SharedGroup):
+            return broker.shared_groups.get((target.name, target.topic_filter)) is target
+        return broker.sessions.get(target.client_id) is target

@@ -155,6 +155,11 @@ class Queue:
     delayed heap until their delivery time. Entries given back by consumers wait in a heap of
     their own, by arrival, ahead of the rest, so a redelivery keeps its place.
     :meth:`dispatch` moves waiting entries to consumers that have credit, in turn.
+
+    A queue whose owner offers at-most-once entries instead of queueing them (a session's, a
+    shared group's: ``offers_at_most_once``) holds such an entry only while its delivery time
+    is ahead; when it is due it is offered (:meth:`offer`), as it would have been at once had
+    it had no delivery time, and never waits for credit.
     """
 
     __slots__ = (
@@ -178,6 +183,7 @@ class Queue:
         "max_delivery_attempts",
         "max_messages",
         "name",
+        "offers_at_most_once",
         "on_removed",
         "ordering",
         "policy",
@@ -197,8 +203,12 @@ class Queue:
         on_removed: RemovalHandler | None = None,
         destination: Destination | None = None,
         totals: QueueTotals | None = None,
+        offers_at_most_once: bool = False,
     ) -> None:
         self.name = name
+        # Due at-most-once entries are offered, not queued for credit (see the class text);
+        # False for a queue destination, whose consumers compete for every entry alike.
+        self.offers_at_most_once = offers_at_most_once
         # Set when the queue is a destination itself (a JMS queue); None when bindings feed it.
         self.destination = destination
         self.max_messages = max_messages
@@ -480,6 +490,12 @@ class Queue:
         """
         if not self.count:
             return 0
+        delayed = self._delayed
+        if delayed and delayed[0][0] <= now and self.offers_at_most_once:
+            # Due at-most-once entries go out first, whatever the consumers' credit.
+            offered = self._release_delayed(now)
+            if offered:
+                return offered + self.dispatch(now)
         if self._selective:
             return self._dispatch_selective(now)
         consumers = self.consumers
@@ -774,9 +790,26 @@ class Queue:
                 ready = self._ready = deque()
             ready.append(entry)
 
-    def _release_delayed(self, now: float) -> None:
+    def _release_delayed(self, now: float) -> int:
+        """Make due entries visible; a due at-most-once entry of a queue that offers them is
+        offered instead (or dropped, expired or with nobody to take it). Returns how many
+        were offered."""
+        offered = 0
         while self._delayed and self._delayed[0][0] <= now:
             entry = heapq.heappop(self._delayed)[2]
+            if entry.qos == 0 and self.offers_at_most_once:
+                message = entry.message
+                size = len(message.payload) + len(message.topic)
+                self.bytes -= size
+                self.totals.bytes -= size
+                self.count -= 1
+                if message.expiry is not None and now >= message.expiry:
+                    self.counters.expired += 1
+                    if self.on_removed is not None:
+                        self.on_removed(self, entry, Removal.EXPIRED)
+                elif self.offer(entry):
+                    offered += 1
+                continue
             # It arrives now, behind what arrived while it waited. Visibility is this queue's
             # state: the shared, immutable Message keeps its delivery time.
             self._sequence += 1
@@ -785,6 +818,7 @@ class Queue:
                 heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
             else:
                 self._append_ready(entry)
+        return offered
 
     def _append_ready(self, entry: QueuedMessage) -> None:
         ready = self._ready

@@ -11,10 +11,10 @@ connected while any link consumes, and gives back what a restart left in flight 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Receiver, Settlement
+from kittiwake.broker.durable_subscriptions import SubscriptionDefinition, redefined
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session, SessionLink
 from kittiwake.broker.store import Store
@@ -36,19 +36,9 @@ def shared_client_id(scope: str, name: str, *, durable: bool) -> str:
     return f"$durable/{scope}/{name}" if durable else f"$shared/{scope}/{name}"
 
 
-@dataclass(frozen=True, slots=True)
-class SharedDefinition:
-    """What a shared subscription is: every consumer of it must ask for the same (JMS 2.0
-    section 8.3); ``selector`` is the selector's text, None for none."""
-
-    topic: str
-    selector: str | None = None
-    no_local: bool = False
-
-    @classmethod
-    def of(cls, topic: str, selector: str | None, no_local: bool = False) -> SharedDefinition:
-        text = (selector or "").strip()
-        return cls(topic, text or None, no_local)
+# What a shared subscription is: every consumer of it must ask for the same (JMS 2.0
+# section 8.3).
+SharedDefinition = SubscriptionDefinition
 
 
 class SharedRefusal(str):
@@ -129,10 +119,7 @@ class SharedSubscription:
         existing = broker.sessions.get(self.client_id)
         if existing is not None and existing.link is not None and existing.link is not self:
             return "the subscription name is in use by an unshared durable subscription"
-        replace = existing is not None and (
-            self.topic not in existing.subscriptions
-            or (previous is not None and previous != self.definition)
-        )
+        replace = redefined(existing, previous, self.definition)
         connected = broker.connect(
             self.client_id,
             self,  # the hub is the session's link
@@ -246,14 +233,14 @@ class SharedSubscription:
 
 class SharedSubscriptions:
     """Every shared subscription of the broker, by its session's client id: the ones with
-    consumers, and the definitions of durable ones nobody consumes from now (so re-creating
-    one with another topic or selector replaces it). Those definitions live as long as the
-    process: after a restart, the first consumer of a durable subscription defines it."""
+    consumers; the definitions of durable ones (so re-creating one nobody consumes from with
+    another topic or selector replaces it) are the broker's durable definitions, shared with
+    unshared durable subscriptions (see durable_subscriptions.py)."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.active: dict[str, SharedSubscription] = {}
-        self.definitions: dict[str, SharedDefinition] = {}
+        self.definitions = broker.durable_definitions
 
     def join(
         self, client_id: str, definition: SharedDefinition, *, durable: bool
@@ -279,7 +266,7 @@ class SharedSubscriptions:
         previous = self.definitions.get(client_id) if subscription.durable else None
         error = subscription.open(previous)
         if error is None and subscription.durable:
-            self.definitions[client_id] = subscription.definition
+            self.definitions.define(client_id, subscription.definition)
         return error
 
     def leave(self, subscription: SharedSubscription, *, unsubscribe: bool) -> None:
@@ -291,4 +278,4 @@ class SharedSubscriptions:
         if self.active.get(client_id) is subscription:
             del self.active[client_id]
         if unsubscribe or not subscription.durable:
-            self.definitions.pop(client_id, None)
+            self.definitions.forget(client_id)

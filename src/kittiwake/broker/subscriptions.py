@@ -180,6 +180,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
                 max_bytes=broker.config.limits.max_queued_bytes,
                 policy=broker.config.limits.queue_full_policy,
                 totals=broker.queue_totals,
+                offers_at_most_once=True,
             ),
         )
         group.queue.on_removed = broker._entry_removed

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from proton import Message, Timeout, byte, short, symbol
-from proton.reactor import DurableSubscription
+from proton.reactor import DurableSubscription, Selector
 from proton.utils import BlockingConnection, LinkDetached
 
 from ..brokerproc import BrokerProcess
@@ -86,6 +86,59 @@ def test_another_topic_replaces_the_subscription(amqp: Connect) -> None:
     receiver = subscribe(again, second_topic, "sub")
     amqp().create_sender(f"topic://{second_topic}").send(Message(body="new topic"))
     assert bodies(receiver, 1) == ["new topic"]
+
+
+def selective(connection: BlockingConnection, topic: str, name: str, selector: str) -> Any:
+    return connection.create_receiver(
+        f"topic://{topic}",
+        name=name,
+        credit=10,
+        options=[DurableSubscription(), Selector(selector)],
+    )
+
+
+def numbered(n: int) -> Message:
+    return Message(body=str(n), properties={"n": n})
+
+
+def test_another_selector_replaces_the_subscription(amqp: Connect) -> None:
+    topic, client_id = unique("durable") + "/t", unique("jms-client")
+    first = amqp(container_id=client_id)
+    selective(first, topic, "sub", "n > 1")
+    first.close()
+    sender = amqp().create_sender(f"topic://{topic}")
+    sender.send(numbered(0))
+    sender.send(numbered(5))
+    receiver = selective(amqp(container_id=client_id), topic, "sub", "n < 3")
+    sender.send(numbered(1))
+    sender.send(numbered(4))
+    assert bodies(receiver, 1) == ["1"]
+
+
+def test_another_selector_with_an_active_consumer_is_refused(amqp: Connect) -> None:
+    topic, client_id = unique("durable") + "/t", unique("jms-client")
+    active = selective(amqp(container_id=client_id), topic, "sub", "n > 1")
+    with pytest.raises(LinkDetached, match="active consumer"):
+        selective(amqp(container_id=client_id), topic, "sub", "n < 3")
+    amqp().create_sender(f"topic://{topic}").send(numbered(5))
+    assert bodies(active, 1) == ["5"], "the subscription is unchanged"
+
+
+def test_a_lookup_by_name_keeps_the_subscription_as_it_is(amqp: Connect) -> None:
+    """Attaching by name without a source (how Qpid JMS finds one to unsubscribe) asks for
+    no definition: a detach afterwards leaves the subscription, selector and all."""
+    topic, client_id = unique("durable") + "/t", unique("jms-client")
+    first = amqp(container_id=client_id)
+    selective(first, topic, "sub", "n > 1")
+    first.close()
+    amqp().create_sender(f"topic://{topic}").send(numbered(5))
+    lookup_connection = amqp(container_id=client_id)
+    lookup = lookup_connection.create_receiver(None, name="sub", credit=0)
+    assert lookup.link.remote_source.address == topic
+    lookup.link.detach()
+    lookup_connection.close()
+    again = selective(amqp(container_id=client_id), topic, "sub", "n > 1")
+    assert bodies(again, 1) == ["5"]
 
 
 def test_survives_a_restart(

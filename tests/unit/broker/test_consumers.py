@@ -422,6 +422,46 @@ def test_delayed_entries_become_deliverable_at_their_delivery_time(clock: Manual
     assert rx.payloads == [b"now", b"later"]
 
 
+def at_most_once(payload: bytes, **fields: object) -> QueuedMessage:
+    return QueuedMessage.of(Message("t", payload, qos=0, **fields), 0)  # type: ignore[arg-type]
+
+
+def test_a_due_at_most_once_entry_is_offered_whatever_the_credit(clock: ManualClock) -> None:
+    """A queue whose owner offers QoS 0 (a session's, a group's) holds a delayed at-most-once
+    entry until its time, then offers it as it offers any QoS 0: settled, without credit."""
+    queue, removals = make_queue(offers_at_most_once=True)
+    only, rx = consumer(1)
+    queue.attach(only)
+    queue.push(entry(b"q1"))
+    queue.push(at_most_once(b"later", delivery_time=clock.now() + 30))
+    queue.push(at_most_once(b"gone", delivery_time=clock.now() + 30, expiry=clock.now() + 10))
+    assert queue.dispatch(clock.now()) == 1  # q1 takes the only credit
+    clock.advance(29.9)
+    assert queue.dispatch(clock.now()) == 0
+    assert rx.settled == []
+    clock.advance(0.1)
+    assert queue.dispatch(clock.now()) == 1
+    assert [e.message.payload for e in rx.settled] == [b"later"]
+    assert [p for p, _, _ in removals.seen] == [b"gone"]
+    assert queue.count == 0 and queue.bytes == 0 and queue.next_visible_time() is None
+
+
+def test_a_queue_destination_keeps_a_due_at_most_once_entry_for_credit(
+    clock: ManualClock,
+) -> None:
+    """A JMS queue's consumers compete for every entry alike: a due QoS 0 entry waits for
+    credit there, as it would have without a delivery time."""
+    queue, _ = make_queue()
+    only, rx = consumer(1)
+    queue.attach(only)
+    queue.push(entry(b"q1"))
+    queue.push(at_most_once(b"later", delivery_time=clock.now() + 30))
+    queue.dispatch(clock.now())
+    clock.advance(30)
+    assert queue.dispatch(clock.now()) == 0
+    assert rx.settled == [] and queue.count == 1
+
+
 def test_expired_entries_are_counted_and_never_delivered(clock: ManualClock) -> None:
     queue, removals = make_queue()
     only, rx = consumer(10)

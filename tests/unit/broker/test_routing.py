@@ -438,6 +438,51 @@ def test_delayed_message_for_offline_session(harness) -> None:
     assert consumer.payloads == [b"later"]
 
 
+def test_delayed_qos0_copy_waits_for_its_delivery_time(harness) -> None:
+    """Delivery delay holds for every subscription kind (issue 11): a copy delivered at
+    QoS 0 (a QoS 0 subscription, an acknowledgement-free JMS consumer) waits for its time
+    too, and then goes out at QoS 0; a copy without a delivery time still goes at once."""
+    session, consumer, _ = harness.connect("s")
+    harness.subscribe(session, "t", qos=0)
+    now = harness.clock.now()
+    harness.publish("t", b"later-1", qos=1, delivery_time=now + 10)
+    harness.publish("t", b"later-0", qos=0, delivery_time=now + 10)
+    harness.publish("t", b"now", qos=0)
+    assert consumer.payloads == [b"now"]
+    harness.advance(9)
+    assert consumer.payloads == [b"now"]
+    harness.advance(1)
+    assert consumer.payloads == [b"now", b"later-1", b"later-0"]
+    assert [d.qos for d in consumer.deliveries] == [0, 0, 0]
+    assert len(session.queue) == 0
+    harness.advance(10)
+    assert len(consumer.deliveries) == 3
+
+
+def test_delayed_qos0_copy_goes_nowhere_for_an_offline_session(harness) -> None:
+    """At most once: a session not connected when the delayed QoS 0 copy arrives keeps
+    nothing, as for any QoS 0 copy."""
+    session = offline_subscriber(harness, qos=0)
+    harness.publish("t", b"later", qos=1, delivery_time=harness.clock.now() + 10)
+    assert len(session.queue) == 0
+
+
+def test_delayed_message_to_a_shared_group_waits_for_its_time(harness) -> None:
+    """MQTT shared groups are a subscription kind too: their queue is pumped when a delayed
+    entry comes due, at QoS 0 and at QoS 1."""
+    zero, consumer0, _ = harness.connect("zero")
+    harness.subscribe(zero, "$share/g0/t", qos=0)
+    one, consumer1, _ = harness.connect("one")
+    harness.subscribe(one, "$share/g1/t", qos=1)
+    harness.publish("t", b"later", qos=1, delivery_time=harness.clock.now() + 10)
+    assert consumer0.deliveries == [] and consumer1.deliveries == []
+    harness.advance(9)
+    assert consumer0.deliveries == [] and consumer1.deliveries == []
+    harness.advance(1)
+    assert [(d.payload, d.qos) for d in consumer0.deliveries] == [(b"later", 0)]
+    assert [(d.payload, d.qos) for d in consumer1.deliveries] == [(b"later", 1)]
+
+
 def test_route_plans_of_very_long_topics_are_answered_but_not_cached(harness) -> None:
     session, _, _ = harness.connect("sub")
     harness.subscribe(session, "#", 0)
