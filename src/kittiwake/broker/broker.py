@@ -194,6 +194,9 @@ class Broker:
         # queue (QueueRules.dead_letters); set by the owner of those queues (the queue
         # destinations). None: there are none, so such entries are dropped, as MQTT's are.
         self.dead_letters: RemovalHandler | None = None
+        # Dead-lettering sessions with no connection (JMS durable subscriptions nobody
+        # consumes from): tick() moves their expired entries on, as a queue's are swept.
+        self.unattended: dict[Session, None] = {}
         # Called with the recovered state at the end of recover(): queues this class does not
         # own (queue destinations) rebuild theirs from it.
         self.recovery_hooks: list[Callable[[RecoveredState], None]] = []
@@ -264,6 +267,8 @@ class Broker:
         # The receiver comes with start_delivery: nothing may go out before the CONNACK.
         session.consumer.set_window(max(1, min(window, self.config.limits.max_inflight)))
         session.link = link
+        if self.unattended:
+            self.unattended.pop(session, None)
         self.routes.changed()
         self.stats.clients_connected += 1
         if session.persistent:
@@ -364,6 +369,8 @@ class Broker:
     ) -> None:
         session.link = None
         session.consumer.receiver = None
+        if session.queue_rules.dead_letters:
+            self.unattended[session] = None  # (_end_session takes it out again)
         for member in session.members.values():
             # What it has not acknowledged goes back to the group, for the other members.
             member.consumer.receiver = None
@@ -400,6 +407,7 @@ class Broker:
             subscriptions.remove_subscription(self, subscription)
         session.subscriptions.clear()
         self.retained_cursors.pop(session, None)
+        self.unattended.pop(session, None)
         session.queue.drain()
         session.consumer.unsettled.clear()
         session.queue.in_flight = 0
@@ -432,6 +440,9 @@ class Broker:
         for session in self.pumps.due(now):
             dispatch.pump(self, session)
         self.flow.check(now, self.queued_bytes())
+        for session in self.unattended:
+            if session.queue.count and session.queue.expire(now):
+                self._durable()  # the removals (and moves) are written without waiting
 
     def queued_bytes(self) -> int:
         """Bytes waiting in every session's, shared group's and JMS queue (a running total
@@ -617,9 +628,12 @@ class Broker:
         if rules.dead_letters:
             queue.max_delivery_attempts = self.config.queues.max_delivery_attempts
             queue.on_removed = self._on_removed_dead_lettering
+            if session.link is None:
+                self.unattended[session] = None
         else:
             queue.max_delivery_attempts = 0
             queue.on_removed = self._on_removed
+            self.unattended.pop(session, None)
 
     def _entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
         """An entry left a session's or a group's queue for good: the store forgets it too."""

@@ -169,3 +169,27 @@ def test_reorder_keeps_arrival_order_within_a_priority() -> None:
     queue.reorder("priority")
     order = [queue.pop(0.0) for _ in range(4)]
     assert [e.message.payload for e in order if e is not None] == [b"b", b"d", b"a", b"c"]
+
+
+def test_an_unattended_subscription_moves_expired_entries_on(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """Nobody consumes from the durable subscription: the tick sweeps its expired entries to
+    the expiry queue, as it sweeps a queue without consumers (an MQTT session keeps its own
+    until it pops them)."""
+    harness, destinations = with_destinations(make_harness)
+    session, _ = connect(harness, "$durable/c/s")
+    harness.subscribe(session, "t", qos=2)
+    harness.broker.disconnect(session, publish_will=False)
+    mqtt, _, _ = harness.connect("mqtt", clean_start=False, expiry=3600)
+    harness.subscribe(mqtt, "t", qos=1)
+    harness.broker.disconnect(mqtt, publish_will=False)
+    publish(harness, "t", b"stale", expiry_in=5)
+    publish(harness, "t", b"fresh")
+    harness.advance(10)
+    assert [e.message.payload for e in dead_letters(destinations, "ExpiryQueue")] == [b"stale"]
+    assert [e.message.payload for e in session.queue.entries()] == [b"fresh"]
+    assert session.queue.counters.expired == 1 and mqtt.queue.counters.expired == 0
+    # Attached again, it is no longer swept by the tick (its dispatch drops what expires).
+    connect(harness, "$durable/c/s")
+    assert session not in harness.broker.unattended
