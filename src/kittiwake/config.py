@@ -318,7 +318,8 @@ class AMQPConfig:
 
 @dataclass(frozen=True, slots=True)
 class QueuesConfig:
-    """Redelivery and where entries go that a queue gives up on (DESIGN.md section 5)."""
+    """Redelivery and where entries go that a queue gives up on (DESIGN.md section 5): JMS
+    queues and JMS topic subscriptions (MQTT sessions' queues never dead-letter)."""
 
     # Failed deliveries of one entry before it moves to the dead-letter queue; 0 = no limit.
     max_delivery_attempts: int = 10

@@ -8,8 +8,9 @@ link to the client (a consumer) is a core Consumer whose credit is the link cred
   one subscription, ended with the link).
 - Outcomes: accepted, released, modified (delivery-failed counts an attempt,
   undeliverable-here keeps it from this consumer), rejected (to the dead-letter queue) become
-  the core's settlements; a producer's transfer is accepted once the core's completion says
-  so (the commit of a persistent message).
+  the core's settlements, on queues and topic subscriptions alike (whose queues the front end
+  asks for in priority order and dead-lettering, JMS_SUBSCRIPTION_QUEUE); a producer's
+  transfer is accepted once the core's completion says so (the commit of a persistent message).
 - Presettled transfers are at most once both ways (JMS acknowledgements disabled).
 
 Translation only: every delivery rule is the core's.
@@ -65,7 +66,7 @@ from kittiwake.broker.consumers import Consumer, Credit, Delivery, Settlement
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.durable_subscriptions import SubscriptionDefinition
 from kittiwake.broker.queue_destinations import QueueDestinations
-from kittiwake.broker.queues import EntryState, QueuedMessage
+from kittiwake.broker.queues import EntryState, QueuedMessage, QueueRules
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session
 from kittiwake.broker.shared_subscriptions import (
     GLOBAL_SCOPE,
@@ -85,6 +86,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SOLE_CONNECTION = "sole-connection-for-container"
+
+# A JMS topic subscription's queue (plain, durable, shared): priority order (higher first,
+# FIFO within a priority), and what it gives up on (rejected, failed max_delivery_attempts
+# times, expired) goes to the dead-letter or expiry queue, as from a JMS queue.
+JMS_SUBSCRIPTION_QUEUE = QueueRules(ordering="priority", dead_letters=True)
 
 # Connection ids, for noLocal and logs; unique within the process.
 _connection_ids = itertools.count(1)
@@ -335,7 +341,7 @@ class LinkLayer:
         topic = request.name or ""
         definition = SharedDefinition.of(topic, request.selector, request.no_local)
         joined = self.broker.shared_subscriptions.join(
-            client_id, definition, durable=request.durable
+            client_id, definition, durable=request.durable, queue_rules=JMS_SUBSCRIPTION_QUEUE
         )
         if isinstance(joined, SharedRefusal):
             raise TerminusError(
@@ -884,6 +890,7 @@ class TopicConsumerLink(ConsumerLink):
             expiry_interval=NEVER_EXPIRES if self.durable else 0,
             window=1,
             principal=self.layer.principal_name,
+            queue_rules=JMS_SUBSCRIPTION_QUEUE,
         )
         session = self.session = connected.session
         # Filtered by what this connection's user may read, as an MQTT session is.
@@ -972,17 +979,10 @@ class TopicConsumerLink(ConsumerLink):
         self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
     ) -> None:
         session = self.session
-        if session is None:
-            return
-        broker = self.layer.broker
-        if settlement is Settlement.ACCEPTED:
-            broker.acknowledge(session, delivery)
-            return
-        queue = delivery.consumer.queue
-        if queue is not None and queue.settle(
-            delivery, settlement, undeliverable_here=undeliverable
-        ):
-            broker.pump_soon(session)
+        if session is not None:
+            self.layer.broker.settle(
+                session, delivery, settlement, undeliverable_here=undeliverable
+            )
 
 
 class SharedConsumerLink(ConsumerLink):

@@ -33,7 +33,15 @@ from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
 from kittiwake.broker.periodic import run_every
 from kittiwake.broker.publishing import PendingCommits
-from kittiwake.broker.queues import Queue, QueuedMessage, QueueTotals, Removal
+from kittiwake.broker.queues import (
+    DEFAULT_QUEUE_RULES,
+    Queue,
+    QueuedMessage,
+    QueueRules,
+    QueueTotals,
+    Removal,
+    RemovalHandler,
+)
 from kittiwake.broker.retained import RetainedMessages
 from kittiwake.broker.route_plans import RoutePlan, RoutePlans
 from kittiwake.broker.sessions import (
@@ -188,6 +196,14 @@ class Broker:
         self._next_anonymous = 0
         # One bound method for every session's queue, not one made per session.
         self._on_removed = self._entry_removed
+        self._on_removed_dead_lettering = self._entry_given_up
+        # Moves what a dead-lettering session queue gives up on to the dead-letter or expiry
+        # queue (QueueRules.dead_letters); set by the owner of those queues (the queue
+        # destinations). None: there are none, so such entries are dropped, as MQTT's are.
+        self.dead_letters: RemovalHandler | None = None
+        # Dead-lettering sessions with no connection (JMS durable subscriptions nobody
+        # consumes from): tick() moves their expired entries on, as a queue's are swept.
+        self.unattended: dict[Session, None] = {}
         # Called with the recovered state at the end of recover(): queues this class does not
         # own (queue destinations) rebuild theirs from it.
         self.recovery_hooks: list[Callable[[RecoveredState], None]] = []
@@ -209,10 +225,13 @@ class Broker:
         will_delay: int = 0,
         will_expiry: int | None = None,
         principal: str | None = None,
+        queue_rules: QueueRules = DEFAULT_QUEUE_RULES,
     ) -> Connected:
         """Attach a connection to its session; whoever held the id before (a session's
         connection, or a JMS connection) is taken over. ``principal`` is the user it connected
-        as (None: anonymous), stored with a persistent session."""
+        as (None: anonymous), stored with a persistent session. ``queue_rules``: the order of
+        the session's queue and whether what it gives up on is dead-lettered, as the front
+        end's protocol wants it (JMS subscriptions: priority order and dead letters)."""
         now = self.clock.now()
         if self.client_ids.holders:
             self.client_ids.take_over(client_id)
@@ -240,9 +259,11 @@ class Broker:
             session.expires_at = None
             self.timers.attach(session)
         else:
-            session = self._new_session(client_id)
+            session = self._new_session(client_id, queue_rules)
             self.sessions[client_id] = session
             session_present = False
+        if session.queue_rules is not queue_rules:
+            self._apply_queue_rules(session, queue_rules)
         was_persistent = session.persistent
         session.expiry_interval = expiry_interval
         session.queue.durable = session.persistent
@@ -253,6 +274,8 @@ class Broker:
         # The receiver comes with start_delivery: nothing may go out before the CONNACK.
         session.consumer.set_window(max(1, min(window, self.config.limits.max_inflight)))
         session.link = link
+        if self.unattended:
+            self.unattended.pop(session, None)
         self.routes.changed()
         self.stats.clients_connected += 1
         if session.persistent:
@@ -353,6 +376,8 @@ class Broker:
     ) -> None:
         session.link = None
         session.consumer.receiver = None
+        if session.queue_rules.dead_letters:
+            self.unattended[session] = None  # (_end_session takes it out again)
         for member in session.members.values():
             # What it has not acknowledged goes back to the group, for the other members.
             member.consumer.receiver = None
@@ -389,6 +414,7 @@ class Broker:
             subscriptions.remove_subscription(self, subscription)
         session.subscriptions.clear()
         self.retained_cursors.pop(session, None)
+        self.unattended.pop(session, None)
         session.queue.drain()
         session.queue.end_drop_report()
         session.consumer.unsettled.clear()
@@ -422,6 +448,9 @@ class Broker:
         for target in self.pumps.due(now):
             dispatch.pump(self, target)
         self.flow.check(now, self.queued_bytes())
+        for session in self.unattended:
+            if session.queue.count and session.queue.expire(now):
+                self._durable()  # the removals (and moves) are written without waiting
         self.queue_totals.report_drops()
 
     def queued_bytes(self) -> int:
@@ -512,6 +541,31 @@ class Broker:
             self.pump_soon(session)
         return True, completion
 
+    def settle(
+        self,
+        session: Session,
+        delivery: Delivery,
+        settlement: Settlement,
+        *,
+        undeliverable_here: bool = False,
+    ) -> Outcome:
+        """Any outcome of a delivery: accepted is :meth:`acknowledge`; released and modified
+        bring the entry back (modified counts an attempt); rejected, or modified once too often,
+        make its queue give up on it (dead-lettered when the session's rules say so). The
+        completion says when a removal (and a dead letter's move) is durable."""
+        if settlement is _ACCEPTED:
+            return self.acknowledge(session, delivery)
+        queue = delivery.consumer.queue
+        if queue is None or not queue.settle(
+            delivery, settlement, undeliverable_here=undeliverable_here
+        ):
+            return NOT_FOUND
+        completion = None
+        if settlement is not Settlement.RELEASED and delivery.entry.persistent:
+            completion = self._durable()
+        self.pump_soon(session)
+        return True, completion
+
     def received(self, session: Session, delivery: Delivery) -> Outcome:
         """A QoS 2 delivery reached the client (PUBREC); only its release remains."""
         queue = delivery.consumer.queue
@@ -556,7 +610,9 @@ class Broker:
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _new_session(self, client_id: str) -> Session:
+    def _new_session(
+        self, client_id: str, queue_rules: QueueRules = DEFAULT_QUEUE_RULES
+    ) -> Session:
         """A session with its queue and its consumer (not yet connected)."""
         limits = self.config.limits
         queue = Queue(
@@ -571,7 +627,25 @@ class Broker:
         queue.attach(consumer)
         session = Session(client_id, queue, consumer)
         queue.on_removed = self._on_removed
+        if queue_rules is not DEFAULT_QUEUE_RULES:
+            self._apply_queue_rules(session, queue_rules)
         return session
+
+    def _apply_queue_rules(self, session: Session, rules: QueueRules) -> None:
+        """Give a session's queue the rules its front end asks for: the Queue's own ordering
+        and delivery limit, and a removal handler that dead-letters."""
+        session.queue_rules = rules
+        queue = session.queue
+        queue.reorder(rules.ordering)
+        if rules.dead_letters:
+            queue.max_delivery_attempts = self.config.queues.max_delivery_attempts
+            queue.on_removed = self._on_removed_dead_lettering
+            if session.link is None:
+                self.unattended[session] = None
+        else:
+            queue.max_delivery_attempts = 0
+            queue.on_removed = self._on_removed
+            self.unattended.pop(session, None)
 
     def _entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
         """An entry left a session's or a group's queue for good: the store forgets it too."""
@@ -581,6 +655,13 @@ class Broker:
             self.stats.messages_dropped += 1
         if entry.persistent and queue.durable:
             self.store.remove(queue.name, entry.message.message_id)
+
+    def _entry_given_up(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
+        """An entry left a dead-lettering session's queue for good: as any session's, and
+        a dead letter or an expired entry moves on (in the same store commit as its removal)."""
+        self._entry_removed(queue, entry, reason)
+        if reason is not Removal.ACCEPTED and self.dead_letters is not None:
+            self.dead_letters(queue, entry, reason)
 
     def _forget_stored_session(self, session: Session) -> None:
         """Drop everything stored for a session: its record, its queue, its QoS 2 state."""
@@ -613,6 +694,7 @@ class Broker:
                 will_expiry=session.will_expiry,
                 window=session.window if session.link is not None else 0,
                 principal=session.principal,
+                queue_rules=session.queue_rules,
             )
         )
 

@@ -54,6 +54,9 @@ class QueueDestinations:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[Queue, None] = {}
         broker.recovery_hooks.append(self.recover)
+        # Dead-lettering subscriptions' queues (JMS topic subscriptions) give up on entries
+        # to the same dead-letter and expiry queues.
+        broker.dead_letters = self._move_given_up
         # Stored entries the commit in progress enqueued, to hold until the store commit.
         self._committing: list[tuple[Queue, Message]] = []
         # Each queue's in-flight window as stored (see _window_grew); absent = 0.
@@ -253,14 +256,27 @@ class QueueDestinations:
         self._forget(queue, entry)
         if self.router.queues.get(queue.name) is not queue:
             return  # a deleted queue's entries go nowhere
+        self._move(queue, entry, reason)
+
+    def _move(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> bool:
+        """A dead letter or expired entry moves to its queue (stored when persistent);
+        False when it goes nowhere."""
         moved = self.dead_letters(queue, entry, reason)
         if moved is None:
-            return
+            return False
         target, copy = moved
         if copy.persistent:
             self.store.journal(copy.message)
             self.store.enqueue(target.name, copy)
         self.pump_soon(target)
+        return True
+
+    def _move_given_up(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
+        """What a dead-lettering subscription's queue gave up on (the broker has removed it
+        from the store already): moved like a queue destination's, and written without
+        waiting for another operation to ask for a commit."""
+        if self._move(queue, entry, reason) and entry.persistent:
+            self.store.commit()
 
     # -- transactions ---------------------------------------------------------------------
 

@@ -76,6 +76,22 @@ class QueuedMessage:
         return cls(message, qos, True, retain, subscription_ids, delivery_count)
 
 
+@dataclass(frozen=True, slots=True)
+class QueueRules:
+    """What a subscription's queue does beyond holding entries, asked for by the front end
+    that makes the subscription (its protocol's semantics, not a routing rule): the order it
+    hands entries out in, and whether what it gives up on (rejected, failed too often,
+    expired) moves to the dead-letter and expiry queues (DESIGN.md section 5) instead of being
+    dropped. The defaults are MQTT's: FIFO, dropped (counted)."""
+
+    ordering: Ordering = "fifo"
+    dead_letters: bool = False
+
+
+# The rules of every queue that asks for nothing else (MQTT sessions), shared.
+DEFAULT_QUEUE_RULES = QueueRules()
+
+
 class Removal(Enum):
     """Why an entry left its queue for good; the value is the reason a dead letter carries."""
 
@@ -409,6 +425,16 @@ class Queue:
         for entry in sorted(keep, key=_by_sequence):
             self._insert(entry)
         return removed
+
+    def reorder(self, ordering: Ordering) -> None:
+        """Hand entries out in another order from now on; those waiting keep their arrival
+        order within it (a subscription whose front end asks for other rules)."""
+        if ordering == self.ordering:
+            return
+        entries = sorted(self.drain(), key=_by_sequence)
+        self.ordering = ordering
+        for entry in entries:
+            self._insert(entry)
 
     def remove_message(self, message: Message) -> list[QueuedMessage]:
         """Drop every waiting entry of one message (its publication was refused)."""

@@ -31,7 +31,7 @@ def recover(broker: Broker) -> None:
     for message in state.retained.values():
         broker.retained.restore(message)
     for record in state.sessions.values():
-        session = broker._new_session(record.client_id)
+        session = broker._new_session(record.client_id, record.queue_rules)
         session.expiry_interval = record.expiry_interval
         session.queue.durable = True
         session.will = record.will
@@ -122,6 +122,9 @@ def recover(broker: Broker) -> None:
     store = broker.store
     for queue, entries in waiting.items():
         room = windows.get(queue, 0) - marked.get(queue, 0)
+        if queue.ordering == "priority":
+            # Dispatch order: higher priority first, then arrival (a stable sort keeps it).
+            entries.sort(key=lambda e: -e.message.priority)
         for entry in entries[: max(0, room)]:
             entry.delivery_count += 1
             store.count_possible_delivery(queue.name, entry.message.message_id)

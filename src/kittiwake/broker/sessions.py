@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kittiwake.broker.consumers import Consumer, Delivery
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import Queue, QueuedMessage
+from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, Queue, QueuedMessage, QueueRules
 from kittiwake.broker.routing import Binding
 
 if TYPE_CHECKING:
@@ -123,6 +123,9 @@ class Session:
     # The user its client connected as (None: anonymous), stored with the session so that
     # recovery filters it by the same rules before its client is back.
     principal: str | None = None
+    # How its queue orders entries and whether what it gives up on is dead-lettered: asked
+    # for by the front end that connects it (broker.connect), stored with a persistent one.
+    queue_rules: QueueRules = DEFAULT_QUEUE_RULES
 
     def hold_key(self, key: int) -> None:
         keys = self.exactly_once_keys

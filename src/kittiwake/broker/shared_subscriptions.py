@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from kittiwake.broker.consumers import Consumer, Credit, Delivery, Receiver, Settlement
 from kittiwake.broker.durable_subscriptions import SubscriptionDefinition, redefined
-from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session, SessionLink
 from kittiwake.broker.store import Store
 from kittiwake.broker.subscription_filters import FilteringReceiver
@@ -74,13 +74,20 @@ class SharedSubscription:
     """One shared subscription: its session and the links consuming from its queue."""
 
     def __init__(
-        self, broker: Broker, client_id: str, definition: SharedDefinition, durable: bool
+        self,
+        broker: Broker,
+        client_id: str,
+        definition: SharedDefinition,
+        durable: bool,
+        queue_rules: QueueRules = DEFAULT_QUEUE_RULES,
     ) -> None:
         self.broker = broker
         self.client_id = client_id
         self.definition = definition
         self.topic = definition.topic
         self.durable = durable
+        # Its queue's order and dead-lettering, as the front end asked (broker.connect).
+        self.queue_rules = queue_rules
         self.session: Session | None = None
         self.consumers: dict[SessionLink, Consumer] = {}
         self.new = False
@@ -126,6 +133,7 @@ class SharedSubscription:
             clean_start=not self.durable or replace,
             expiry_interval=NEVER_EXPIRES if self.durable else 0,
             window=1,
+            queue_rules=self.queue_rules,
         )
         session = self.session = connected.session
         session.consumer.credit = Credit(available=0)  # the hub never takes anything
@@ -224,11 +232,11 @@ class SharedSubscription:
             self.broker.acknowledge(self.session, delivery)
 
     def settle(self, delivery: Delivery, settlement: Settlement, undeliverable: bool) -> None:
-        queue = delivery.consumer.queue
-        if queue is not None and queue.settle(
-            delivery, settlement, undeliverable_here=undeliverable
-        ):
-            self.pump()
+        """Released, modified or rejected (see :meth:`Broker.settle`)."""
+        if self.session is not None:
+            self.broker.settle(
+                self.session, delivery, settlement, undeliverable_here=undeliverable
+            )
 
 
 class SharedSubscriptions:
@@ -243,11 +251,17 @@ class SharedSubscriptions:
         self.definitions = broker.durable_definitions
 
     def join(
-        self, client_id: str, definition: SharedDefinition, *, durable: bool
+        self,
+        client_id: str,
+        definition: SharedDefinition,
+        *,
+        durable: bool,
+        queue_rules: QueueRules = DEFAULT_QUEUE_RULES,
     ) -> SharedSubscription | SharedRefusal:
         """The subscription a new consumer joins (made when it has no consumer), or why it
         may not: while others consume, its topic, selector and noLocal are fixed (JMS 2.0:
-        a JMSException for a consumer asking for others)."""
+        a JMSException for a consumer asking for others). ``queue_rules`` are its queue's
+        when it is made (see :meth:`Broker.connect`)."""
         subscription = self.active.get(client_id)
         if subscription is not None:
             if subscription.definition != definition:
@@ -256,7 +270,9 @@ class SharedSubscriptions:
                     "selector or noLocal"
                 )
             return subscription
-        subscription = SharedSubscription(self.broker, client_id, definition, durable)
+        subscription = SharedSubscription(
+            self.broker, client_id, definition, durable, queue_rules
+        )
         self.active[client_id] = subscription
         return subscription
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,6 +45,8 @@ class SessionRecord:
     window: int = 0
     # The user its client connected as; None: anonymous (or stored before schema 7).
     principal: str | None = None
+    # Its queue's order and dead-lettering (see QueueRules), as its front end asked.
+    queue_rules: QueueRules = DEFAULT_QUEUE_RULES
 
 
 @dataclass(slots=True)

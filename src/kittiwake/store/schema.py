@@ -17,7 +17,7 @@ from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields
 from kittiwake.broker.sessions import session_producer_name, session_queue_name
 from kittiwake.store.codec import encode_properties, message_row
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 Step = list[str] | Callable[[sqlite3.Connection], None]
 
@@ -305,6 +305,16 @@ MIGRATIONS: dict[int, Step] = {
     # recovery filters what it may read before the client is back. A session stored before
     # is recovered as anonymous until its client reconnects: it may be sent less, never more.
     7: ["ALTER TABLE sessions ADD COLUMN principal TEXT"],
+    # 7 → 8: a session remembers the rules its front end asked for its queue (order, and
+    # whether what it gives up on is dead-lettered), so a JMS durable subscription comes back
+    # in priority order and dead-lettering. Before, only the JMS front end named sessions
+    # $durable/... (durable subscriptions, shared or not): those get the JMS rules.
+    8: [
+        "ALTER TABLE sessions ADD COLUMN queue_ordering TEXT NOT NULL DEFAULT 'fifo'",
+        "ALTER TABLE sessions ADD COLUMN dead_letters INTEGER NOT NULL DEFAULT 0",
+        "UPDATE sessions SET queue_ordering='priority', dead_letters=1"
+        " WHERE substr(client_id, 1, 9) = '$durable/'",
+    ],
 }
 
 

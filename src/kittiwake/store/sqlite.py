@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
 from kittiwake.broker.store import (
     DuplicateKey,
     QueuedRecord,
@@ -444,7 +444,8 @@ class SQLiteStore:
         client_id = record.client_id
         self._add(
             "INSERT OR REPLACE INTO sessions (client_id, expiry_interval, will_delay, will_expiry,"
-            " in_flight_window, principal) VALUES (?, ?, ?, ?, ?, ?)",
+            " in_flight_window, principal, queue_ordering, dead_letters)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 client_id,
                 record.expiry_interval,
@@ -452,6 +453,8 @@ class SQLiteStore:
                 record.will_expiry,
                 record.window,
                 record.principal,
+                record.queue_rules.ordering,
+                record.queue_rules.dead_letters,
             ),
         )
         self._add("DELETE FROM subscriptions WHERE client_id=?", (client_id,))
@@ -515,9 +518,11 @@ class SQLiteStore:
                 will_expiry,
                 window,
                 principal,
+                ordering,
+                dead_letters,
             ) in connection.execute(
                 "SELECT client_id, expiry_interval, will_delay, will_expiry, in_flight_window, "
-                "principal FROM sessions"
+                "principal, queue_ordering, dead_letters FROM sessions"
             ):
                 state.sessions[client_id] = SessionRecord(
                     client_id,
@@ -528,6 +533,7 @@ class SQLiteStore:
                     will_expiry,
                     window,
                     principal,
+                    _queue_rules(ordering, dead_letters),
                 )
             for row in connection.execute(
                 f"SELECT client_id, {', '.join(SUBSCRIPTION_COLUMNS)} FROM subscriptions "
@@ -946,3 +952,10 @@ def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
 
 class StoreWriteError(StoreError):
     """A batch could not be written (disk full, I/O error); its acknowledgements must fail."""
+
+
+def _queue_rules(ordering: str, dead_letters: int) -> QueueRules:
+    """A stored session's queue rules (the shared default for an MQTT session's)."""
+    if ordering != "priority" and not dead_letters:
+        return DEFAULT_QUEUE_RULES
+    return QueueRules("priority" if ordering == "priority" else "fifo", bool(dead_letters))

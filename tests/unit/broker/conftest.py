@@ -16,7 +16,7 @@ import pytest
 from kittiwake.broker.broker import Broker, Subscribed, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
 from kittiwake.broker.sessions import Session
 from kittiwake.broker.store import MemoryStore
 from kittiwake.clock import ManualClock
@@ -118,6 +118,7 @@ class Harness:
         will_expiry: int | None = None,
         consumer: RecordingConsumer | None = None,
         start: bool = True,
+        queue_rules: QueueRules = DEFAULT_QUEUE_RULES,
     ) -> tuple[Session, RecordingConsumer, bool]:
         """Connect (and, like a front end after CONNACK, start delivery)."""
         consumer = consumer or RecordingConsumer()
@@ -130,6 +131,7 @@ class Harness:
             will=will,
             will_delay=will_delay,
             will_expiry=will_expiry,
+            queue_rules=queue_rules,
         )
         if start:
             self.broker.start_delivery(session)

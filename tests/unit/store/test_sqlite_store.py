@@ -23,8 +23,8 @@ import pytest
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
 from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields, PropertyType
-from kittiwake.broker.queues import QueuedMessage
-from kittiwake.broker.sessions import Session, session_queue_name
+from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
+from kittiwake.broker.sessions import NEVER_EXPIRES, Session, session_queue_name
 from kittiwake.broker.store import (
     QueuedRecord,
     RecoveredState,
@@ -1700,6 +1700,12 @@ def test_queue_windows_are_kept_until_set_to_zero(tmp_path: Path) -> None:
     assert reopen(tmp_path).queue_windows == {"orders": 5}
 
 
+def drop_version_8_columns(connection: sqlite3.Connection) -> None:
+    """Make today's sessions table version 7's again."""
+    connection.execute("ALTER TABLE sessions DROP COLUMN queue_ordering")
+    connection.execute("ALTER TABLE sessions DROP COLUMN dead_letters")
+
+
 def test_migration_from_a_version_5_database_adds_queue_windows(tmp_path: Path) -> None:
     """A version 5 database is today's without the queue_windows table: it gains the table and
     keeps what it holds."""
@@ -1714,10 +1720,11 @@ def test_migration_from_a_version_5_database_adds_queue_windows(tmp_path: Path) 
     connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
     connection.execute("DROP TABLE queue_windows")
     connection.execute("ALTER TABLE sessions DROP COLUMN principal")  # added by version 7
+    drop_version_8_columns(connection)
     connection.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
     connection.close()
     state = reopen(tmp_path)
-    assert schema_version(tmp_path) == SCHEMA_VERSION == 7
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 8
     assert "queue_windows" in tables(tmp_path)
     assert state.sessions["c"].window == 4 and state.queue_windows == {}
 
@@ -1736,10 +1743,11 @@ def test_migration_from_a_version_6_database_adds_the_session_principal(tmp_path
     run(write)
     connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
     connection.execute("ALTER TABLE sessions DROP COLUMN principal")
+    drop_version_8_columns(connection)
     connection.execute("UPDATE meta SET value='6' WHERE key='schema_version'")
     connection.close()
     state = reopen(tmp_path)
-    assert schema_version(tmp_path) == SCHEMA_VERSION == 7
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 8
     assert state.sessions["old"].principal is None and state.sessions["old"].window == 2
 
     async def write_again() -> None:
@@ -1751,3 +1759,49 @@ def test_migration_from_a_version_6_database_adds_the_session_principal(tmp_path
 
     run(write_again)
     assert reopen(tmp_path).sessions["new"].principal == "alice"
+
+
+def test_a_session_keeps_its_queue_rules(tmp_path: Path) -> None:
+    """A JMS subscription's queue rules come back; an MQTT session's are the shared default."""
+    rules = QueueRules(ordering="priority", dead_letters=True)
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("jms", 60, queue_rules=rules))
+        store.save_session(SessionRecord("mqtt", 60))
+        await settle(store)
+        store.close()
+
+    run(write)
+    state = reopen(tmp_path)
+    assert state.sessions["jms"].queue_rules == rules
+    assert state.sessions["mqtt"].queue_rules is DEFAULT_QUEUE_RULES
+
+
+def test_migration_from_a_version_7_database_gives_durable_subscriptions_jms_rules(
+    tmp_path: Path,
+) -> None:
+    """A version 7 database is today's without the sessions' queue rules: the sessions only
+    the JMS front end named ($durable/..., durable subscriptions) come back in priority order
+    and dead-lettering, every other session with MQTT's rules."""
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("$durable/app/orders", NEVER_EXPIRES))
+        store.save_session(SessionRecord("$durable/$global/audit", NEVER_EXPIRES))
+        store.save_session(SessionRecord("sensor-1", 60, principal="alice"))
+        await settle(store)
+        store.close()
+
+    run(write)
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    drop_version_8_columns(connection)
+    connection.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
+    connection.close()
+    state = reopen(tmp_path)
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 8
+    jms = QueueRules(ordering="priority", dead_letters=True)
+    assert state.sessions["$durable/app/orders"].queue_rules == jms
+    assert state.sessions["$durable/$global/audit"].queue_rules == jms
+    assert state.sessions["sensor-1"].queue_rules == DEFAULT_QUEUE_RULES
+    assert state.sessions["sensor-1"].principal == "alice"
