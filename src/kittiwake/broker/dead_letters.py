@@ -86,7 +86,9 @@ class DeadLetters:
             return None
         if not pattern:
             return None
-        name = pattern.format(queue=queue.name)
+        # A broker-named queue ($session/..., a subscription's) lends its name without the
+        # '$': the moved entry must land in an ordinary queue, one a restart recovers.
+        name = pattern.format(queue=queue.name.lstrip("$"))
         if name == queue.name:
             # A dead letter of the dead-letter queue itself has nowhere further to go.
             log.warning("queue %s: dropping an entry (%s): no further queue", name, reason.value)

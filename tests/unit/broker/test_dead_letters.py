@@ -147,3 +147,16 @@ def test_the_dead_letter_queue_does_not_dead_letter_into_itself() -> None:
     dlq.push(QueuedMessage.of(Message("DLQ", b"x"), 0))
     fail_twice(dlq, clock)
     assert dlq.count == 0 and dlq.counters.dead_lettered == 1
+
+
+def test_a_pattern_never_names_a_queue_of_the_brokers_own_namespace() -> None:
+    """A subscription's queue has a broker name (``$session/...``); a pattern that starts with
+    the original queue's name must still name an ordinary queue, one that a restart recovers
+    (names starting with ``$`` are the broker's own and are not recovered as queues)."""
+    router, clock = world(dead_letter_queue="{queue}.DLQ")
+    subscription = router.queue("$session/$durable/app/audit")
+    subscription.push(QueuedMessage.of(Message("audit/1", b"x", qos=1), 1))
+    fail_twice(subscription, clock)
+    (name,) = [n for n in router.queues if n.endswith(".DLQ")]
+    assert not name.startswith("$")
+    assert [e.message.payload for e in router.queue(name).entries()] == [b"x"]
