@@ -16,6 +16,7 @@ from kittiwake.jms import (
     BytesMessage,
     Connection,
     ConnectionFactory,
+    IllegalStateException,
     InvalidClientIDException,
     InvalidDestinationException,
     InvalidSelectorException,
@@ -231,6 +232,48 @@ def test_durable_subscription_keeps_messages_while_away(connect: Connect) -> Non
     publisher.create_producer(topic).send(publisher.create_text_message("after unsubscribe"))
     fresh = session.create_durable_consumer(topic, "audit")
     assert fresh.receive(0.3) is None
+
+
+@pytest.mark.parametrize("where", ["same session", "another session"])
+def test_unsubscribing_a_durable_subscription_with_an_active_consumer_is_refused(
+    connect: Connect, where: str
+) -> None:
+    """JMS: erroneous while a consumer is active; the broker refuses it too (a consumer on
+    another session is not in the refusing session's own list), and the subscription goes
+    on as it was."""
+    topic = Topic(unique("unsubscribe-active"))
+    connection = connect(client_id=unique("durable-client"))
+    session = connection.create_session()
+    active = session.create_durable_consumer(topic, "audit")
+    unsubscriber = session if where == "same session" else connection.create_session()
+    with pytest.raises(IllegalStateException, match="active consumer"):
+        unsubscriber.unsubscribe("audit")
+    publisher = connect().create_session()
+    publisher.create_producer(topic).send(publisher.create_text_message("still subscribed"))
+    assert texts([active.receive(5)]) == ["still subscribed"]  # type: ignore[list-item]
+    active.close()
+    publisher.create_producer(topic).send(publisher.create_text_message("while away"))
+    again = session.create_durable_consumer(topic, "audit")
+    assert texts([again.receive(5)]) == ["while away"]  # type: ignore[list-item]
+    again.close()
+    unsubscriber.unsubscribe("audit")  # with no active consumer: done
+
+
+def test_unsubscribing_a_global_shared_durable_subscription_another_connection_uses_is_refused(
+    connect: Connect,
+) -> None:
+    """Without a client id the subscription is global: the broker refuses the unsubscribe
+    while another connection's consumer is active, and the subscription goes on."""
+    topic, name = Topic(unique("unsubscribe-global")), unique("sub")
+    active = connect().create_session().create_shared_durable_consumer(topic, name)
+    unsubscriber = connect().create_session()
+    with pytest.raises(IllegalStateException, match="active consumer"):
+        unsubscriber.unsubscribe(name)
+    publisher = connect().create_session()
+    publisher.create_producer(topic).send(publisher.create_text_message("still subscribed"))
+    assert texts([active.receive(5)]) == ["still subscribed"]  # type: ignore[list-item]
+    active.close()
+    unsubscriber.unsubscribe(name)
 
 
 def test_message_types_round_trip(connect: Connect) -> None:
