@@ -648,10 +648,10 @@ class Session(MessageFactory):
         without a client id, the global one of that name (``name|global``)."""
         self._check()
         link_name = name if self.connection.client_id is not None else f"{name}|global"
-        # Refused while a consumer of this connection, on any of its sessions, uses it: the
-        # lookup link would share that consumer's link name (the engine knows links by name).
-        # Checked before the lookup link exists, so a refusal leaves no link behind that a
-        # later attach of that name could be mistaken for.
+        # Refused while a consumer of this connection, on any of its sessions, uses it (JMS:
+        # erroneous; the broker would refuse it too). Checked before the lookup link exists,
+        # so a refusal leaves no link behind that a later attach of that name in this session
+        # could be matched to.
         for session in self.connection.sessions:
             for consumer in session.consumers:
                 if consumer.link.name == link_name and not consumer.closed:

@@ -276,6 +276,21 @@ def test_unsubscribing_a_global_shared_durable_subscription_another_connection_u
     unsubscriber.unsubscribe(name)
 
 
+def test_a_refused_second_durable_consumer_leaves_the_first_one_working(
+    connect: Connect,
+) -> None:
+    """The broker refuses a second consumer of the subscription (from another session of the
+    same connection, so a link of the same name); the first one keeps receiving."""
+    topic = Topic(unique("durable-twice"))
+    connection = connect(client_id=unique("durable-client"))
+    active = connection.create_session().create_durable_consumer(topic, "audit")
+    with pytest.raises(JMSException, match="active consumer"):
+        connection.create_session().create_durable_consumer(topic, "audit")
+    publisher = connect().create_session()
+    publisher.create_producer(topic).send(publisher.create_text_message("still subscribed"))
+    assert texts([active.receive(5)]) == ["still subscribed"]  # type: ignore[list-item]
+
+
 def test_message_types_round_trip(connect: Connect) -> None:
     connection = connect(allow_pickle=True)
     queue = Queue(unique("types"))
