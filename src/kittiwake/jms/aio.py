@@ -648,15 +648,25 @@ class Session(MessageFactory):
         without a client id, the global one of that name (``name|global``)."""
         self._check()
         link_name = name if self.connection.client_id is not None else f"{name}|global"
+        # Refused while a consumer of this connection, on any of its sessions, uses it (JMS:
+        # erroneous; the broker would refuse it too). Checked before the lookup link exists,
+        # so a refusal leaves no link behind that a later attach of that name in this session
+        # could be matched to.
+        for session in self.connection.sessions:
+            for consumer in session.consumers:
+                if consumer.link.name == link_name and not consumer.closed:
+                    raise IllegalStateException(f"subscription {name!r} has an active consumer")
         receiver = self.engine.receiver(self.proton_session, link_name)
         receiver.source.address = None  # type: ignore[assignment]
         receiver.target.address = receiver.name
-        for consumer in self.consumers:
-            if consumer.link.name == link_name and not consumer.closed:
-                raise IllegalStateException(f"subscription {name!r} has an active consumer")
         try:
             endpoint = await self.engine.attach(receiver)
         except JMSException as exc:
+            if exc.error_code == "amqp:resource-locked":
+                # A consumer of another connection (a global subscription) has it.
+                raise IllegalStateException(
+                    f"subscription {name!r} has an active consumer: {exc}", exc.error_code
+                ) from None
             raise InvalidDestinationException(f"no durable subscription {name!r}: {exc}") from None
         await endpoint.close()
 

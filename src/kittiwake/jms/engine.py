@@ -88,7 +88,7 @@ class LinkEndpoint:
         if not self.engine.dead:
             with contextlib.suppress(JMSException):
                 await asyncio.wait_for(asyncio.shield(self.closed), self.engine.timeout)
-        self.engine.links.pop(self.link.name, None)
+        self.engine.links.pop(self.link, None)
 
     def check(self) -> None:
         if self.error is not None:
@@ -106,7 +106,10 @@ class EngineConnection:
         self.transport = Transport()
         self.collector = Collector()
         self.connection.collect(self.collector)
-        self.links: dict[str, LinkEndpoint] = {}
+        # By link (proton's wrappers compare by the engine object), not by name: links of
+        # several sessions may share a name (a durable subscription's, while a second attach
+        # of it is being refused), and each must keep its own endpoint.
+        self.links: dict[Link, LinkEndpoint] = {}
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
@@ -263,13 +266,13 @@ class EngineConnection:
             self._died(error)
         elif kind == Event.LINK_REMOTE_OPEN:
             assert event.link is not None
-            endpoint = self.links.get(event.link.name)
+            endpoint = self.links.get(event.link)
             if endpoint is not None:
                 self._pending_open.append(endpoint)
         elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
             link = event.link
             assert link is not None
-            endpoint = self.links.get(link.name)
+            endpoint = self.links.get(link)
             if link.state & Endpoint.LOCAL_ACTIVE and not (endpoint and endpoint.detached):
                 if kind == Event.LINK_REMOTE_DETACH:
                     link.detach()
@@ -290,13 +293,13 @@ class EngineConnection:
                     endpoint.changed.set()
         elif kind == Event.LINK_FLOW:
             assert event.link is not None
-            endpoint = self.links.get(event.link.name)
+            endpoint = self.links.get(event.link)
             if endpoint is not None:
                 endpoint.changed.set()
         elif kind == Event.DELIVERY:
             delivery = event.delivery
             assert delivery is not None
-            endpoint = self.links.get(delivery.link.name)
+            endpoint = self.links.get(delivery.link)
             if endpoint is None:
                 return
             if delivery.link.is_receiver:
@@ -355,7 +358,7 @@ class EngineConnection:
         """Open a configured link and wait for the broker's attach (or its refusal)."""
         self.check()
         endpoint = LinkEndpoint(self, link)
-        self.links[link.name] = endpoint
+        self.links[link] = endpoint
         link.open()
         self.flush()
         try:
@@ -363,7 +366,7 @@ class EngineConnection:
         except TimeoutError:
             raise JMSException(f"no attach for link {link.name} within {self.timeout}s") from None
         except JMSException:
-            self.links.pop(link.name, None)
+            self.links.pop(link, None)
             raise
         return endpoint
 

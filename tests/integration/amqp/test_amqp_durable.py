@@ -75,6 +75,25 @@ def test_unsubscribe_ends_it(amqp: Connect) -> None:
     assert bodies(subscribe(amqp(container_id=client_id), topic, "sub"), 0) == []
 
 
+def test_unsubscribing_while_a_consumer_is_active_is_refused(amqp: Connect) -> None:
+    """The lookup by name that begins an unsubscribe (as Qpid JMS does it) is refused with
+    amqp:resource-locked while the subscription has a consumer; the subscription goes on."""
+    topic, client_id = unique("durable") + "/t", unique("jms-client")
+    consumer_connection = amqp(container_id=client_id)
+    active = subscribe(consumer_connection, topic, "sub")
+    with pytest.raises(LinkDetached) as refused:
+        amqp(container_id=client_id).create_receiver(None, name="sub")
+    assert refused.value.condition == "amqp:resource-locked"
+    assert "active consumer" in str(refused.value)
+    sender = amqp().create_sender(f"topic://{topic}")
+    sender.send(Message(body="still subscribed"))
+    assert bodies(active, 1) == ["still subscribed"]
+    consumer_connection.close()  # a detach: the subscription stays
+    sender.send(Message(body="while away"))
+    again = subscribe(amqp(container_id=client_id), topic, "sub")
+    assert bodies(again, 1) == ["while away"]
+
+
 def test_another_topic_replaces_the_subscription(amqp: Connect) -> None:
     first_topic, second_topic = unique("durable") + "/a", unique("durable") + "/b"
     client_id = unique("jms-client")

@@ -16,6 +16,7 @@ from kittiwake.jms import (
     BytesMessage,
     Connection,
     ConnectionFactory,
+    IllegalStateException,
     InvalidClientIDException,
     InvalidDestinationException,
     InvalidSelectorException,
@@ -233,6 +234,63 @@ def test_durable_subscription_keeps_messages_while_away(connect: Connect) -> Non
     assert fresh.receive(0.3) is None
 
 
+@pytest.mark.parametrize("where", ["same session", "another session"])
+def test_unsubscribing_a_durable_subscription_with_an_active_consumer_is_refused(
+    connect: Connect, where: str
+) -> None:
+    """JMS: erroneous while a consumer is active; the broker refuses it too (a consumer on
+    another session is not in the refusing session's own list), and the subscription goes
+    on as it was."""
+    topic = Topic(unique("unsubscribe-active"))
+    connection = connect(client_id=unique("durable-client"))
+    session = connection.create_session()
+    active = session.create_durable_consumer(topic, "audit")
+    unsubscriber = session if where == "same session" else connection.create_session()
+    with pytest.raises(IllegalStateException, match="active consumer"):
+        unsubscriber.unsubscribe("audit")
+    publisher = connect().create_session()
+    publisher.create_producer(topic).send(publisher.create_text_message("still subscribed"))
+    assert texts([active.receive(5)]) == ["still subscribed"]  # type: ignore[list-item]
+    active.close()
+    publisher.create_producer(topic).send(publisher.create_text_message("while away"))
+    again = session.create_durable_consumer(topic, "audit")
+    assert texts([again.receive(5)]) == ["while away"]  # type: ignore[list-item]
+    again.close()
+    unsubscriber.unsubscribe("audit")  # with no active consumer: done
+
+
+def test_unsubscribing_a_global_shared_durable_subscription_another_connection_uses_is_refused(
+    connect: Connect,
+) -> None:
+    """Without a client id the subscription is global: the broker refuses the unsubscribe
+    while another connection's consumer is active, and the subscription goes on."""
+    topic, name = Topic(unique("unsubscribe-global")), unique("sub")
+    active = connect().create_session().create_shared_durable_consumer(topic, name)
+    unsubscriber = connect().create_session()
+    with pytest.raises(IllegalStateException, match="active consumer"):
+        unsubscriber.unsubscribe(name)
+    publisher = connect().create_session()
+    publisher.create_producer(topic).send(publisher.create_text_message("still subscribed"))
+    assert texts([active.receive(5)]) == ["still subscribed"]  # type: ignore[list-item]
+    active.close()
+    unsubscriber.unsubscribe(name)
+
+
+def test_a_refused_second_durable_consumer_leaves_the_first_one_working(
+    connect: Connect,
+) -> None:
+    """The broker refuses a second consumer of the subscription (from another session of the
+    same connection, so a link of the same name); the first one keeps receiving."""
+    topic = Topic(unique("durable-twice"))
+    connection = connect(client_id=unique("durable-client"))
+    active = connection.create_session().create_durable_consumer(topic, "audit")
+    with pytest.raises(JMSException, match="active consumer"):
+        connection.create_session().create_durable_consumer(topic, "audit")
+    publisher = connect().create_session()
+    publisher.create_producer(topic).send(publisher.create_text_message("still subscribed"))
+    assert texts([active.receive(5)]) == ["still subscribed"]  # type: ignore[list-item]
+
+
 def test_message_types_round_trip(connect: Connect) -> None:
     connection = connect(allow_pickle=True)
     queue = Queue(unique("types"))
@@ -398,10 +456,9 @@ def test_poison_message_goes_to_the_dead_letter_queue(connect: Connect) -> None:
 
     found = wait_until(dead_lettered, 15, interval=0)
     assert found is not None
-    # The body survives; its JMS type does not (broker gap: the dead-lettered copy drops the
-    # AMQP sections, so a TextMessage arrives as a BytesMessage of its UTF-8 bytes).
-    body = found.get_body()
-    assert (body if isinstance(body, str) else bytes(body).decode()) == "poison"
+    # The dead-lettered copy keeps its JMS type and body: a TextMessage with its text.
+    assert isinstance(found, TextMessage)
+    assert found.get_text() == "poison"
     # max_delivery_attempts is 5 for this broker: counts 1..5, then the DLQ.
     assert counts == [1, 2, 3, 4, 5]
 
