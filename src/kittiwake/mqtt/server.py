@@ -34,7 +34,9 @@ CONNECT_TIMEOUT = 10.0
 # After the broker ends a connection it closes only its write side and reads (and drops) what
 # the client still sends, for at most this long: a client busy writing (PUBRELs, say) then
 # reads our last words (DISCONNECT with its reason, a refusing CONNACK) instead of having them
-# destroyed by the reset a full close causes when its data arrives.
+# destroyed by the reset a full close causes when its data arrives. Over TLS the same wait is
+# the event loop's TLS shutdown (close_notify sent, records discarded until the client's
+# close_notify or EOF), bounded by this too.
 LINGER_TIMEOUT = 5.0
 
 
@@ -244,13 +246,19 @@ class MQTTServerProtocol(asyncio.Protocol):
 
     def close(self) -> None:
         """End the connection: what was written goes first, then a half-close and a bounded
-        wait for the client's own close (a full close where half-closing is impossible)."""
+        wait for the client's own close.
+
+        TLS cannot half-close TCP, but closing a TLS transport (asyncio's and uvloop's alike)
+        does the same: it sends close_notify, keeps reading (dropping the client's records)
+        until the client's close_notify or EOF, and only then closes the socket, or after the
+        listener's ``ssl_shutdown_timeout`` (LINGER_TIMEOUT).
+        """
         if self._buffer:
             self._flush()
         transport = self.transport
         if transport is None or transport.is_closing() or self._linger is not None:
             return
-        if not transport.can_write_eof():  # TLS: close_notify is the last word instead
+        if not transport.can_write_eof():  # TLS: a lingering shutdown of its own (above)
             transport.close()
             return
         try:
@@ -309,7 +317,14 @@ class MQTTServer:
 
             protocol = MQTTWebSocketProtocol
             kind = f"MQTT over WebSockets ({'wss' if tls else 'ws'}://...{PATH})"
-        server = await loop.create_server(lambda: protocol(self, context), host, port, ssl=tls)
+        server = await loop.create_server(
+            lambda: protocol(self, context),
+            host,
+            port,
+            ssl=tls,
+            # How long a closed TLS connection waits for the client's close (see close()).
+            ssl_shutdown_timeout=LINGER_TIMEOUT if tls else None,
+        )
         self._servers.append(server)
         address = server.sockets[0].getsockname()
         if tls and listener.protocol == "mqtt":
