@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                         if other is not b and other.alive():
                             other.settle()
                     t0 = time.monotonic()
-                    r = (runner.run_idle if w.kind == "idle" else runner.run_flow)(b, w, opt)
+                    r = runner.run_workload(b, w, opt)
                     r["repeat"] = rep
                     r["broker_durable"] = b.durable
                     if not b.alive():
@@ -277,6 +277,13 @@ def summary(r: dict[str, Any]) -> str:
                 f"{(r['kb_per_conn'] or 0):.1f} KB/conn, errors {r['error_count']}")
     if r.get("received") is None:
         return "FAILED " + "; ".join(r.get("errors", []))
+    if r.get("kind") == "retained":
+        first = f"{r['first_ms']:.1f} ms" if r.get("first_ms") is not None else "-"
+        last = f"{r['last_s']:.3f} s" if r.get("last_s") is not None else "-"
+        return (f"first after {first}, last after {last}, {r['received']:,}/{r['expected']:,} "
+                f"delivered (published in {r['publish_s']:.2f} s), broker CPU "
+                f"{r['broker_cpu_s']:.2f} s" + (" TIMED OUT" if r.get("timed_out") else "")
+                + (f" errors: {r['errors'][:3]}" if r.get("errors") else ""))
     rate = f"{r['msg_per_s']:,.0f} msg/s" if r.get("msg_per_s") else "- msg/s"
     p99 = f"p99 {r['p99_ms']:.2f} ms" if r.get("p99_ms") is not None else ""
     extra = " TIMED OUT" if r.get("timed_out") else ""
@@ -318,7 +325,7 @@ def profile(b: Any, args: argparse.Namespace, opt: Any, workloads: Any, runner: 
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                  for fmt, path in (("raw", raw), ("flamegraph", svg))]
         time.sleep(1.0)
-        r = (runner.run_idle if w.kind == "idle" else runner.run_flow)(b, w, opt)
+        r = runner.run_workload(b, w, opt)
         for proc in procs:
             proc.send_signal(signal.SIGINT)
         for proc in procs:

@@ -12,8 +12,10 @@ Every loop is bounded by a count and by a deadline.
 Protocol with the harness (all through multiprocessing queues/events):
     worker -> ready_q : ("ready", worker_id, info) or ("error", worker_id, text)
     harness -> go     : Event; the measured run starts when it is set
-    worker -> result_q: ("result", worker_id, stats)  (idle workers also send "connected")
-    harness -> release: Event (idle workers only): close the connections and finish
+    worker -> result_q: ("result", worker_id, stats)  (idle workers also send "connected";
+                        retained workers "published" before, "cleared" after)
+    harness -> release: Event (idle workers: close the connections and finish; retained
+                        workers: subscribe now)
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ def worker_main(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any, rele
             _publisher(spec, ready_q, go, result_q)
         elif kind == "idle":
             _idle(spec, ready_q, go, result_q, release)
+        elif kind == "retained":
+            _retained(spec, ready_q, go, result_q, release)
         else:
             raise ValueError(kind)
     except BaseException:
@@ -705,3 +709,99 @@ def _close_idle(socks: list[socket.socket]) -> None:
             sock.send(wire.DISCONNECT_BYTES)
         with contextlib.suppress(OSError):
             sock.close()
+
+
+# -- retained messages ---------------------------------------------------------------------
+
+
+def _send_and_ping(sock: socket.socket, data: bytes | memoryview, timeout: float) -> None:
+    """Send ``data`` (publications), then a PINGREQ, and wait for its PINGRESP: a broker
+    handles one connection's packets in order, so by then it has taken every publication."""
+    sock.settimeout(timeout)
+    sock.sendall(data)
+    sock.sendall(wire.PINGREQ_BYTES)
+    tail = b""
+    while True:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("connection closed by broker")
+        tail = (tail + chunk)[-2:]
+        if tail == bytes([wire.PINGRESP, 0]):
+            return
+
+
+def _retained(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any, release: Any) -> None:
+    """Publish ``count`` retained QoS 0 messages on distinct topics (phase one), then, when
+    the harness says so, subscribe a new connection to the wildcard covering them and time
+    its first and last retained message (phase two); finally clear them again.
+
+    Phase two's clock starts as the SUBSCRIBE is sent; a blocking ``recv_into`` (no
+    SO_RCVLOWAT) sees the first message as soon as it arrives. A broker that delivers fewer
+    than ``count`` ends the phase after ``idle_timeout_s`` without data (counted, not lost
+    time: ``last_ns`` is its last message)."""
+    host, port, count = spec["host"], spec["port"], spec["count"]
+    prefix = spec["topic"]
+    payload = wire.filler_payload()  # never stamped: no latency samples here
+    topics = [f"{prefix}/{i:07d}" for i in range(count)]
+    frames = b"".join(wire.publish(t, payload, 0, retain=True) for t in topics)
+    clears = b"".join(wire.publish(t, b"", 0, retain=True) for t in topics)
+    timeout = spec["deadline_s"]
+    publisher = _mqtt_connect(host, port, spec["client_ids"][0], clean=True, timeout=10)
+    ready_q.put(("ready", spec["id"], {}))
+    if not go.wait(spec["start_timeout_s"]):
+        raise TimeoutError("no go signal")
+    t_pub = time.monotonic_ns()
+    _send_and_ping(publisher, frames, timeout)
+    publish_ns = time.monotonic_ns() - t_pub
+    result_q.put(("published", spec["id"], {"publish_s": publish_ns / 1e9}))
+    if not release.wait(spec["start_timeout_s"]):
+        raise TimeoutError("no signal to subscribe")
+    cpu0 = _cpu()
+    sock = _mqtt_connect(host, port, spec["client_ids"][1], clean=True, timeout=10)
+    conn = _SubConn(sock, count, stride=count + 1)
+    rbuf = bytearray(RECV_SIZE + 4096)
+    rview = memoryview(rbuf)
+    errors: list[str] = []
+    timed_out = False
+    subscribe = wire.subscribe(1, f"{prefix}/#", 0)
+    t0 = time.monotonic_ns()
+    sock.sendall(subscribe)
+    deadline = time.monotonic() + timeout
+    sock.settimeout(spec["idle_timeout_s"])
+    while conn.count < count:
+        if time.monotonic() >= deadline:
+            timed_out = True
+            break
+        pl = len(conn.pending)
+        if pl:
+            rbuf[:pl] = conn.pending
+        try:
+            nb = sock.recv_into(rview[pl:pl + RECV_SIZE])
+        except TimeoutError:
+            break  # nothing more is coming: the broker delivered what it delivers
+        except OSError as exc:
+            errors.append(f"recv: {exc}")
+            break
+        if not nb:
+            errors.append("connection closed by broker")
+            break
+        conn.feed(rbuf, pl + nb, time.monotonic_ns())
+    cpu1 = _cpu()
+    _close_all([sock])
+    stats = {
+        "kind": "retained",
+        "received": conn.count,
+        "expected": count,
+        "publish_s": publish_ns / 1e9,
+        "subscribed_ns": t0,
+        "first_ns": conn.first,
+        "last_ns": conn.last,
+        "cpu_s": cpu1 - cpu0,
+        "timed_out": timed_out,
+        "errors": errors[:10],
+    }
+    result_q.put(("result", spec["id"], stats))
+    # Leave the broker as it was: a zero-length retained publication clears the topic.
+    _send_and_ping(publisher, clears, timeout)
+    _close_all([publisher])
+    result_q.put(("cleared", spec["id"], {}))

@@ -57,6 +57,8 @@ def saturated(r: dict[str, Any], gen_cores: int) -> str:
 def workload_table(w: Workload, runs: dict[str, list[dict[str, Any]]], gen_cores: int) -> str:
     if w.kind == "idle":
         return _idle_table(w, runs)
+    if w.kind == "retained":
+        return _retained_table(w, runs)
     paced = bool(w.rate)
     chosen = {b: pick(rs, "p99_ms" if paced else "msg_per_s") for b, rs in runs.items()}
     kw = chosen.get("kittiwake")
@@ -98,6 +100,43 @@ def workload_table(w: Workload, runs: dict[str, list[dict[str, Any]]], gen_cores
                  for name, r in chosen.items() if not r.get("skipped")]
         table += "\n\n" + _table(["broker", "filters/s", "RSS MB", "RSS bytes/filter"], extra)
     return table
+
+
+def _retained_table(w: Workload, runs: dict[str, list[dict[str, Any]]]) -> str:
+    """The median run (by time to the first message) of each broker, with the range of that
+    time over the repeats, and kittiwake's ratios to each peer."""
+    chosen = {b: pick(rs, "first_ms") for b, rs in runs.items()}
+    kw = chosen.get("kittiwake")
+    header = ["broker", "first ms", "first ms (min-max)", "last s", "delivered", "msg/s",
+              "published in s", "broker CPU s", "CPU us/msg", "RSS MB", "other CPU %",
+              "kw/peer first", "kw/peer last"]
+    rows = []
+    for name, r in chosen.items():
+        if r.get("received") is None:
+            rows.append([name, "failed: " + "; ".join(r.get("errors", []))[:80]]
+                        + [""] * (len(header) - 2))
+            continue
+        firsts = [x["first_ms"] for x in runs[name] if x.get("first_ms") is not None]
+        spread = f"{min(firsts):.1f}-{max(firsts):.1f}" if firsts else "-"
+        delivered = f"{r['received']:,}/{r['expected']:,}"
+        if r.get("timed_out"):
+            delivered += " (timed out)"
+        if kw is None or name == "kittiwake" or kw.get("received") is None:
+            ratio_first = ratio_last = "-"
+        else:
+            ratio_first = _ratio(kw.get("first_ms"), r.get("first_ms"))
+            ratio_last = _ratio(kw.get("last_s"), r.get("last_s"))
+        rows.append([
+            name, _f(r["first_ms"], "{:.1f}"), spread, _f(r["last_s"], "{:.3f}"), delivered,
+            _f(r["msg_per_s"]), _f(r["publish_s"], "{:.2f}"), _f(r["broker_cpu_s"], "{:.2f}"),
+            _f(r["broker_cpu_us_per_msg"], "{:.1f}"),
+            _f((r.get("broker_rss_kb") or 0) / 1024, "{:.1f}"),
+            _f(r.get("other_cpu_pct"), "{:.0f}"), ratio_first, ratio_last,
+        ])
+    title = (f"### {w.name}: {w.count:,} retained QoS 0 messages on distinct topics, then a "
+             "new QoS 0 subscriber to the wildcard over them (64-byte payloads; times from "
+             "its SUBSCRIBE; last s: to the last message received, whether or not all came)")
+    return title + "\n\n" + _table(header, rows)
 
 
 def _idle_table(w: Workload, runs: dict[str, list[dict[str, Any]]]) -> str:

@@ -105,6 +105,15 @@ class _Workers:
                 p.join(2)
 
 
+def run_workload(broker: Broker, w: Workload, opt: Options) -> dict[str, Any]:
+    """One run of ``w`` against ``broker``, whatever its kind."""
+    if w.kind == "idle":
+        return run_idle(broker, w, opt)
+    if w.kind == "retained":
+        return run_retained(broker, w, opt)
+    return run_flow(broker, w, opt)
+
+
 def run_flow(broker: Broker, w: Workload, opt: Options) -> dict[str, Any]:
     tag = f"r{next(_run_ids)}x{int(time.time() * 1000) % 100000}"
     topic = f"bench/{tag}/{w.name}"
@@ -304,5 +313,85 @@ def run_idle(broker: Broker, w: Workload, opt: Options) -> dict[str, Any]:
         "broker_alive": broker.alive(),
         "errors": errors + errors2 + [e for r in conn_r.values() for e in r["errors"]],
         "error_count": sum(r["error_count"] for r in conn_r.values()),
+    })
+    return result
+
+
+def run_retained(broker: Broker, w: Workload, opt: Options) -> dict[str, Any]:
+    """Retained messages to a new subscriber: ``w.count`` retained QoS 0 messages on distinct
+    topics are published first (and taken: PINGREQ answered); then the broker's CPU is read
+    and a new connection subscribes to the wildcard covering them. Time to the first and
+    to the last retained message, counted from the SUBSCRIBE; what a broker does not deliver
+    is reported, not waited for (an idle timeout ends the run)."""
+    tag = f"r{next(_run_ids)}x{int(time.time() * 1000) % 100000}"
+    spec = {"id": "retained", "kind": "retained", "host": "127.0.0.1", "port": broker.port,
+            "client_ids": [f"kwb-{tag}-p0", f"kwb-{tag}-s0"], "count": w.count,
+            "topic": f"bench/{tag}/retained", "cpus": opt.gen_cpus, "nofile": opt.nofile,
+            "start_timeout_s": 60.0, "deadline_s": opt.deadline_s,
+            "idle_timeout_s": opt.idle_timeout_s}
+    result: dict[str, Any] = {"workload": w.name, "broker": broker.name, "kind": w.kind,
+                              "qos": 0, "pubs": 1, "subs": 1, "count_per_pub": w.count,
+                              "expected": w.deliveries, "gen_procs": 1}
+    broker.settle()
+    workers = _Workers()
+    try:
+        workers.start(spec)
+        _, errors = workers.collect(workers.ready_q, {"retained"}, ("ready",), 60)
+        if not errors:
+            workers.go.set()
+            published, errors = workers.collect(workers.result_q, {"retained"}, ("published",),
+                                                opt.deadline_s + 20)
+        if errors:
+            result["errors"] = errors
+            return result
+        broker.settle()  # whatever publishing left behind (mosquitto's writes) is done
+        cpu0 = broker.cpu_seconds()
+        busy0 = machine_busy_s()
+        t0 = time.monotonic()
+        workers.release.set()
+        results, errors = workers.collect(workers.result_q, {"retained"}, ("result",),
+                                          opt.deadline_s + opt.idle_timeout_s + 20)
+        t1 = time.monotonic()
+        busy1 = machine_busy_s()
+        cpu1 = broker.cpu_seconds() if broker.alive() else cpu0
+        rss = broker.rss_kb() if broker.alive() else 0
+        if not errors:
+            _, cleared = workers.collect(workers.result_q, {"retained"}, ("cleared",),
+                                         opt.deadline_s + 20)
+            errors += [f"clearing the retained messages: {e}" for e in cleared]
+    finally:
+        workers.finish()
+    if "retained" not in results:
+        result["errors"] = errors
+        return result
+    r = results["retained"]
+    received, start = r["received"], r["subscribed_ns"]
+    wall = t1 - t0
+    broker_cpu = cpu1 - cpu0
+    # An idle timeout ended the wait, not the broker: the span is to the last message.
+    span = (r["last_ns"] - start) / 1e9 if r["last_ns"] else None
+    result.update({
+        "sent": w.count,
+        "acked": 0,
+        "received": received,
+        "lost": max(0, w.count - received),
+        "duplicates": max(0, received - w.count),
+        "timed_out": r["timed_out"],
+        "publish_s": published["retained"]["publish_s"],
+        "first_ms": (r["first_ns"] - start) / 1e6 if r["first_ns"] else None,
+        "last_s": span,
+        "all_s": span if received >= w.count else None,
+        "msg_per_s": received / span if span else None,
+        "wall_s": wall,
+        "broker_cpu_s": broker_cpu,
+        "broker_cpu_pct": 100 * broker_cpu / wall if wall else None,
+        "broker_cpu_us_per_msg": 1e6 * broker_cpu / received if received else None,
+        "broker_rss_kb": rss,
+        "gen_cpu_s": r["cpu_s"],
+        "gen_cpu_pct": 100 * r["cpu_s"] / wall if wall else None,
+        "other_cpu_pct": (100 * max(0.0, (busy1 - busy0) - broker_cpu - r["cpu_s"]) / wall
+                          if wall else None),
+        "broker_alive": broker.alive(),
+        "errors": errors + r.get("errors", []),
     })
     return result

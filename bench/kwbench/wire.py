@@ -57,9 +57,10 @@ def subscribe(packet_id: int, topic_filter: str, qos: int) -> bytes:
     return packet(SUBSCRIBE | 0x02, body)
 
 
-def publish(topic: str, payload: bytes, qos: int, packet_id: int = 0) -> bytes:
+def publish(topic: str, payload: bytes, qos: int, packet_id: int = 0, *,
+            retain: bool = False) -> bytes:
     body = utf8(topic) + (struct.pack(">H", packet_id) if qos else b"") + payload
-    return packet(PUBLISH | (qos << 1), body)
+    return packet(PUBLISH | (qos << 1) | int(retain), body)
 
 
 def subscribe_many(packet_id: int, topic_filters: list[str], qos: int) -> bytes:

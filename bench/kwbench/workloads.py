@@ -14,7 +14,9 @@ from dataclasses import dataclass, replace
 class Workload:
     name: str
     title: str
-    kind: str = "flow"  # "flow": publish/subscribe; "idle": many idle connections
+    # "flow": publish/subscribe; "idle": many idle connections; "retained": ``count``
+    # retained messages, then a new subscriber to all of them
+    kind: str = "flow"
     qos: int = 0
     pubs: int = 1
     subs: int = 1
@@ -71,6 +73,10 @@ FULL: list[Workload] = [
     Workload("topics-1m", "QoS 0 over 1,000,000 filters, 200,000 topics, 1 publisher",
              qos=0, count=200_000, filters=1_000_000, topics=200_000,
              pending="a million subscriptions take minutes per broker: name it to run it"),
+    # Retained messages served to a new subscriber as its window opens (issue 16): the time
+    # to the first must not grow with how many there are.
+    Workload("retained-100k", "100,000 retained QoS 0 messages on distinct topics, then a "
+             "new subscriber to `#` over them", kind="retained", count=100_000),
     Workload("idle-conns", "idle connections with keepalive 60 s", kind="idle",
              conns=10_000, hold_s=5.0),
 ]
@@ -79,7 +85,7 @@ SMOKE_COUNTS = {
     "qos0-1to1": 300, "qos1-1to1": 300, "qos0-10to1": 30, "qos1-10to1": 30,
     "qos0-1to50": 6, "qos1-1to50": 6, "paced-qos0": 300, "paced-qos1": 300,
     "qos1-persistent-1to1": 300, "qos1-persistent-10to1": 30,
-    "topics-10k": 2_000, "topics-100k": 2_000, "topics-1m": 2_000,
+    "topics-10k": 2_000, "topics-100k": 2_000, "topics-1m": 2_000, "retained-100k": 2_000,
 }
 
 
@@ -99,7 +105,7 @@ def select(names: list[str] | None, *, smoke: bool, scale: float, idle_conns: in
             w = replace(w, count=SMOKE_COUNTS.get(w.name, w.count),
                         conns=min(w.conns, 200) if w.kind == "idle" else 0, hold_s=0.5,
                         filters=min(w.filters, 10_000), topics=min(w.topics, 10_000))
-        elif w.kind == "flow":
+        elif w.kind in ("flow", "retained"):
             w = replace(w, count=max(1, int(w.count * scale)))
         if w.kind == "idle" and idle_conns is not None:
             w = replace(w, conns=idle_conns)

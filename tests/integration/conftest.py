@@ -108,11 +108,13 @@ def paho() -> Iterator[Callable[..., PahoClient]]:
 
 @pytest.fixture
 def raw() -> Iterator[Callable[..., RawClient]]:
-    """``raw(address, version=4)``: an unconnected :class:`RawClient`."""
+    """``raw(address, version=4, tls=None)``: an unconnected :class:`RawClient`."""
     made: list[RawClient] = []
 
-    def make(addr: tuple[str, int], version: int = 4, timeout: float = 5.0) -> RawClient:
-        client = RawClient(tuple(addr), version, timeout)  # type: ignore[arg-type]
+    def make(
+        addr: tuple[str, int], version: int = 4, timeout: float = 5.0, **kwargs: Any
+    ) -> RawClient:
+        client = RawClient(tuple(addr), version, timeout, **kwargs)  # type: ignore[arg-type]
         made.append(client)
         return client
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import time
 from collections import deque
 from typing import Any, TypeVar
@@ -36,12 +37,20 @@ class ConnectionClosed(Exception):
 
 
 class RawClient:
-    """One TCP connection speaking MQTT ``version`` (3, 4 or 5) one packet at a time."""
+    """One TCP connection speaking MQTT ``version`` (3, 4 or 5) one packet at a time; over TLS
+    when given a client ``tls`` context (the server's name is taken to be ``localhost``)."""
 
-    def __init__(self, address: tuple[str, int], version: int = 4, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        version: int = 4,
+        timeout: float = 5.0,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.version = version
-        self.sock = socket.create_connection(address, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        plain = socket.create_connection(address, timeout=timeout)
+        plain.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = plain if tls is None else tls.wrap_socket(plain, server_hostname="localhost")
         self.decoder = PacketDecoder()
         self.decoder.protocol_version = version
         self._pending: deque[Packet] = deque()
@@ -76,7 +85,7 @@ class RawClient:
                 data = self.sock.recv(65536)
             except TimeoutError:
                 raise TimeoutError(f"no packet within {timeout}s") from None
-            except (ConnectionResetError, BrokenPipeError):
+            except (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError):
                 self.eof = True
                 continue
             if not data:

@@ -29,7 +29,7 @@ def test_bench_smoke_counts_every_message(tmp_path: Path) -> None:
     expected_workloads = {w["name"] for w in data["meta"]["workloads"]}
     assert ran == expected_workloads, report
     assert {"qos0-1to1", "qos1-1to1", "qos0-10to1", "qos1-1to50", "paced-qos0",
-            "idle-conns"} <= ran
+            "idle-conns", "retained-100k"} <= ran
     for r in results:
         assert r["broker"] == "kittiwake"
         assert not r.get("errors"), (r["workload"], r["errors"])
@@ -37,6 +37,14 @@ def test_bench_smoke_counts_every_message(tmp_path: Path) -> None:
             assert r["connected"] == r["requested"] > 0, r
             assert r["pings_ok"] == r["connected"], r
             assert r["drops"] == 0, r
+        elif r["kind"] == "retained":
+            # Every retained message reaches the new subscriber; its first one was timed.
+            assert r["expected"] > 0, r
+            assert r["received"] == r["expected"], r
+            assert r["lost"] == 0 and r["duplicates"] == 0, r
+            assert not r["timed_out"], r
+            assert r["first_ms"] is not None and r["all_s"] is not None, r
+            assert r["broker_cpu_s"] >= 0, r
         else:
             assert r["expected"] > 0, r
             assert r["received"] == r["expected"], r

@@ -1,6 +1,7 @@
 """The web console in headless Chromium against a real broker with real clients: each page
 opened behind HTTP Basic authentication, waited on until it shows the broker's data, saved as
-a screenshot under test-output/console/ (git-ignored), and an action (purge) done through it."""
+a screenshot under test-output/console/ (git-ignored), and its actions (purge a queue,
+disconnect a client, delete an offline session) done through it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from kittiwake.broker.authentication import PasswordHash, format_password_file
 
 from .brokerproc import BrokerProcess
 from .chromium import CHROMIUM, Chromium
-from .clients import unique
+from .clients import MQTTv5, unique, wait_until
+from .test_http import get_json
 
 pytestmark = pytest.mark.skipif(not CHROMIUM, reason="chromium not installed (make browser-deps)")
 
@@ -132,3 +134,86 @@ def test_every_console_page_shows_the_broker(
     chromium.wait_for("document.getElementById('message').innerText.includes('3 messages purged')")
     assert chromium.wait_for(f"{row} && {row}.cells[2].innerText === '0'")
     chromium.screenshot(SCREENSHOTS / "queues-purged.png")
+
+
+def row_of(table: str, client_id: str) -> str:
+    """A JavaScript expression: the row of ``table`` whose first cell is ``client_id``
+    (looked up afresh each time: the console redraws its tables every second)."""
+    return (
+        f"[...document.querySelectorAll('#{table} tbody tr')]"
+        f".find(r => r.cells[0].innerText === {json.dumps(client_id)})"
+    )
+
+
+def click(chromium: Chromium, row: str, label: str) -> None:
+    """Click the ``label`` button of ``row`` once it is shown, confirming its question."""
+    button = f"[...({row}).querySelectorAll('button')].find(b => b.innerText === '{label}')"
+    chromium.wait_for(f"!!({row}) && !!({button})")
+    chromium.evaluate("window.confirm = () => true")
+    chromium.evaluate(f"{button}.click()")
+
+
+def test_disconnect_and_delete_session_from_the_console(
+    broker: Callable[..., BrokerProcess],
+    paho: Callable[..., Any],
+    chromium: Chromium,
+    tmp_path: Path,
+) -> None:
+    """An operator disconnects a connected client and deletes an offline persistent session
+    with the console's buttons: the page says so and drops the rows, the API agrees, the
+    client was told why (MQTT 5: 0x98) and the session is gone when its client comes back."""
+    users = tmp_path / "users"
+    users.write_text(
+        format_password_file({"admin": PasswordHash.make("s3cret", log2_n=4)}), encoding="utf-8"
+    )
+    process = broker(http=True, auth={"password_file": str(users)})
+    admin = ("admin", "s3cret")
+    login = {"username": "admin", "password": "s3cret"}
+    online_id, offline_id = unique("console-online"), unique("console-offline")
+    online = paho(process.address, online_id, protocol=MQTTv5, **login)
+    topic = unique("console/kept-for")
+    offline = paho(process.address, offline_id, clean=False, **login)
+    offline.subscribe(topic, qos=1)
+    offline.disconnect()
+    online.publish(topic, b"waits in the offline session", qos=1)
+    assert wait_until(
+        lambda: any(
+            s["client_id"] == offline_id and not s["connected"] and s["queued"] == 1
+            for s in get_json(process, "/api/sessions", user=admin)
+        ),
+        timeout=10,
+        interval=0.1,
+    ), get_json(process, "/api/sessions", user=admin)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    token = base64.b64encode(b"admin:s3cret").decode()
+    chromium.call("Network.enable")
+    chromium.call("Network.setExtraHTTPHeaders", headers={"Authorization": f"Basic {token}"})
+    url = process.http_url
+
+    open_page(chromium, url, "clients")
+    online_row = row_of("clients-table", online_id)
+    click(chromium, online_row, "Disconnect")
+    chromium.wait_for(
+        "document.getElementById('message').innerText"
+        f".includes({json.dumps(f'{online_id}: 1 connection(s) closed')})"
+    )
+    chromium.wait_for(f"!({online_row})")
+    chromium.screenshot(SCREENSHOTS / "clients-disconnected.png")
+    assert online.wait_disconnected().reason_code == 0x98  # administrative action
+    assert all(c["client_id"] != online_id for c in get_json(process, "/api/clients", user=admin))
+
+    open_page(chromium, url, "sessions")
+    offline_row = row_of("sessions-table", offline_id)
+    click(chromium, offline_row, "Delete")
+    chromium.wait_for(
+        "document.getElementById('message').innerText"
+        f".includes({json.dumps(f'session {offline_id} deleted')})"
+    )
+    chromium.wait_for(f"!({offline_row})")
+    chromium.screenshot(SCREENSHOTS / "sessions-deleted.png")
+    sessions = get_json(process, "/api/sessions", user=admin)
+    assert all(s["client_id"] != offline_id for s in sessions)
+    # Its client finds no session and no message waiting for it.
+    back = paho(process.address, offline_id, clean=False, **login)
+    assert not back.session_present
+    back.no_message()

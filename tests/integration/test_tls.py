@@ -6,15 +6,17 @@ TLS version."""
 from __future__ import annotations
 
 import base64
+import os
 import socket
 import ssl
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from kittiwake.mqtt.codec import PacketDecoder, encode
-from kittiwake.mqtt.packets import ConnAck, Connect
+from kittiwake.mqtt.packets import ConnAck, Connect, Disconnect, Publish, PubRec, PubRel
 
 from .brokerproc import BrokerProcess
 from .certificates import PKI, make_pki
@@ -162,6 +164,74 @@ def test_minimum_tls_version(broker, pki):
     assert raw_tls_connect(address, client_context(pki)).reason_code == 0
     with pytest.raises((ssl.SSLError, ConnectionError)):
         raw_tls_connect(address, client_context(pki, maximum=ssl.TLSVersion.TLSv1_2))
+
+
+def _tls_record_waiting(sock: ssl.SSLSocket) -> bool:
+    """True when the bytes the kernel holds for ``sock``, not yet read by its TLS layer,
+    start with a whole TLS record (the broker has answered). Looked at with MSG_PEEK on a
+    duplicate descriptor, so the TLS layer still reads every byte."""
+    with socket.socket(fileno=os.dup(sock.fileno())) as raw:
+        try:
+            data = raw.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+    return len(data) >= 5 and len(data) >= 5 + int.from_bytes(data[3:5], "big")
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_client_still_sending_pubrels_reads_the_disconnect_over_tls(
+    broker, pki, raw, version, loop
+):
+    """TLS has no half-close: after DISCONNECT 0x93 the broker keeps the connection, dropping
+    what the client still sends, until the client closes. A client busy sending PUBRELs for
+    earlier PUBRECs then reads the PUBRECs and the DISCONNECT instead of a reset (the same as
+    over plain TCP, see test_malformed). asyncio's own TLS transport resets the connection
+    when a record arrives after its close_notify; uvloop's drops it."""
+    address = broker(
+        limits={"receive_maximum": 2}, listener={"tls": tls_table(pki)}, uvloop=loop == "uvloop"
+    )
+    context = client_context(pki, maximum=version)
+    context.minimum_version = version
+    client = raw(address, 5, tls=context)
+    client.connect(unique("tls-pubrel-sender"))
+    client.send_raw(b"".join(encode(Publish("t/rm", b"x", 2, packet_id=i), 5) for i in (1, 2, 3)))
+    # The broker answers the three in one write (they came in one read) and decides to close
+    # in the same turn of its loop: once that record is here, the PUBRELs reach a closed
+    # connection. Had it closed the socket, it would answer the first PUBREL with a reset,
+    # and a later send would fail before the client has read anything.
+    deadline = time.monotonic() + 5
+    while not _tls_record_waiting(client.sock):
+        assert time.monotonic() < deadline, "no answer from the broker within 5 s"
+        time.sleep(0.005)
+    for packet_id in (1, 2):
+        client.send(PubRel(packet_id))
+    for _ in range(20):  # a client still busy for a while, not one burst the kernel takes
+        client.send(PubRel(1))
+        time.sleep(0.01)
+    # Then it reads, up to the DISCONNECT (after which an MQTT 5 client closes).
+    packets = [client.recv()]
+    while not isinstance(packets[-1], Disconnect):
+        packets.append(client.recv())
+    kinds = [type(p) for p in packets]
+    assert packets[-1].reason_code == 0x93, packets
+    assert kinds.count(PubRec) == 2, packets
+
+
+def test_a_tls_client_that_never_closes_is_let_go_after_the_linger(broker, pki, raw):
+    """The wait for the client's close after our close_notify is bounded by the broker's
+    LINGER_TIMEOUT (as a half-closed TCP connection's is), not the event loop's 30 s TLS
+    shutdown timeout: a client that never answers holds no connection slot for longer."""
+    from kittiwake.mqtt.server import LINGER_TIMEOUT
+
+    from .test_malformed import _wait_for_state
+
+    address = broker(listener={"tls": tls_table(pki)})
+    client = raw(address, 5, tls=client_context(pki))
+    client.connect(unique("tls-silent"))
+    client.send_raw(b"\x00\x00")  # reserved packet type 0: DISCONNECT 0x81, then the close
+    # The client reads nothing and does not close; the broker's FIN must come (CLOSE_WAIT).
+    _wait_for_state(client.sock, {7, 8}, timeout=LINGER_TIMEOUT + 10)
 
 
 def test_mqtts_defaults_to_port_8883() -> None:

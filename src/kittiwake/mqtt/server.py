@@ -34,8 +34,20 @@ CONNECT_TIMEOUT = 10.0
 # After the broker ends a connection it closes only its write side and reads (and drops) what
 # the client still sends, for at most this long: a client busy writing (PUBRELs, say) then
 # reads our last words (DISCONNECT with its reason, a refusing CONNACK) instead of having them
-# destroyed by the reset a full close causes when its data arrives.
+# destroyed by the reset a full close causes when its data arrives. Over TLS (no half-close)
+# see MQTTServerProtocol.close().
 LINGER_TIMEOUT = 5.0
+
+
+def _tls_shutdown_drops_input(transport: asyncio.BaseTransport) -> bool:
+    """Whether closing this TLS transport lets the client still write until it closes.
+
+    uvloop's does: it sends close_notify, then reads and drops the client's records until
+    the client's close_notify or EOF. asyncio's own (CPython 3.11 to 3.13 at least) fails its
+    shutdown with APPLICATION_DATA_AFTER_CLOSE_NOTIFY as soon as a record arrives, and resets
+    the connection before the client has read what we sent last.
+    """
+    return type(transport).__module__ != "asyncio.sslproto"
 
 
 def handle_input(
@@ -244,14 +256,26 @@ class MQTTServerProtocol(asyncio.Protocol):
 
     def close(self) -> None:
         """End the connection: what was written goes first, then a half-close and a bounded
-        wait for the client's own close (a full close where half-closing is impossible)."""
-        if self._buffer:
+        wait for the client's own close.
+
+        TLS cannot half-close TCP. Closing uvloop's TLS transport does the same instead
+        (close_notify, the client's records dropped until it closes, at most the listener's
+        ``ssl_shutdown_timeout``, LINGER_TIMEOUT). On asyncio's (see
+        _tls_shutdown_drops_input), when we have just written last words the connection
+        stays open instead, its input dropped (the connection is closed), until the client
+        closes or LINGER_TIMEOUT; with nothing to read, it is closed at once.
+        """
+        last_words = bool(self._buffer)
+        if last_words:
             self._flush()
         transport = self.transport
         if transport is None or transport.is_closing() or self._linger is not None:
             return
-        if not transport.can_write_eof():  # TLS: close_notify is the last word instead
-            transport.close()
+        if not transport.can_write_eof():  # TLS
+            if last_words and not _tls_shutdown_drops_input(transport):
+                self._linger = self._loop.call_later(LINGER_TIMEOUT, transport.close)
+            else:
+                transport.close()
             return
         try:
             transport.write_eof()
@@ -309,7 +333,14 @@ class MQTTServer:
 
             protocol = MQTTWebSocketProtocol
             kind = f"MQTT over WebSockets ({'wss' if tls else 'ws'}://...{PATH})"
-        server = await loop.create_server(lambda: protocol(self, context), host, port, ssl=tls)
+        server = await loop.create_server(
+            lambda: protocol(self, context),
+            host,
+            port,
+            ssl=tls,
+            # How long a closed TLS connection waits for the client's close (see close()).
+            ssl_shutdown_timeout=LINGER_TIMEOUT if tls else None,
+        )
         self._servers.append(server)
         address = server.sockets[0].getsockname()
         if tls and listener.protocol == "mqtt":
