@@ -155,16 +155,32 @@ class RetainedMessages:
 def _walk(root: _Level, names: list[str]) -> Iterator[Message]:
     """The messages in the tree that the filter levels ``names`` match, depth first.
 
-    Iterative (a topic may have thousands of levels; recursion would overflow). A child is
-    looked up when it is visited, not when its parent is, so the tree may change while a walk
-    is suspended. A wildcard in the first level never matches a topic starting with '$'
-    (MQTT-4.7.2-1).
+    Iterative (a topic may have thousands of levels; recursion would overflow). A level's
+    children are visited from a snapshot of their names (one list made in C), so the first
+    message of a wide level comes at once rather than after a frame per child; each child is
+    looked up when it is visited, so the tree may change while a walk is suspended. A
+    wildcard in the first level never matches a topic starting with '$' (MQTT-4.7.2-1).
     """
     last = len(names)
-    # (parent, child name or None for the parent itself, filter levels matched, under '#')
-    stack: list[tuple[_Level, str | None, int, bool]] = [(root, None, 0, False)]
-    while stack:
-        parent, name, depth, everything = stack.pop()
+    # Levels whose children are being visited: (level, names still to visit, their depth,
+    # under '#').
+    pending: list[tuple[_Level, Iterator[str], int, bool]] = []
+    # The next visit: (parent, child name or None for the parent itself, depth, under '#').
+    visit: tuple[_Level, str | None, int, bool] | None = (root, None, 0, False)
+    while True:
+        if visit is None:
+            if not pending:
+                return
+            parent, children, child_depth, under = pending[-1]
+            child_name = next(children, None)
+            if child_name is None:
+                pending.pop()
+                continue
+            if child_depth == 1 and child_name.startswith("$"):
+                continue
+            visit = (parent, child_name, child_depth, under)
+        parent, name, depth, everything = visit
+        visit = None
         level = parent if name is None else parent.children.get(name)
         if level is None:
             continue
@@ -176,10 +192,8 @@ def _walk(root: _Level, names: list[str]) -> Iterator[Message]:
             if not everything:
                 continue
         elif names[depth] != "+":
-            stack.append((level, names[depth], depth + 1, False))
+            visit = (level, names[depth], depth + 1, False)
             continue
-        # '+' or under '#': every child, in order (pushed last first)
-        for child_name in reversed(list(level.children)):
-            if depth == 0 and child_name.startswith("$"):
-                continue
-            stack.append((level, child_name, depth + 1, everything))
+        # '+' or under '#': every child, in order
+        if level.children:
+            pending.append((level, iter(list(level.children)), depth + 1, everything))
