@@ -655,8 +655,21 @@ class ConsumerLink:
             self.pump()
             return
         # Drain: send what waits now, then the rest of the credit is used up.
+        self.pump_then(self._drained)
+
+    def pump_then(self, then: Callable[[], None]) -> None:
+        """Pump now, then call ``then`` once what waits has gone out (a queue's link may
+        have to wait for its in-flight window to be stored first)."""
         self.pump_now()
-        if link.credit > 0:
+        then()
+
+    def _drained(self) -> None:
+        """End a drain: the credit left is used up (unless the client changed its mind)."""
+        consumer = self.consumer
+        link = self.link
+        if self.closed or consumer is None:
+            return
+        if link.drain_mode and link.credit > 0:
             link.drained()
             consumer.credit.available = 0
         self.layer.connection.wake()
@@ -785,6 +798,12 @@ class QueueConsumerLink(ConsumerLink):
     def pump_now(self) -> None:
         if self.consumer is not None and self.consumer.queue is not None:
             self.layer.queues.pump(self.consumer.queue)
+
+    def pump_then(self, then: Callable[[], None]) -> None:
+        if self.consumer is not None and self.consumer.queue is not None:
+            self.layer.queues.pump_then(self.consumer.queue, then)
+        else:
+            then()
 
     def close(self, *, remove: bool) -> None:
         if self.closed:
