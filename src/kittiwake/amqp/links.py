@@ -970,6 +970,19 @@ class TopicConsumerLink(ConsumerLink):
         if self.session is not None:
             self.layer.broker.pump(self.session)
 
+    def pump_then(self, then: Callable[[], None]) -> None:
+        """A durable subscription's exactly-once copies go out once their in-flight marks
+        are committed (broker.dispatch.DurableReceiver): ``then`` (a drain's answer) waits
+        for that commit, so it comes after them and does not use up their credit."""
+        self.pump_now()
+        session = self.session
+        persistent = session is not None and session.persistent
+        commit = self.layer.broker.store.commit() if persistent else None
+        if commit is None or commit.done():
+            then()
+            return
+        commit.add_done_callback(lambda _: then())
+
     def close(self, *, remove: bool) -> None:
         """End the subscription, or, for a durable one merely detached, only its link (the
         subscription keeps collecting messages)."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from proton import Message
-from proton.utils import BlockingConnection
+from proton.reactor import DurableSubscription
+from proton.utils import BlockingConnection, BlockingReceiver
 
 from ..brokerproc import BrokerProcess
 from ..clients import PahoClient, unique
@@ -64,3 +65,36 @@ def test_a_drain_on_a_new_link_to_a_stored_queue_gets_the_waiting_messages(
     finally:
         connection.close()
 
+
+def test_a_drain_on_a_durable_subscription_gets_what_it_collected(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    """A durable subscription's persistent copies go out exactly once: each waits for the
+    commit of its in-flight mark. A drain must wait for those sends, not use the credit up
+    first (then the copies would sit unsent until the client gave credit again)."""
+    process = broker(amqp=True)  # the SQLite store
+    topic = f"topic://{unique('collected')}/t"
+    client_id = unique("durable-drain")
+
+    def subscribe(connection: BlockingConnection) -> BlockingReceiver:
+        return connection.create_receiver(
+            topic, name="sub", credit=0, options=DurableSubscription()
+        )
+
+    connection = BlockingConnection(process.amqp_url, timeout=10, container_id=client_id)
+    subscribe(connection).detach()  # the subscription stays, collecting
+    connection.close()
+    connection = BlockingConnection(process.amqp_url, timeout=10)
+    sender = connection.create_sender(topic)
+    for body in ("1", "2"):
+        sender.send(Message(body=body, durable=True))
+    connection.close()
+    connection = BlockingConnection(process.amqp_url, timeout=10, container_id=client_id)
+    try:
+        receiver = subscribe(connection)
+        receiver.link.drain(2)
+        got = [receiver.receive(timeout=5).body, receiver.receive(timeout=5).body]
+        receiver.accept()
+        assert got == ["1", "2"]
+    finally:
+        connection.close()
