@@ -655,8 +655,21 @@ class ConsumerLink:
             self.pump()
             return
         # Drain: send what waits now, then the rest of the credit is used up.
+        self.pump_then(self._drained)
+
+    def pump_then(self, then: Callable[[], None]) -> None:
+        """Pump now, then call ``then`` once what waits has gone out (a queue's link may
+        have to wait for its in-flight window to be stored first)."""
         self.pump_now()
-        if link.credit > 0:
+        then()
+
+    def _drained(self) -> None:
+        """End a drain: the credit left is used up (unless the client changed its mind)."""
+        consumer = self.consumer
+        link = self.link
+        if self.closed or consumer is None:
+            return
+        if link.drain_mode and link.credit > 0:
             link.drained()
             consumer.credit.available = 0
         self.layer.connection.wake()
@@ -785,6 +798,12 @@ class QueueConsumerLink(ConsumerLink):
     def pump_now(self) -> None:
         if self.consumer is not None and self.consumer.queue is not None:
             self.layer.queues.pump(self.consumer.queue)
+
+    def pump_then(self, then: Callable[[], None]) -> None:
+        if self.consumer is not None and self.consumer.queue is not None:
+            self.layer.queues.pump_then(self.consumer.queue, then)
+        else:
+            then()
 
     def close(self, *, remove: bool) -> None:
         if self.closed:
@@ -950,6 +969,19 @@ class TopicConsumerLink(ConsumerLink):
     def pump_now(self) -> None:
         if self.session is not None:
             self.layer.broker.pump(self.session)
+
+    def pump_then(self, then: Callable[[], None]) -> None:
+        """A durable subscription's exactly-once copies go out once their in-flight marks
+        are committed (broker.dispatch.DurableReceiver): ``then`` (a drain's answer) waits
+        for that commit, so it comes after them and does not use up their credit."""
+        self.pump_now()
+        session = self.session
+        persistent = session is not None and session.persistent
+        commit = self.layer.broker.store.commit() if persistent else None
+        if commit is None or commit.done():
+            then()
+            return
+        commit.add_done_callback(lambda _: then())
 
     def close(self, *, remove: bool) -> None:
         """End the subscription, or, for a durable one merely detached, only its link (the

@@ -61,6 +61,8 @@ class QueueDestinations:
         self._committing: list[tuple[Queue, Message]] = []
         # Each queue's in-flight window as stored (see _window_grew); absent = 0.
         self._windows: dict[str, int] = {}
+        # Each queue's window commit in progress: nothing goes out until it is durable.
+        self._window_commits: dict[str, asyncio.Future[None]] = {}
 
     # -- queues -----------------------------------------------------------------------------
 
@@ -357,12 +359,16 @@ class QueueDestinations:
     def _window_grew(self, queue: Queue) -> bool:
         """Store the queue's in-flight window (its consumers' unsettled deliveries and
         credit) when it outgrows the stored one; True when dispatch must wait for that
-        commit, so nothing beyond the stored window is ever in flight. It grows rarely (a
-        consumer's first credit), so nearly every pump only adds it up."""
+        commit (until it is done, every pump waits), so nothing beyond the stored window is
+        ever in flight. It grows rarely (a consumer's first credit), so nearly every pump
+        only adds it up."""
+        name = queue.name
+        pending = self._window_commits.get(name)
+        if pending is not None and not pending.done():
+            return True
         window = 0
         for consumer in queue.consumers:
             window += len(consumer.unsettled) + max(0, consumer.credit.available)
-        name = queue.name
         if window <= self._windows.get(name, 0):
             return False
         self._windows[name] = window
@@ -370,8 +376,25 @@ class QueueDestinations:
         commit = self.store.commit()
         if commit is None:
             return False
-        commit.add_done_callback(lambda _: self.pump_soon(queue))
+        self._window_commits[name] = commit
+        commit.add_done_callback(functools.partial(self._window_stored, queue))
         return True
+
+    def _window_stored(self, queue: Queue, done: asyncio.Future[None]) -> None:
+        if self._window_commits.get(queue.name) is done:
+            del self._window_commits[queue.name]
+        self.pump_soon(queue)
+
+    def pump_then(self, queue: Queue, then: Callable[[], None]) -> None:
+        """Pump now, then call ``then``; when dispatch waits for the queue's window to be
+        stored, only after the pump that follows that commit. A drain answers after this, so
+        it never reports an empty queue while entries wait for the window's commit."""
+        self.pump(queue)
+        pending = self._window_commits.get(queue.name)
+        if pending is None or pending.done():
+            then()
+            return
+        pending.add_done_callback(lambda _: self.pump_then(queue, then))
 
     def pump_soon(self, queue: Queue) -> None:
         """Pump once the current loop turn has done its reading (one pump per turn)."""

@@ -388,3 +388,32 @@ def test_a_persistent_queue_send_reaches_its_consumer_before_its_commit_only_if_
         assert len(receiver.deliveries) == 2
 
     run(body)
+
+
+def test_nothing_goes_out_before_a_queues_larger_window_is_stored() -> None:
+    """Recovery after a crash counts as many waiting entries as the stored in-flight window
+    allows as possibly delivered, so a delivery beyond the stored window must wait for the
+    commit that stores the larger one: every pump while that commit is pending sends
+    nothing, not only the one that asked for it. A drain waits for it too, then answers."""
+
+    async def body() -> None:
+        store = HeldCommitStore()
+        broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        destinations = QueueDestinations(broker)
+        receiver = RecordingConsumer()
+        destinations.send("orders", Message("", b"1", qos=2, persistent=False))
+        queue = destinations.attach("orders", Consumer(receiver, window=2))
+        assert destinations.pump(queue) == 0  # the window of 2 is being stored
+        assert store.pending is not None
+        assert destinations.pump(queue) == 0, "sent before the window was stored"
+        answered: list[int] = []
+        destinations.pump_then(queue, lambda: answered.append(len(receiver.deliveries)))
+        assert receiver.deliveries == [] and answered == []
+        store.resolve()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(receiver.deliveries) == 1
+        assert answered == [1], "the drain answered before what waited went out"
+
+    run(body)
