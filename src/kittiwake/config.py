@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from kittiwake.broker.topics import TopicError, validate_topic_filter
+from kittiwake.broker.topics import TopicError, topic_matches, validate_topic_filter
 
 log = logging.getLogger(__name__)
 
@@ -317,9 +317,32 @@ class AMQPConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuePattern:
+    """Settings for the queues whose names ``match`` matches (MQTT wildcards over names split
+    at '/': "orders/+", "audit/#", "#"); an option left out keeps the [queues] value."""
+
+    match: str
+    max_delivery_attempts: int | None = None
+    dead_letter_queue: str | None = None
+    expiry_queue: str | None = None
+    auto_create: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """What applies to one queue: [queues], overridden by the first pattern matching its name."""
+
+    max_delivery_attempts: int
+    dead_letter_queue: str
+    expiry_queue: str
+    auto_create: bool
+
+
+@dataclass(frozen=True, slots=True)
 class QueuesConfig:
-    """Redelivery and where entries go that a queue gives up on (DESIGN.md section 5): JMS
-    queues and JMS topic subscriptions (MQTT sessions' queues never dead-letter)."""
+    """Queue lifecycles, redelivery and where entries go that a queue gives up on (DESIGN.md
+    section 5): JMS queues and JMS topic subscriptions (MQTT sessions' queues never
+    dead-letter)."""
 
     # Failed deliveries of one entry before it moves to the dead-letter queue; 0 = no limit.
     max_delivery_attempts: int = 10
@@ -327,6 +350,36 @@ class QueuesConfig:
     dead_letter_queue: str = "DLQ"
     # Where expired entries move (a name or pattern, as above); "" drops them, still counted.
     expiry_queue: str = "ExpiryQueue"
+    # A queue is created on first use (a send or a consumer); false: only declared queues
+    # exist, and using another is refused (AMQP amqp:not-found).
+    auto_create: bool = True
+    # Queues that exist from start-up, whatever auto_create says.
+    declared: tuple[str, ...] = ()
+    # Per-name settings; the first whose match fits a queue's name applies.
+    patterns: tuple[QueuePattern, ...] = ()
+
+    def settings(self, name: str) -> QueueSettings:
+        """The settings of the queue ``name`` (a subscription's queue, whose name is the
+        broker's own "$session/...", is matched without its leading '$')."""
+        name = name.lstrip("$")
+        for pattern in self.patterns:
+            if topic_matches(pattern.match, name):
+                return QueueSettings(
+                    _either(pattern.max_delivery_attempts, self.max_delivery_attempts),
+                    _either(pattern.dead_letter_queue, self.dead_letter_queue),
+                    _either(pattern.expiry_queue, self.expiry_queue),
+                    _either(pattern.auto_create, self.auto_create),
+                )
+        return QueueSettings(
+            self.max_delivery_attempts, self.dead_letter_queue, self.expiry_queue, self.auto_create
+        )
+
+
+_T = typing.TypeVar("_T")
+
+
+def _either(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,6 +504,10 @@ def _build(cls: type[Any], raw: Any, where: str) -> Any:
     unknown = sorted(set(raw) - names)
     if unknown:
         raise ConfigError(f"unknown key {_join(where, unknown[0])!r}; known keys: {sorted(names)}")
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and f.name not in raw:
+            raise ConfigError(f"{where or 'top level'}: {f.name} is required")
     values = {name: _convert(hints[name], value, _join(where, name)) for name, value in raw.items()}
     for name, value in values.items():
         # Checked before construction too: a listener turns its "protocol default" port
@@ -477,7 +534,9 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: {value!r} is not one of {list(allowed)}")
         return value
     if origin in (typing.Union, types.UnionType):
-        raise ConfigError(f"{where}: unsupported option type")  # pragma: no cover
+        # An optional option (X | None): TOML has no null, so a value given is an X.
+        (item_hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return _convert(item_hint, value, where)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -573,15 +632,22 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'link_credit')}: must be at least 1")
         if obj.max_links_per_session < 1:
             raise ConfigError(f"{_join(where, 'max_links_per_session')}: must be at least 1")
-    if isinstance(obj, QueuesConfig):
+    if isinstance(obj, (QueuesConfig, QueuePattern)):
         for key in ("dead_letter_queue", "expiry_queue"):
             pattern = getattr(obj, key)
+            if pattern is None:
+                continue
             try:
                 pattern.format(queue="q")
             except (KeyError, IndexError, ValueError):
                 raise ConfigError(
                     f"{_join(where, key)}: {pattern!r} may only use the placeholder {{queue}}"
                 ) from None
+    if isinstance(obj, QueuePattern):
+        try:
+            validate_topic_filter(obj.match)
+        except TopicError as exc:
+            raise ConfigError(f"{_join(where, 'match')}: {exc}") from None
     if isinstance(obj, SessionConfig) and obj.max_keepalive > 65535:
         raise ConfigError(f"{_join(where, 'max_keepalive')}: must be 0..65535")
     if isinstance(obj, JournalConfig):

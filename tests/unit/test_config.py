@@ -183,6 +183,20 @@ def test_wrong_type_is_refused(tmp_path: Path, toml: str, key: str) -> None:
         ({"queues": {"max_delivery_attempts": -1}}, "queues.max_delivery_attempts"),
         ({"queues": {"dead_letter_queue": "DLQ.{name}"}}, "queues.dead_letter_queue"),
         ({"queues": {"expiry_queue": "Expired.{0}"}}, "queues.expiry_queue"),
+        ({"queues": {"patterns": [{"match": "a/#/b"}]}}, "queues.patterns[0].match"),
+        (
+            {"queues": {"patterns": [{"match": "a", "dead_letter_queue": "D.{x}"}]}},
+            "queues.patterns[0].dead_letter_queue",
+        ),
+        (
+            {"queues": {"patterns": [{"match": "a", "max_delivery_attempts": -2}]}},
+            "queues.patterns[0].max_delivery_attempts",
+        ),
+        (
+            {"queues": {"patterns": [{"match": "a", "auto_create": 1}]}},
+            "queues.patterns[0].auto_create",
+        ),
+        ({"queues": {"patterns": [{"max_delivery_attempts": 3}]}}, "queues.patterns[0]"),
         ({"limits": {"flow_control_bytes": -1}}, "limits.flow_control_bytes"),
         ({"limits": {"stalled_subscriber_timeout": -1.0}}, "limits.stalled_subscriber_timeout"),
         (
@@ -371,3 +385,50 @@ def test_allowed_origins_are_websocket_origins() -> None:
             )
     with pytest.raises(ConfigError, match="only a websockets listener"):
         config_from_dict({"listeners": [{"protocol": "mqtt", "allowed_origins": ["null"]}]})
+
+
+def test_queue_settings_come_from_the_first_matching_pattern(tmp_path: Path) -> None:
+    """DESIGN.md section 5: max_delivery_attempts, dead-letter and expiry queues and whether a
+    queue is created on first use, per queue name pattern; what a pattern leaves out, and
+    every queue no pattern matches, keeps the [queues] value."""
+    config = load_config(
+        write(
+            tmp_path,
+            """
+[queues]
+max_delivery_attempts = 5
+auto_create = false
+declared = ["orders/eu", "billing"]
+
+[[queues.patterns]]
+match = "orders/#"
+max_delivery_attempts = 2
+dead_letter_queue = "DLQ.{queue}"
+
+[[queues.patterns]]
+match = "scratch/+"
+auto_create = true
+expiry_queue = ""
+
+[[queues.patterns]]
+match = "#"
+max_delivery_attempts = 7
+""",
+        )
+    )
+    queues = config.queues
+    assert queues.declared == ("orders/eu", "billing")
+    orders = queues.settings("orders/eu")
+    assert (orders.max_delivery_attempts, orders.dead_letter_queue) == (2, "DLQ.{queue}")
+    assert (orders.expiry_queue, orders.auto_create) == ("ExpiryQueue", False)
+    scratch = queues.settings("scratch/1")
+    # The first matching pattern alone applies: what it leaves out is the [queues] value.
+    assert (scratch.auto_create, scratch.expiry_queue, scratch.max_delivery_attempts) == (
+        True,
+        "",
+        5,
+    )
+    assert queues.settings("billing").max_delivery_attempts == 7
+    # A subscription's queue (the broker's "$session/..." name) is matched without its '$'.
+    assert queues.settings("$session/$durable/app/audit").max_delivery_attempts == 7
+    assert config_from_dict({}).queues.settings("anything").auto_create is True

@@ -277,9 +277,16 @@ class LinkLayer:
             capabilities=request.capabilities,
         )
 
-    def check_temporary(self, kind: NodeKind, name: str, *, consuming: bool) -> None:
-        """A temporary destination must exist, and only its owner may consume from it."""
+    def check_destination(self, kind: NodeKind, name: str, *, consuming: bool) -> None:
+        """A queue must exist or be one the configuration lets a client create by using it;
+        a temporary destination must exist, and only its owner may consume from it."""
         if not self.temporaries.is_temporary(name):
+            if kind is NodeKind.QUEUE and not self.queues.exists(name):
+                raise TerminusError(
+                    f"queue {quoted_topic(name)} does not exist (queues must be declared in "
+                    "the broker's configuration)",
+                    NOT_FOUND,
+                )
             return
         destination = (
             Destination.topic(name) if kind is NodeKind.TOPIC else Destination.queue(name)
@@ -303,7 +310,7 @@ class LinkLayer:
         else:
             if request.name is not None:
                 _check_name(request)
-                self.check_temporary(request.kind, request.name, consuming=False)
+                self.check_destination(request.kind, request.name, consuming=False)
                 if request.kind is NodeKind.QUEUE:
                     self.check_queue_access("send", request.name)
             _set_address(link.target, link.remote_target.address)
@@ -389,7 +396,7 @@ class LinkLayer:
             request = NodeRequest(request.name, request.kind, capabilities=request.capabilities)
         _check_name(request)
         if not request.dynamic:
-            self.check_temporary(request.kind, request.name or "", consuming=True)
+            self.check_destination(request.kind, request.name or "", consuming=True)
             if request.kind is NodeKind.QUEUE:
                 self.check_queue_access("browse" if browse else "receive", request.name or "")
             elif (
@@ -519,7 +526,7 @@ class ProducerLink:
             message.topic = name
         presettled = delivery.settled  # settled by the client already
         try:
-            layer.check_temporary(kind, name, consuming=False)
+            layer.check_destination(kind, name, consuming=False)
         except TerminusError as exc:
             self._reject(delivery, exc.condition, str(exc))
             return

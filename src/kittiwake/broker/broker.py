@@ -638,7 +638,9 @@ class Broker:
         queue = session.queue
         queue.reorder(rules.ordering)
         if rules.dead_letters:
-            queue.max_delivery_attempts = self.config.queues.max_delivery_attempts
+            queue.max_delivery_attempts = self.config.queues.settings(
+                queue.name
+            ).max_delivery_attempts
             queue.on_removed = self._on_removed_dead_lettering
             if session.link is None:
                 self.unattended[session] = None

@@ -12,6 +12,7 @@ from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message, MessageProperties, PropertyType
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.routing import Router
+from kittiwake.config import QueuesConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,24 +55,18 @@ def moved_message(entry: QueuedMessage, queue: Queue, reason: Removal) -> Messag
 class DeadLetters:
     """Moves what queues give up on; a queue's ``on_removed`` calls it.
 
-    ``dead_letter_queue`` and ``expiry_queue`` are names, or patterns with ``{queue}`` for the
-    original queue's name (``DLQ.{queue}``); an empty expiry queue name drops expired entries
-    (still counted by their queue). Returns where the entry went and as what, for the caller
-    that stores it.
+    Where to is the original queue's setting (``QueuesConfig.settings``: [queues], or the
+    first of its patterns matching the queue's name): ``dead_letter_queue`` and
+    ``expiry_queue`` are names, or patterns with ``{queue}`` for the original queue's name
+    (``DLQ.{queue}``); an empty expiry queue name drops expired entries (still counted by
+    their queue). Returns where the entry went and as what, for the caller that stores it.
     """
 
-    __slots__ = ("dead_letter_queue", "expiry_queue", "moved", "router")
+    __slots__ = ("config", "moved", "router")
 
-    def __init__(
-        self,
-        router: Router,
-        *,
-        dead_letter_queue: str = DEFAULT_DEAD_LETTER_QUEUE,
-        expiry_queue: str = DEFAULT_EXPIRY_QUEUE,
-    ) -> None:
+    def __init__(self, router: Router, config: QueuesConfig | None = None) -> None:
         self.router = router
-        self.dead_letter_queue = dead_letter_queue
-        self.expiry_queue = expiry_queue
+        self.config = QueuesConfig() if config is None else config
         # Entries moved so far, for $SYS and the console.
         self.moved = 0
 
@@ -79,9 +74,9 @@ class DeadLetters:
         self, queue: Queue, entry: QueuedMessage, reason: Removal
     ) -> tuple[Queue, QueuedMessage] | None:
         if reason is Removal.EXPIRED:
-            pattern = self.expiry_queue
+            pattern = self.config.settings(queue.name).expiry_queue
         elif reason is Removal.REJECTED or reason is Removal.DELIVERY_LIMIT:
-            pattern = self.dead_letter_queue
+            pattern = self.config.settings(queue.name).dead_letter_queue
         else:
             return None
         if not pattern:

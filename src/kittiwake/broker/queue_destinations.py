@@ -45,12 +45,9 @@ class QueueDestinations:
         self.store = broker.store
         self.clock = broker.clock
         self.router = Router(self._new_queue)
-        queues = broker.config.queues
-        self.dead_letters = DeadLetters(
-            self.router,
-            dead_letter_queue=queues.dead_letter_queue,
-            expiry_queue=queues.expiry_queue,
-        )
+        self.dead_letters = DeadLetters(self.router, broker.config.queues)
+        for name in broker.config.queues.declared:
+            self.queue(name)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[Queue, None] = {}
         broker.recovery_hooks.append(self.recover)
@@ -70,6 +67,11 @@ class QueueDestinations:
         """The queue of this name, created on first use."""
         return self.router.queue(name)
 
+    def exists(self, name: str) -> bool:
+        """Whether the queue exists or may be created by using it (DESIGN.md section 5: on
+        first use, unless the configuration requires declaring it)."""
+        return name in self.router.queues or self.broker.config.queues.settings(name).auto_create
+
     def _new_queue(self, name: str) -> Queue:
         limits = self.broker.config.limits
         return Queue(
@@ -79,7 +81,7 @@ class QueueDestinations:
             policy=limits.queue_full_policy,
             # JMS: higher priority first, FIFO within a priority.
             ordering="priority",
-            max_delivery_attempts=self.broker.config.queues.max_delivery_attempts,
+            max_delivery_attempts=self.broker.config.queues.settings(name).max_delivery_attempts,
             durable=True,
             on_removed=self._removed,
             destination=Destination.queue(name),

@@ -3,6 +3,8 @@ properties and gain their original destination, queue, the reason and the delive
 
 from __future__ import annotations
 
+from typing import Any
+
 from kittiwake.broker.consumers import Consumer, Delivery, Settlement
 from kittiwake.broker.dead_letters import (
     DELIVERY_COUNT,
@@ -16,6 +18,7 @@ from kittiwake.broker.message import Message, MessageProperties, PropertyType
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.routing import Router
 from kittiwake.clock import ManualClock
+from kittiwake.config import QueuePattern, QueuesConfig
 
 
 class Receiver:
@@ -29,7 +32,7 @@ class Receiver:
         raise AssertionError("nothing here is at most once")
 
 
-def world(**dead_letter_settings: str) -> tuple[Router, ManualClock]:
+def world(**dead_letter_settings: Any) -> tuple[Router, ManualClock]:
     """A router whose queues hand what they give up on to DeadLetters, as the broker wires it."""
     holder: list[DeadLetters] = []
 
@@ -44,7 +47,7 @@ def world(**dead_letter_settings: str) -> tuple[Router, ManualClock]:
         )
 
     router = Router(new_queue)
-    holder.append(DeadLetters(router, **dead_letter_settings))
+    holder.append(DeadLetters(router, QueuesConfig(**dead_letter_settings)))
     return router, ManualClock()
 
 
@@ -160,3 +163,31 @@ def test_a_pattern_never_names_a_queue_of_the_brokers_own_namespace() -> None:
     (name,) = [n for n in router.queues if n.endswith(".DLQ")]
     assert not name.startswith("$")
     assert [e.message.payload for e in router.queue(name).entries()] == [b"x"]
+
+
+def test_a_pattern_gives_matching_queues_their_own_dead_letter_and_expiry_queues() -> None:
+    """DESIGN.md section 5: dead-letter and expiry queues per queue name pattern; the first
+    pattern that matches applies, what it leaves out keeps the [queues] value."""
+    router, clock = world(
+        patterns=(
+            QueuePattern("orders/#", dead_letter_queue="DLQ.{queue}"),
+            QueuePattern("audit/+", expiry_queue=""),
+        )
+    )
+    orders = router.queue("orders/eu")
+    orders.push(QueuedMessage.of(Message("orders/eu", b"o", qos=1), 1))
+    fail_twice(orders, clock)
+    other = router.queue("billing")
+    other.push(QueuedMessage.of(Message("billing", b"b", qos=1), 1))
+    fail_twice(other, clock)
+    assert [e.message.payload for e in router.queue("DLQ.orders/eu").entries()] == [b"o"]
+    assert [e.message.payload for e in router.queue("DLQ").entries()] == [b"b"]
+    audit = router.queue("audit/1")
+    audit.push(QueuedMessage.of(Message("audit/1", b"a", expiry=clock.now() + 1), 0))
+    orders.push(QueuedMessage.of(Message("orders/eu", b"late", expiry=clock.now() + 1), 0))
+    clock.advance(2)
+    audit.expire(clock.now())
+    orders.expire(clock.now())
+    # audit/+ drops its expired entries; orders/# keeps the default expiry queue.
+    assert [e.message.payload for e in router.queue("ExpiryQueue").entries()] == [b"late"]
+    assert audit.counters.expired == 1
