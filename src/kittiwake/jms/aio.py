@@ -491,6 +491,9 @@ class Session(MessageFactory):
         # loop, in one batch per wake-up (_run_posted) instead of a thread hop per message.
         self._posted: deque[tuple[Received, bool]] = deque()
         self._post_scheduled = False
+        # The first failed send of the open transaction (the blocking API's transacted sends
+        # do not wait for their outcome, as Qpid JMS's: commit() rolls back and says so).
+        self._failed_send: JMSException | None = None
 
     async def _open(self) -> None:
         if not self.transacted:
@@ -515,6 +518,9 @@ class Session(MessageFactory):
         self._posted.clear()
         if self.transacted:
             self._transaction_lost = True
+            self._failed_send = None
+            for producer in self.producers:
+                producer._outbox.clear()  # rolled back with the connection, never resent
         for consumer in self.consumers:
             consumer.buffer.clear()
             consumer.outstanding = 0
@@ -894,6 +900,14 @@ class Session(MessageFactory):
         del delivery
         return await asyncio.wait_for(future, self.engine.timeout)
 
+    async def _sends_done(self) -> None:
+        """Wait until every send of this session is on the wire and answered (before a
+        discharge: the transaction holds them all)."""
+        for producer in list(self.producers):
+            await producer._wait_outbox()
+            if producer._pending:
+                await asyncio.wait(list(producer._pending), timeout=self.engine.timeout)
+
     async def _declare(self) -> None:
         state, delivery = await self._control(Described(symbol("amqp:declare:list"), [None]))
         if state != DECLARED:
@@ -913,6 +927,17 @@ class Session(MessageFactory):
             raise TransactionRolledBackException(
                 "the connection failed during the transaction; it was rolled back"
             )
+        await self._sends_done()
+        failed, self._failed_send = self._failed_send, None
+        if failed is not None:
+            self._release_buffered()
+            await self._discharge(True)
+            await self._declare()
+            self._refill()
+            raise TransactionRolledBackException(
+                f"a send of the transaction failed, so it was rolled back: {failed}",
+                failed.error_code,
+            )
         state, delivery = await self._discharge(False)
         await self._declare()
         if state != Delivery.ACCEPTED:
@@ -930,6 +955,8 @@ class Session(MessageFactory):
         if self._transaction_lost:
             self._transaction_lost = False  # already rolled back with the old connection
             return
+        await self._sends_done()  # in this transaction, not the next
+        self._failed_send = None
         self._release_buffered()
         state, delivery = await self._discharge(True)
         await self._declare()
@@ -1191,19 +1218,24 @@ class MessageProducer:
         time_to_live: int | None,
     ) -> bool:
         """send() without the loop, for the blocking API on the caller's thread, when the
-        send would not wait for the broker anyway (NON_PERSISTENT or presettled, outside a
-        transaction): the message is stamped and encoded here and queued in the outbox, which
-        the loop sends in order as credit allows (``_pump``), one wake-up per batch. False:
-        take the loop's path (it waits, and raises what it must); so does a full outbox,
-        which is how a producer without credit blocks."""
+        send need not wait for the broker (NON_PERSISTENT or presettled; in a transaction,
+        whose commit waits for every send and rolls back if one failed, as Qpid JMS does):
+        the message is stamped and encoded here and queued in the outbox, which the loop
+        sends in order as credit allows (``_pump``), one wake-up per batch. False: take the
+        loop's path (it waits, and raises what it must); so does a full outbox, which is how
+        a producer without credit blocks."""
         session = self.session
         connection = session.connection
         mode = delivery_mode if delivery_mode is not None else self.delivery_mode
         if (
             self.closed
             or session.closed
-            or session.transacted
-            or (mode == DeliveryMode.PERSISTENT and self.link.snd_settle_mode != Link.SND_SETTLED)
+            or session._transaction_lost
+            or (
+                mode == DeliveryMode.PERSISTENT
+                and not session.transacted
+                and self.link.snd_settle_mode != Link.SND_SETTLED
+            )
             or connection.closed
             or connection.state != ConnectionState.CONNECTED
             or session.engine.dead
@@ -1259,7 +1291,13 @@ class MessageProducer:
     def _tracked_done(self, future: asyncio.Future[Any]) -> None:
         self._pending.discard(future)
         error = _send_error(future)
-        if error is not None:
+        if error is None:
+            return
+        session = self.session
+        if session.transacted:
+            if session._failed_send is None:
+                session._failed_send = error  # commit() rolls back and raises it
+        else:
             log.warning("an asynchronous send failed: %s", error)
 
     async def close(self) -> None:

@@ -385,9 +385,11 @@ class MessageProducer:
         time_to_live: int | None = None,
         completion_listener: CompletionListener | None = None,
     ) -> None:
-        """Returns once the broker has accepted a PERSISTENT message; with a
-        ``completion_listener`` it returns at once and the listener is told later (on the
-        I/O thread: it must not block)."""
+        """Returns once the broker has accepted a PERSISTENT message outside a transaction;
+        in a transacted session at once (as Qpid JMS: ``commit()`` waits for every send, and
+        rolls back with TransactionRolledBackException when one failed); with a
+        ``completion_listener`` at once, the listener told later (on the I/O thread: it must
+        not block)."""
         if completion_listener is None and self.core._post_send(
             message, destination, delivery_mode, priority, time_to_live
         ):
