@@ -31,7 +31,7 @@ from kittiwake.jms.destinations import (
     TemporaryTopic,
     Topic,
 )
-from kittiwake.jms.engine import EngineConnection, LinkEndpoint, put_symbols
+from kittiwake.jms.engine import EngineConnection, LinkEndpoint, Outcome, put_symbols
 from kittiwake.jms.exceptions import (
     IllegalStateException,
     InvalidClientIDException,
@@ -53,6 +53,8 @@ from kittiwake.jms.vm import open_streams as vm_streams
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH = 1000
+# Posted (blocking, asynchronous) sends a producer holds before send() waits for the loop.
+OUTBOX_LIMIT = 1000
 ACCEPTED_OUTCOME = 0x24
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34
@@ -80,6 +82,28 @@ class ConnectionState(IntEnum):
     FAILED = 3
     CLOSED = 4
 
+
+# The modes whose acknowledgement, in receive(), needs nothing back from the loop before the
+# message is handed over (CLIENT and INDIVIDUAL attach an acknowledger; a browser copies).
+_POSTED_MODES = frozenset(
+    {
+        AcknowledgeMode.AUTO_ACKNOWLEDGE,
+        AcknowledgeMode.DUPS_OK_ACKNOWLEDGE,
+        AcknowledgeMode.SESSION_TRANSACTED,
+        AcknowledgeMode.PRE_ACKNOWLEDGE,
+        AcknowledgeMode.NO_ACKNOWLEDGE,
+    }
+)
+
+# Of those, the modes whose rule takes effect only later (commit, a lazy batch, never): their
+# hand-over is posted to the loop, receive() does not wait for it.
+_LATER_MODES = frozenset(
+    {
+        AcknowledgeMode.DUPS_OK_ACKNOWLEDGE,
+        AcknowledgeMode.SESSION_TRANSACTED,
+        AcknowledgeMode.NO_ACKNOWLEDGE,
+    }
+)
 
 AsyncListener = Callable[[Message], Awaitable[None]]
 CompletionListener = Callable[[Message, JMSException | None], None]
@@ -462,6 +486,14 @@ class Session(MessageFactory):
         self._tags = itertools.count(1)
         self.loop = asyncio.get_running_loop()
         self._transaction_lost = False
+        # Messages the blocking API's receive() took from a consumer's buffer on the caller's
+        # thread (MessageConsumer._take_ready): their acknowledgement rule runs here, on the
+        # loop, in one batch per wake-up (_run_posted) instead of a thread hop per message.
+        self._posted: deque[tuple[Received, bool]] = deque()
+        self._post_scheduled = False
+        # The first failed send of the open transaction (the blocking API's transacted sends
+        # do not wait for their outcome, as Qpid JMS's: commit() rolls back and says so).
+        self._failed_send: JMSException | None = None
 
     async def _open(self) -> None:
         if not self.transacted:
@@ -483,8 +515,12 @@ class Session(MessageFactory):
         delivers them again (redelivered); a transaction in progress is lost."""
         self.unacked.clear()
         self.lazy.clear()
+        self._posted.clear()
         if self.transacted:
             self._transaction_lost = True
+            self._failed_send = None
+            for producer in self.producers:
+                producer._outbox.clear()  # rolled back with the connection, never resent
         for consumer in self.consumers:
             consumer.buffer.clear()
             consumer.outstanding = 0
@@ -703,7 +739,39 @@ class Session(MessageFactory):
             delivery.settle()
         received.consumer._settled()
 
-    def _hand_over(self, received: Received, *, listener: bool) -> None:
+    def _post(self, received: Received, *, expired: bool) -> None:
+        """From the caller's thread: run ``received``'s hand-over (or, ``expired``, its
+        return as undeliverable) on the loop. One wake-up of the loop serves every message
+        posted until it runs (the flag is cleared there before the queue is read, so a
+        message posted meanwhile is either seen by that run or schedules the next one)."""
+        self._posted.append((received, expired))
+        if not self._post_scheduled:
+            self._post_scheduled = True
+            self.loop.call_soon_threadsafe(self._run_posted)
+
+    def _run_posted(self) -> None:
+        """The posted hand-overs, in the order the application got them, then one flush.
+        Every operation that depends on them (commit, rollback, recover, close, a receive
+        on the loop) calls this first."""
+        self._post_scheduled = False
+        posted = self._posted
+        if not posted:
+            return
+        while posted:
+            received, expired = posted.popleft()
+            if expired:
+                received.consumer._expire(received)
+            else:
+                self._hand_over(received, listener=False, flush=False)
+        if not self.engine.dead:
+            self.engine.flush()
+
+    def _hand_over_now(self, received: Received) -> None:
+        """A receive()'s hand-over on the loop, after those posted before it."""
+        self._run_posted()
+        self._hand_over(received, listener=False)
+
+    def _hand_over(self, received: Received, *, listener: bool, flush: bool = True) -> None:
         """The acknowledgement rule of this session's mode at the moment the application gets
         a message (``listener``: before the listener runs, else as receive() returns)."""
         mode = self.mode
@@ -722,7 +790,8 @@ class Session(MessageFactory):
             message._acknowledger = self._acknowledger(received)
         elif not listener:
             self._acknowledged_by_return(received)
-        self.engine.flush()
+        if flush:
+            self.engine.flush()
 
     def _acknowledged_by_return(self, received: Received) -> None:
         if received.delivery.settled:
@@ -784,6 +853,7 @@ class Session(MessageFactory):
 
     def acknowledge(self) -> None:
         """CLIENT_ACKNOWLEDGE: every message the session delivered so far."""
+        self._run_posted()
         unacked, self.unacked = self.unacked, []
         for received in unacked:
             self._settle(received, Delivery.ACCEPTED)
@@ -794,6 +864,7 @@ class Session(MessageFactory):
         self._check()
         if self.transacted:
             raise IllegalStateException("recover() on a transacted session (use rollback())")
+        self._run_posted()
         self._release_buffered()
         unacked, self.unacked = self.unacked, []
         for received in unacked:
@@ -829,6 +900,14 @@ class Session(MessageFactory):
         del delivery
         return await asyncio.wait_for(future, self.engine.timeout)
 
+    async def _sends_done(self) -> None:
+        """Wait until every send of this session is on the wire and answered (before a
+        discharge: the transaction holds them all)."""
+        for producer in list(self.producers):
+            await producer._wait_outbox()
+            if producer._pending:
+                await asyncio.wait(list(producer._pending), timeout=self.engine.timeout)
+
     async def _declare(self) -> None:
         state, delivery = await self._control(Described(symbol("amqp:declare:list"), [None]))
         if state != DECLARED:
@@ -842,10 +921,22 @@ class Session(MessageFactory):
         self._check()
         if not self.transacted:
             raise IllegalStateException("commit() on a session that is not transacted")
+        self._run_posted()
         if self._transaction_lost:
             self._transaction_lost = False
             raise TransactionRolledBackException(
                 "the connection failed during the transaction; it was rolled back"
+            )
+        await self._sends_done()
+        failed, self._failed_send = self._failed_send, None
+        if failed is not None:
+            self._release_buffered()
+            await self._discharge(True)
+            await self._declare()
+            self._refill()
+            raise TransactionRolledBackException(
+                f"a send of the transaction failed, so it was rolled back: {failed}",
+                failed.error_code,
             )
         state, delivery = await self._discharge(False)
         await self._declare()
@@ -860,9 +951,12 @@ class Session(MessageFactory):
         self._check()
         if not self.transacted:
             raise IllegalStateException("rollback() on a session that is not transacted")
+        self._run_posted()
         if self._transaction_lost:
             self._transaction_lost = False  # already rolled back with the old connection
             return
+        await self._sends_done()  # in this transaction, not the next
+        self._failed_send = None
         self._release_buffered()
         state, delivery = await self._discharge(True)
         await self._declare()
@@ -875,6 +969,8 @@ class Session(MessageFactory):
         session's open transaction is rolled back."""
         if self.closed:
             return
+        if not self.engine.dead:
+            self._run_posted()
         for consumer in list(self.consumers):
             await consumer.close()
         if self.lazy and not self.engine.dead:
@@ -967,6 +1063,9 @@ class MessageProducer:
         self.closed = False
         self._tags = itertools.count(1)
         self._pending: set[asyncio.Future[Any]] = set()
+        # Encoded sends the blocking API posted (``_post_send``), not yet on the link.
+        self._outbox: deque[bytes] = deque()
+        self._pump_scheduled = False
         self.build: Callable[[], Link] | None = None
 
     async def _reattach(self) -> None:
@@ -974,6 +1073,7 @@ class MessageProducer:
             return
         self.endpoint = await self.session.engine.attach(self.build())
         self.link = self.endpoint.link  # type: ignore[assignment]
+        self._pump()  # posted sends go on the new link as its credit comes
 
     def get_destination(self) -> Destination | None:
         return self.destination
@@ -1013,53 +1113,15 @@ class MessageProducer:
         session = self.session
         await session.connection._ready()
         session._check()
-        if self.destination is not None:
-            if destination is not None and destination != self.destination:
-                raise ValueError("this producer has a destination; send(message) only")
-            target = self.destination
-        elif destination is None:
-            raise InvalidDestinationException("an anonymous producer needs a destination")
-        else:
-            target = destination
-        mode = DeliveryMode(delivery_mode if delivery_mode is not None else self.delivery_mode)
-        ttl = self.time_to_live if time_to_live is None else time_to_live
-        now = codec.now_ms()
-        message.jms_destination = target
-        message.jms_delivery_mode = mode
-        message.jms_priority = self.priority if priority is None else priority
-        message.jms_timestamp = 0 if self.disable_message_timestamp else now
-        message.jms_expiration = now + ttl if ttl > 0 else 0
-        message.jms_delivery_time = now + self.delivery_delay
-        message.jms_message_id = None if self.disable_message_id else codec.new_message_id()
-        if ttl > 0 and self.disable_message_timestamp:
-            message.jms_timestamp = now  # the expiry is computed from it
-        data = codec.encode(
-            message,
-            address=target.name,
-            destination=target,
-            delivery_delay_ms=self.delivery_delay,
-            allow_pickle=session.connection.factory.allow_pickle,
-        )
-        if self.disable_message_timestamp:
-            message.jms_timestamp = 0
+        mode, data = self._prepare(message, destination, delivery_mode, priority, time_to_live)
+        await self._wait_outbox()  # the sends posted before this one go first
         await _wait_credit(self.endpoint)
-        link = self.link
-        tag = str(next(self._tags))
-        delivery = link.delivery(tag)
-        link.send(data)
-        if session.transacted:
-            delivery.local.data = [session.txn_id]
-            delivery.update(TRANSACTIONAL_STATE)
-        link.advance()
-        if link.snd_settle_mode == Link.SND_SETTLED:
-            delivery.settle()
-            session.engine.flush()
+        future = self._transmit(data)
+        session.engine.flush()
+        if future is None:  # presettled
             if completion_listener is not None:
                 completion_listener(message, None)
             return
-        future: asyncio.Future[tuple[int, Delivery]] = asyncio.get_running_loop().create_future()
-        self.endpoint.outcomes[tag] = future
-        session.engine.flush()
         if completion_listener is not None:
             future.add_done_callback(lambda f: completion_listener(message, _send_error(f)))
             self._track(future)
@@ -1087,24 +1149,171 @@ class MessageProducer:
         else:
             self._track(future)
 
+    def _prepare(
+        self,
+        message: Message,
+        destination: Destination | None,
+        delivery_mode: DeliveryMode | None,
+        priority: int | None,
+        time_to_live: int | None,
+    ) -> tuple[DeliveryMode, bytes]:
+        """Stamp the JMS headers on ``message`` and encode it. Pure: no engine, no loop (the
+        blocking API runs it on the caller's thread)."""
+        if self.destination is not None:
+            if destination is not None and destination != self.destination:
+                raise ValueError("this producer has a destination; send(message) only")
+            target = self.destination
+        elif destination is None:
+            raise InvalidDestinationException("an anonymous producer needs a destination")
+        else:
+            target = destination
+        mode = DeliveryMode(delivery_mode if delivery_mode is not None else self.delivery_mode)
+        ttl = self.time_to_live if time_to_live is None else time_to_live
+        now = codec.now_ms()
+        message.jms_destination = target
+        message.jms_delivery_mode = mode
+        message.jms_priority = self.priority if priority is None else priority
+        message.jms_timestamp = 0 if self.disable_message_timestamp else now
+        message.jms_expiration = now + ttl if ttl > 0 else 0
+        message.jms_delivery_time = now + self.delivery_delay
+        message.jms_message_id = None if self.disable_message_id else codec.new_message_id()
+        if ttl > 0 and self.disable_message_timestamp:
+            message.jms_timestamp = now  # the expiry is computed from it
+        data = codec.encode(
+            message,
+            address=target.name,
+            destination=target,
+            delivery_delay_ms=self.delivery_delay,
+            allow_pickle=self.session.connection.factory.allow_pickle,
+        )
+        if self.disable_message_timestamp:
+            message.jms_timestamp = 0
+        return mode, data
+
+    def _transmit(self, data: bytes) -> asyncio.Future[Outcome] | None:
+        """One transfer on the link (it has credit); the future of its outcome, None when it
+        goes presettled. The caller flushes."""
+        session = self.session
+        link = self.link
+        tag = str(next(self._tags))
+        delivery = link.delivery(tag)
+        link.send(data)
+        if session.transacted:
+            delivery.local.data = [session.txn_id]
+            delivery.update(TRANSACTIONAL_STATE)
+        link.advance()
+        if link.snd_settle_mode == Link.SND_SETTLED:
+            delivery.settle()
+            return None
+        future: asyncio.Future[Outcome] = session.loop.create_future()
+        self.endpoint.outcomes[tag] = future
+        return future
+
+    def _post_send(
+        self,
+        message: Message,
+        destination: Destination | None,
+        delivery_mode: DeliveryMode | None,
+        priority: int | None,
+        time_to_live: int | None,
+    ) -> bool:
+        """send() without the loop, for the blocking API on the caller's thread, when the
+        send need not wait for the broker (NON_PERSISTENT or presettled; in a transaction,
+        whose commit waits for every send and rolls back if one failed, as Qpid JMS does):
+        the message is stamped and encoded here and queued in the outbox, which the loop
+        sends in order as credit allows (``_pump``), one wake-up per batch. False: take the
+        loop's path (it waits, and raises what it must); so does a full outbox, which is how
+        a producer without credit blocks."""
+        session = self.session
+        connection = session.connection
+        mode = delivery_mode if delivery_mode is not None else self.delivery_mode
+        if (
+            self.closed
+            or session.closed
+            or session._transaction_lost
+            or (
+                mode == DeliveryMode.PERSISTENT
+                and not session.transacted
+                and self.link.snd_settle_mode != Link.SND_SETTLED
+            )
+            or connection.closed
+            or connection.state != ConnectionState.CONNECTED
+            or session.engine.dead
+            or self.endpoint.error is not None
+            or len(self._outbox) >= OUTBOX_LIMIT
+        ):
+            return False
+        _, data = self._prepare(message, destination, delivery_mode, priority, time_to_live)
+        self._outbox.append(data)
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            try:
+                session.loop.call_soon_threadsafe(self._pump)
+            except RuntimeError:  # the loop is closed: the connection went meanwhile
+                raise IllegalStateException("the connection is closed") from None
+        return True
+
+    def _pump(self) -> None:
+        """Send the outbox while the link has credit (LINK_FLOW calls it again); the flag is
+        cleared before the outbox is read, so a post meanwhile is seen or schedules again."""
+        self._pump_scheduled = False
+        outbox = self._outbox
+        endpoint = self.endpoint
+        if not outbox or self.session.engine.dead or endpoint.error is not None:
+            return
+        link = self.link
+        sent = False
+        while outbox and link.credit > 0:
+            future = self._transmit(outbox.popleft())
+            if future is not None:
+                self._track(future)
+            sent = True
+        endpoint.on_flow = self._pump if outbox else None
+        if sent:
+            self.session.engine.flush()
+            endpoint.changed.set()  # a send waiting for the outbox re-checks
+
+    async def _wait_outbox(self) -> None:
+        while self._outbox:
+            self._pump()
+            if not self._outbox:
+                return
+            endpoint = self.endpoint
+            endpoint.check()
+            self.session.engine.check()
+            endpoint.changed.clear()
+            await endpoint.changed.wait()
+
     def _track(self, future: asyncio.Future[Any]) -> None:
         self._pending.add(future)
+        future.add_done_callback(self._tracked_done)
 
-        def done(f: asyncio.Future[Any]) -> None:
-            self._pending.discard(f)
-            error = _send_error(f)
-            if error is not None:
-                log.warning("an asynchronous send failed: %s", error)
-
-        future.add_done_callback(done)
+    def _tracked_done(self, future: asyncio.Future[Any]) -> None:
+        self._pending.discard(future)
+        error = _send_error(future)
+        if error is None:
+            return
+        session = self.session
+        if session.transacted:
+            if session._failed_send is None:
+                session._failed_send = error  # commit() rolls back and raises it
+        else:
+            log.warning("an asynchronous send failed: %s", error)
 
     async def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        timeout = self.session.engine.timeout
+        if self._outbox:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._wait_outbox(), timeout)
+            if self._outbox:
+                log.warning("%d asynchronous sends were not sent", len(self._outbox))
+                self._outbox.clear()
         if self._pending:
             with contextlib.suppress(Exception):
-                await asyncio.wait(list(self._pending), timeout=self.session.engine.timeout)
+                await asyncio.wait(list(self._pending), timeout=timeout)
         await self.endpoint.close()
         with contextlib.suppress(ValueError):
             self.session.producers.remove(self)
@@ -1172,9 +1381,11 @@ class MessageConsumer:
             return
         self.buffer.clear()
         self.outstanding = 0
+        waiter = self.endpoint.waiter
         self.endpoint = await self.session.engine.attach(self.build())
         self.link = self.endpoint.link  # type: ignore[assignment]
         self.endpoint.on_delivery = self._arrived
+        self.endpoint.waiter = waiter
         self._top_up()
 
     def _arrived(self, delivery: Delivery) -> None:
@@ -1193,7 +1404,7 @@ class MessageConsumer:
             return
         self.outstanding += 1
         self.buffer.append(Received(self, delivery, message))
-        self.endpoint.changed.set()
+        self.endpoint.notify()
 
     def _settled(self) -> None:
         self.outstanding = max(0, self.outstanding - 1)
@@ -1208,7 +1419,7 @@ class MessageConsumer:
             self.session.engine.flush()
 
     def _wake(self) -> None:
-        self.endpoint.changed.set()
+        self.endpoint.notify()
 
     def get_message_selector(self) -> str | None:
         return self.selector
@@ -1258,9 +1469,61 @@ class MessageConsumer:
     def _expired(self, received: Received) -> bool:
         """A prefetched message that expired while buffered is not delivered (JMS); it goes
         back as undeliverable here, as Qpid JMS does, and the broker expires it."""
-        expiration = received.message.jms_expiration
-        if not expiration or codec.now_ms() < expiration or self.browse:
+        if not self._is_expired(received):
             return False
+        self._expire(received)
+        return True
+
+    def _is_expired(self, received: Received) -> bool:
+        expiration = received.message.jms_expiration
+        return bool(expiration) and codec.now_ms() >= expiration and not self.browse
+
+    def _ready_here(self) -> bool:
+        """Whether receive() may take a prefetched message on the caller's thread (or wait
+        there for one): started, no listener, not closing or reconnecting, and an
+        acknowledgement rule that runs after the message is handed over. Reads plain flags
+        the loop writes; a change the reader misses only sends it down the loop's path."""
+        session = self.session
+        connection = session.connection
+        return not (
+            self.closed
+            or self.listener is not None
+            or self.browse
+            or session.closed
+            or session.mode not in _POSTED_MODES
+            or not connection.started
+            or connection.state != ConnectionState.CONNECTED
+            or self.endpoint.error is not None
+        )
+
+    def _take_ready(self, run_on_loop: Callable[[Callable[[], None]], None]) -> Message | None:
+        """receive() without the loop's wait, for the blocking API on the caller's thread: the
+        next buffered message when one is there and ``_ready_here``. Where the mode's rule
+        only takes effect later (in a transaction, at commit; DUPS_OK, lazily; presettled,
+        never) its hand-over is posted to the loop (Session._post); AUTO and PRE acknowledge
+        before receive() returns, so ``run_on_loop`` (a blocking call onto the loop) writes
+        it first. None: take the loop's path, which waits, pulls, and raises what it must."""
+        if not self._ready_here():
+            return None
+        session = self.session
+        buffer = self.buffer
+        while True:
+            try:
+                received = buffer.popleft()
+            except IndexError:
+                return None
+            expired = self._is_expired(received)
+            try:
+                if expired or session.mode in _LATER_MODES or received.delivery.settled:
+                    session._post(received, expired=expired)
+                else:
+                    run_on_loop(functools.partial(session._hand_over_now, received))
+            except RuntimeError:  # the loop is closed: the connection went meanwhile
+                return None
+            if not expired:
+                return received.message
+
+    def _expire(self, received: Received) -> None:
         delivery = received.delivery
         if not delivery.settled:
             delivery.local.undeliverable = True
@@ -1268,7 +1531,6 @@ class MessageConsumer:
         else:
             self._settled()
         self.session.engine.flush()
-        return True
 
     async def _drain(self) -> bool:
         """Ask the broker for what it has now (drain); True when something arrived."""
@@ -1306,6 +1568,7 @@ class MessageConsumer:
         """The next message; waits at most ``timeout`` seconds (None: until one comes or
         the consumer closes)."""
         self._check_receive()
+        self.session._run_posted()
         received = await self._next(timeout)
         if received is None:
             return None
@@ -1314,6 +1577,7 @@ class MessageConsumer:
 
     async def receive_no_wait(self) -> Message | None:
         self._check_receive()
+        self.session._run_posted()
         received = await self._next(0, no_wait=True)
         if received is None:
             return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
@@ -30,6 +31,8 @@ from kittiwake.jms.messages import (
 T = TypeVar("T")
 Temporary = TypeVar("Temporary", TemporaryQueue, TemporaryTopic)
 MessageListener = Callable[[Message], None]
+# The longest a blocked receive() waits on its own thread before it re-checks the consumer.
+_WAIT_SLICE = 1.0
 
 
 class _IOThread:
@@ -47,6 +50,25 @@ class _IOThread:
             coroutine.close()
             raise IllegalStateException("a blocking JMS call on the connection's I/O thread")
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def call_soon(self, function: Callable[[], None]) -> None:
+        """Run ``function`` on the loop and wait for it: a callback, not a task (the hot
+        path of receive()). RuntimeError when the loop is closed."""
+        if threading.current_thread() is self.thread:
+            function()
+            return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                function()
+            except BaseException as exc:
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+        self.loop.call_soon_threadsafe(run)
+        done.result()
 
     def call(self, function: Callable[[], T]) -> T:
         """Run plain engine-touching code on the loop (the engine is not thread-safe)."""
@@ -363,9 +385,15 @@ class MessageProducer:
         time_to_live: int | None = None,
         completion_listener: CompletionListener | None = None,
     ) -> None:
-        """Returns once the broker has accepted a PERSISTENT message; with a
-        ``completion_listener`` it returns at once and the listener is told later (on the
-        I/O thread: it must not block)."""
+        """Returns once the broker has accepted a PERSISTENT message outside a transaction;
+        in a transacted session at once (as Qpid JMS: ``commit()`` waits for every send, and
+        rolls back with TransactionRolledBackException when one failed); with a
+        ``completion_listener`` at once, the listener told later (on the I/O thread: it must
+        not block)."""
+        if completion_listener is None and self.core._post_send(
+            message, destination, delivery_mode, priority, time_to_live
+        ):
+            return  # asynchronous anyway: stamped and queued here, sent by the I/O thread
         self.io_run(
             self.core.send(
                 message,
@@ -391,14 +419,54 @@ class MessageConsumer:
         self.session = session
         self.core = core
         self.listener: MessageListener | None = None
+        self._waiter = threading.Event()
 
     def get_message_selector(self) -> str | None:
         return self.core.get_message_selector()
 
     def receive(self, timeout: float | None = None) -> Message | None:
-        return self.session.io.run(self.core.receive(timeout))
+        # A prefetched message is taken here, on the caller's thread, its acknowledgement
+        # posted to the I/O thread in a batch (or, AUTO and PRE, written by a short call
+        # there, before this returns); with prefetch, an empty buffer is waited for here
+        # too (the I/O thread sets the waiter as a message arrives or anything changes).
+        # The round trip to the I/O thread is left for what the loop must judge: no prefetch
+        # (a pull), a timeout that ran out, stop, close, failure, reconnection.
+        core = self.core
+        message = core._take_ready(self.session.io.call_soon)
+        if message is not None:
+            return message
+        if core.prefetch > 0 and (timeout is None or timeout > 0):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            waiter = self._waiter
+            waited = False
+            while core._ready_here():
+                waiter.clear()
+                endpoint = core.endpoint
+                endpoint.waiter = waiter
+                try:
+                    message = core._take_ready(self.session.io.call_soon)
+                    if message is not None:
+                        return message
+                    remaining = _WAIT_SLICE if deadline is None else deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    waiter.wait(min(remaining, _WAIT_SLICE))  # bounded: the loop re-checks
+                    waited = True
+                finally:
+                    endpoint.waiter = None
+                message = core._take_ready(self.session.io.call_soon)
+                if message is not None:
+                    return message
+            if waited and core.closed:
+                return None  # closed (from another thread) while this receive waited
+            if deadline is not None:
+                timeout = max(0.0, deadline - time.monotonic())
+        return self.session.io.run(core.receive(timeout))
 
     def receive_no_wait(self) -> Message | None:
+        message = self.core._take_ready(self.session.io.call_soon)
+        if message is not None:
+            return message
         return self.session.io.run(self.core.receive_no_wait())
 
     def __iter__(self) -> Iterator[Message]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -60,6 +61,9 @@ class LinkEndpoint:
         self.closed: asyncio.Future[None] = loop.create_future()
         self.changed = asyncio.Event()  # credit, drain or a delivery: waiters re-check
         self.on_delivery: Callable[[Delivery], None] | None = None
+        self.on_flow: Callable[[], None] | None = None  # a sender waiting for credit
+        # A thread blocked in the blocking API's receive() on this link, woken with ``changed``.
+        self.waiter: threading.Event | None = None
         self.outcomes: dict[str, asyncio.Future[Outcome]] = {}
         self.error: JMSException | None = None
         self.detached = False
@@ -74,7 +78,14 @@ class LinkEndpoint:
             if not future.done():
                 future.set_exception(error)
         self.outcomes.clear()
+        self.notify()
+
+    def notify(self) -> None:
+        """Something changed (credit, a delivery, a close): waiters re-check."""
         self.changed.set()
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.set()
 
     async def close(self, *, detach: bool = False) -> None:
         """Detach (``detach``: a durable subscription stays) or close the link."""
@@ -290,12 +301,14 @@ class EngineConnection:
                 elif not endpoint.closed.done():
                     endpoint.closed.set_result(None)
                     endpoint.error = IllegalStateException("the link is closed")
-                    endpoint.changed.set()
+                    endpoint.notify()
         elif kind == Event.LINK_FLOW:
             assert event.link is not None
             endpoint = self.links.get(event.link)
             if endpoint is not None:
-                endpoint.changed.set()
+                endpoint.notify()
+                if endpoint.on_flow is not None:
+                    endpoint.on_flow()
         elif kind == Event.DELIVERY:
             delivery = event.delivery
             assert delivery is not None

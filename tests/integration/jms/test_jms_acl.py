@@ -15,6 +15,7 @@ from kittiwake.jms import (
     JMSSecurityException,
     Queue,
     Topic,
+    TransactionRolledBackException,
 )
 
 from ..brokerproc import BrokerProcess
@@ -93,6 +94,25 @@ def test_queue_rules_per_user(acl_broker: BrokerProcess) -> None:
     finally:
         alice.close()
         bob.close()
+
+
+def test_a_refused_send_in_a_transaction_rolls_the_commit_back(acl_broker: BrokerProcess) -> None:
+    """A transacted send returns without waiting for the broker (as Qpid JMS's): the refused
+    one surfaces at commit(), which rolls the whole transaction back; the next one commits."""
+    alice = connect(acl_broker, "alice", "wonderland")
+    try:
+        session = alice.create_session(True)
+        anonymous = session.create_producer(None)
+        anonymous.send(session.create_text_message("tx lamp"), Queue("orders"))
+        anonymous.send(session.create_text_message("raise"), Queue("payroll"))  # denied
+        with pytest.raises(TransactionRolledBackException):
+            session.commit()
+        anonymous.send(session.create_text_message("tx chair"), Queue("orders"))
+        session.commit()
+        browsed = [m.get_body() for m in alice.create_session().create_browser(Queue("orders"))]
+        assert "tx lamp" not in browsed and "tx chair" in browsed
+    finally:
+        alice.close()
 
 
 def test_topic_rules_filter_a_jms_subscriber_by_its_user(acl_broker: BrokerProcess) -> None:
