@@ -29,6 +29,7 @@ from proton import (
     symbol,
 )
 
+from kittiwake.amqp import engine_calls
 from kittiwake.amqp.frames import (
     AMQP_HEADER,
     HEADER_SIZE,
@@ -142,6 +143,7 @@ class AMQPConnection:
             self.transport.idle_timeout = config.idle_timeout
         self.engine = Connection()
         self.collector = Collector()
+        self._collector_impl = self.collector._impl
         self.engine.collect(self.collector)
         self.transport.bind(self.engine)
         # Links per session, counted here to apply max_links_per_session.
@@ -361,27 +363,39 @@ class AMQPConnection:
         return bool(self.engine.state & Connection.REMOTE_CLOSED)
 
     def _process_events(self) -> None:
-        collector = self.collector
+        """Hand the engine's events over. The two that come with every message (a delivery
+        changed, a link's credit changed) are read through the C calls with only the object
+        they name wrapped; the rare ones go through proton's Event; the rest are skipped
+        unwrapped (see ``engine_calls``)."""
+        collector = self._collector_impl
+        handler = self.handler
         while True:
-            event = collector.peek()
-            if event is None:
+            impl = engine_calls.collector_peek(collector)
+            if not impl:
                 return
             try:
-                self._on_event(event)
+                kind = engine_calls.event_type(impl)
+                if kind == engine_calls.DELIVERY:
+                    if handler is not None:
+                        handler.delivery_updated(
+                            engine_calls.wrap_delivery(engine_calls.event_delivery(impl))
+                        )
+                elif kind == engine_calls.LINK_FLOW:
+                    link_impl = engine_calls.event_link(impl)
+                    if (
+                        handler is not None
+                        and engine_calls.link_state(link_impl) & engine_calls.LOCAL_ACTIVE
+                    ):
+                        handler.link_flow(engine_calls.wrap_link(link_impl))
+                elif kind in engine_calls.HANDLED:
+                    self._on_event(engine_calls.wrap_event(impl))
             finally:
-                collector.pop()
+                engine_calls.collector_pop(collector)
 
     def _on_event(self, event: Event) -> None:
+        """The rare events (see :meth:`_process_events` for the per-message ones)."""
         kind = event.type
-        if kind is Event.DELIVERY:
-            delivery = event.delivery
-            if self.handler is not None and delivery is not None:
-                self.handler.delivery_updated(delivery)
-        elif kind is Event.LINK_FLOW:
-            link = event.link
-            if self.handler is not None and link is not None and link.state & Link.LOCAL_ACTIVE:
-                self.handler.link_flow(link)
-        elif kind is Event.LINK_REMOTE_OPEN:
+        if kind is Event.LINK_REMOTE_OPEN:
             if event.link is not None:
                 self._link_opened(event.link)
         elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
