@@ -132,11 +132,12 @@ class AMQPConnection:
         # close or end of stream.
         self.error: tuple[str, str] | None = None
         self._header = b""
-        self._output: list[bytes] = []
+        self._output: list[bytes | bytearray] = []
         self._gate = FrameGate(config.max_frame_size)
         self._check = check
         self._handler_ended = False
         self.transport = Transport(Transport.SERVER)
+        self._transport_impl = self.transport._impl
         self.transport.max_frame_size = config.max_frame_size
         self.transport.channel_max = max(0, config.max_sessions - 1)
         if config.idle_timeout:
@@ -327,17 +328,19 @@ class AMQPConnection:
 
     def _push(self, data: bytes) -> None:
         transport = self.transport
-        view = memoryview(data)
-        while view:
+        while data:
             capacity = transport.capacity()
             if capacity < 0:
                 break
             if capacity == 0:
                 # The engine holds a whole frame's worth of input; it processes it on push.
                 raise FramingError("the engine cannot take more input", RESOURCE_LIMIT_EXCEEDED)
-            chunk = view[:capacity]
-            transport.push(bytes(chunk))
-            view = view[len(chunk) :]
+            if capacity >= len(data):
+                transport.push(data)  # the usual case: the whole read at once, not copied
+                data = b""
+            else:
+                transport.push(data[:capacity])
+                data = data[capacity:]
             self._process_events()
         self._check_engine_state()
 
@@ -487,13 +490,12 @@ class AMQPConnection:
         self.handler.link_opened(link)
 
     def _pull_engine_output(self) -> None:
-        transport = self.transport
+        transport = self._transport_impl
         while True:
-            pending = transport.pending()
-            if pending <= 0:
+            chunk = engine_calls.take_output(transport)
+            if chunk is None:
                 return
-            self._output.append(bytes(transport.peek(pending) or b""))
-            transport.pop(pending)
+            self._output.append(chunk)
 
     # -- closing ----------------------------------------------------------------------------
 

@@ -54,6 +54,9 @@ link_flow: Callable[[Any, int], None] = _lib.pn_link_flow
 _link_recv = _lib.pn_link_recv
 _link_send = _lib.pn_link_send
 _new_delivery = _lib.pn_delivery
+_transport_pending = _lib.pn_transport_pending
+_transport_peek = _lib.pn_transport_peek
+_transport_pop = _lib.pn_transport_pop
 _from_buffer = _ffi.from_buffer
 _cast = _ffi.cast
 
@@ -79,3 +82,16 @@ def send(link: Any, tag: bytes, encoded: bytes) -> Any:
     _link_send(link, _from_buffer(encoded), len(encoded))
     _lib.pn_link_advance(link)
     return delivery
+
+
+def take_output(transport: Any) -> bytearray | None:
+    """The bytes the engine has ready to write, taken out of it; None when there are none."""
+    pending = _transport_pending(transport)
+    if pending <= 0:
+        return None
+    buffer = bytearray(pending)
+    got = _transport_peek(transport, _from_buffer(buffer), pending)
+    if got < 0:
+        return None
+    _transport_pop(transport, got)
+    return buffer if got == pending else buffer[:got]
