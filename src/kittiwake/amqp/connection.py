@@ -29,6 +29,7 @@ from proton import (
     symbol,
 )
 
+from kittiwake.amqp import engine_calls
 from kittiwake.amqp.frames import (
     AMQP_HEADER,
     HEADER_SIZE,
@@ -131,17 +132,19 @@ class AMQPConnection:
         # close or end of stream.
         self.error: tuple[str, str] | None = None
         self._header = b""
-        self._output: list[bytes] = []
+        self._output: list[bytes | bytearray] = []
         self._gate = FrameGate(config.max_frame_size)
         self._check = check
         self._handler_ended = False
         self.transport = Transport(Transport.SERVER)
+        self._transport_impl = self.transport._impl
         self.transport.max_frame_size = config.max_frame_size
         self.transport.channel_max = max(0, config.max_sessions - 1)
         if config.idle_timeout:
             self.transport.idle_timeout = config.idle_timeout
         self.engine = Connection()
         self.collector = Collector()
+        self._collector_impl = self.collector._impl
         self.engine.collect(self.collector)
         self.transport.bind(self.engine)
         # Links per session, counted here to apply max_links_per_session.
@@ -325,17 +328,19 @@ class AMQPConnection:
 
     def _push(self, data: bytes) -> None:
         transport = self.transport
-        view = memoryview(data)
-        while view:
+        while data:
             capacity = transport.capacity()
             if capacity < 0:
                 break
             if capacity == 0:
                 # The engine holds a whole frame's worth of input; it processes it on push.
                 raise FramingError("the engine cannot take more input", RESOURCE_LIMIT_EXCEEDED)
-            chunk = view[:capacity]
-            transport.push(bytes(chunk))
-            view = view[len(chunk) :]
+            if capacity >= len(data):
+                transport.push(data)  # the usual case: the whole read at once, not copied
+                data = b""
+            else:
+                transport.push(data[:capacity])
+                data = data[capacity:]
             self._process_events()
         self._check_engine_state()
 
@@ -361,27 +366,39 @@ class AMQPConnection:
         return bool(self.engine.state & Connection.REMOTE_CLOSED)
 
     def _process_events(self) -> None:
-        collector = self.collector
+        """Hand the engine's events over. The two that come with every message (a delivery
+        changed, a link's credit changed) are read through the C calls with only the object
+        they name wrapped; the rare ones go through proton's Event; the rest are skipped
+        unwrapped (see ``engine_calls``)."""
+        collector = self._collector_impl
+        handler = self.handler
         while True:
-            event = collector.peek()
-            if event is None:
+            impl = engine_calls.collector_peek(collector)
+            if not impl:
                 return
             try:
-                self._on_event(event)
+                kind = engine_calls.event_type(impl)
+                if kind == engine_calls.DELIVERY:
+                    if handler is not None:
+                        handler.delivery_updated(
+                            engine_calls.wrap_delivery(engine_calls.event_delivery(impl))
+                        )
+                elif kind == engine_calls.LINK_FLOW:
+                    link_impl = engine_calls.event_link(impl)
+                    if (
+                        handler is not None
+                        and engine_calls.link_state(link_impl) & engine_calls.LOCAL_ACTIVE
+                    ):
+                        handler.link_flow(engine_calls.wrap_link(link_impl))
+                elif kind in engine_calls.HANDLED:
+                    self._on_event(engine_calls.wrap_event(impl))
             finally:
-                collector.pop()
+                engine_calls.collector_pop(collector)
 
     def _on_event(self, event: Event) -> None:
+        """The rare events (see :meth:`_process_events` for the per-message ones)."""
         kind = event.type
-        if kind is Event.DELIVERY:
-            delivery = event.delivery
-            if self.handler is not None and delivery is not None:
-                self.handler.delivery_updated(delivery)
-        elif kind is Event.LINK_FLOW:
-            link = event.link
-            if self.handler is not None and link is not None and link.state & Link.LOCAL_ACTIVE:
-                self.handler.link_flow(link)
-        elif kind is Event.LINK_REMOTE_OPEN:
+        if kind is Event.LINK_REMOTE_OPEN:
             if event.link is not None:
                 self._link_opened(event.link)
         elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
@@ -473,13 +490,12 @@ class AMQPConnection:
         self.handler.link_opened(link)
 
     def _pull_engine_output(self) -> None:
-        transport = self.transport
+        transport = self._transport_impl
         while True:
-            pending = transport.pending()
-            if pending <= 0:
+            chunk = engine_calls.take_output(transport)
+            if chunk is None:
                 return
-            self._output.append(bytes(transport.peek(pending) or b""))
-            transport.pop(pending)
+            self._output.append(chunk)
 
     # -- closing ----------------------------------------------------------------------------
 

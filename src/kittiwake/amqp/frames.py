@@ -112,30 +112,39 @@ class FrameGate:
         return bool(self._remaining or self._header)
 
     def check(self, data: bytes) -> None:
-        """Follow ``data``; raises FramingError at the first bad frame header."""
-        position = 0
+        """Follow ``data``; raises FramingError at the first bad frame header.
+
+        Whole headers are read in place (the usual case: a read holds whole frames); only a
+        header split across reads is gathered."""
         end = len(data)
-        while position < end:
-            if self._remaining:
-                step = min(self._remaining, end - position)
-                self._remaining -= step
-                position += step
-                continue
+        # Where the next frame header starts: past the body of the frame in progress.
+        position = self._remaining
+        if self._header:
             needed = MIN_FRAME_SIZE - len(self._header)
-            self._header += data[position : position + needed]
-            position += needed
+            self._header += data[:needed]
             if len(self._header) < MIN_FRAME_SIZE:
                 return
-            size, offset, frame_type, _channel = FRAME_HEADER.unpack(self._header)
-            self._header = b""
-            if size < MIN_FRAME_SIZE:
-                raise FramingError(f"frame size {size} is below the minimum of 8")
-            if size > self.max_frame_size:
-                raise FramingError(
-                    f"frame size {size} exceeds the maximum frame size {self.max_frame_size}"
-                )
-            if offset < 2 or offset * 4 > size:
-                raise FramingError(f"bad data offset {offset} in a frame of {size} bytes")
-            if frame_type != FRAME_TYPE_AMQP:
-                raise FramingError(f"unexpected frame type {frame_type} after the AMQP header")
-            self._remaining = size - MIN_FRAME_SIZE
+            header, self._header = self._header, b""
+            position = needed + self._frame_size(*FRAME_HEADER.unpack(header)) - MIN_FRAME_SIZE
+        unpack_from = FRAME_HEADER.unpack_from
+        while position + MIN_FRAME_SIZE <= end:
+            position += self._frame_size(*unpack_from(data, position))
+        if position < end:
+            self._header = bytes(data[position:])
+            self._remaining = 0
+        else:
+            self._remaining = position - end
+
+    def _frame_size(self, size: int, offset: int, frame_type: int, _channel: int) -> int:
+        """A frame header's size, once the header is found valid."""
+        if size < MIN_FRAME_SIZE:
+            raise FramingError(f"frame size {size} is below the minimum of 8")
+        if size > self.max_frame_size:
+            raise FramingError(
+                f"frame size {size} exceeds the maximum frame size {self.max_frame_size}"
+            )
+        if offset < 2 or offset * 4 > size:
+            raise FramingError(f"bad data offset {offset} in a frame of {size} bytes")
+        if frame_type != FRAME_TYPE_AMQP:
+            raise FramingError(f"unexpected frame type {frame_type} after the AMQP header")
+        return size

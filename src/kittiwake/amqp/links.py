@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from proton import Condition, Link, Terminus
 from proton import Delivery as ProtonDelivery
 
+from kittiwake.amqp import engine_calls
 from kittiwake.amqp.coordinator import (
     TRANSACTIONAL_STATE,
     UNKNOWN_ID,
@@ -113,8 +114,10 @@ class LinkLayer:
         self.id = f"$amqp/{next(_connection_ids)}"
         # AMQP's message counts (/metrics): one increment per transfer each way.
         self.traffic = broker.stats.protocol("amqp")
-        self.producers: dict[Link, ProducerLink] = {}
-        self.consumers: dict[Link, ConsumerLink] = {}
+        # By their link's C object address (``link_key``): a transfer finds its link without
+        # proton wrapping the link first.
+        self.producers: dict[int, ProducerLink] = {}
+        self.consumers: dict[int, ConsumerLink] = {}
         # Temporary destinations made by a dynamic attach, deleted when that link closes.
         self.dynamic: dict[Link, Destination] = {}
         self.coordinator = Coordinator(self)
@@ -187,7 +190,7 @@ class LinkLayer:
             self._refuse(link, exc.condition, str(exc))
 
     def link_flow(self, link: Link) -> None:
-        consumer = self.consumers.get(link)
+        consumer = self.consumers.get(link_key(link))
         if consumer is not None:
             consumer.flow()
 
@@ -195,20 +198,21 @@ class LinkLayer:
         temporary = self.dynamic.pop(link, None)
         if temporary is not None:
             self.temporaries.delete(temporary)  # its lifetime is the link's (delete-on-close)
-        producer = self.producers.pop(link, None)
+        key = link_key(link)
+        producer = self.producers.pop(key, None)
         if producer is not None:
             producer.closed = True
-        consumer = self.consumers.pop(link, None)
+        consumer = self.consumers.pop(key, None)
         if consumer is not None:
             consumer.close(remove=closed)
 
     def delivery_updated(self, delivery: ProtonDelivery) -> None:
-        link = delivery.link
-        producer = self.producers.get(link)
+        key = engine_calls.address(engine_calls.delivery_link(delivery._impl))
+        producer = self.producers.get(key)
         if producer is not None:
             producer.transfer(delivery)
             return
-        consumer = self.consumers.get(link)
+        consumer = self.consumers.get(key)
         if consumer is not None:
             consumer.disposition(delivery)
 
@@ -324,7 +328,7 @@ class LinkLayer:
         link.rcv_settle_mode = Link.RCV_FIRST
         link.max_message_size = self.connection.config.max_message_size
         producer = ProducerLink(self, link, request)
-        self.producers[link] = producer
+        self.producers[link_key(link)] = producer
         link.open()
         link.flow(self.connection.config.link_credit)
 
@@ -369,7 +373,7 @@ class LinkLayer:
         set_capabilities(link.target, ["amqp:local-transactions"])
         _set_address(link.source, link.remote_source.address)
         link.rcv_settle_mode = Link.RCV_FIRST
-        self.producers[link] = ProducerLink(self, link, request)
+        self.producers[link_key(link)] = ProducerLink(self, link, request)
         link.open()
         link.flow(self.connection.config.link_credit)
 
@@ -454,7 +458,12 @@ class LinkLayer:
             if isinstance(consumer, SharedConsumerLink):
                 self.broker.shared_subscriptions.leave(consumer.subscription, unsubscribe=False)
             return
-        self.consumers[link] = consumer
+        self.consumers[link_key(link)] = consumer
+
+
+def link_key(link: Link) -> int:
+    """How the link layer finds a link's state: its C object's address."""
+    return engine_calls.address(link._impl)
 
 
 def _temporary_kind(request: NodeRequest) -> bool:
@@ -485,6 +494,7 @@ class ProducerLink:
         self.link = link
         self.request = request
         self.closed = False
+        self._impl = link._impl
         # Credit is topped up to this once it falls to half of it.
         self.credit = layer.connection.config.link_credit
 
@@ -493,18 +503,19 @@ class ProducerLink:
             if delivery.pending > self.layer.connection.config.max_message_size:
                 self._reject(delivery, RESOURCE_LIMIT_EXCEEDED, "message too large")
             return
-        link = self.link
-        data = link.recv(delivery.pending) or b""
-        link.advance()
-        if link.credit <= self.credit // 2:
-            link.flow(self.credit - link.credit)
+        link = self._impl
+        data = engine_calls.receive(link, delivery.pending)
+        engine_calls.link_advance(link)
+        credit = engine_calls.link_credit(link)
+        if credit <= self.credit // 2:
+            engine_calls.link_flow(link, self.credit - credit)
         if self.request.coordinator:
-            self.layer.coordinator.control(delivery, bytes(data))
+            self.layer.coordinator.control(delivery, data)
             self.layer.connection.wake()
             return
         self.layer.traffic.messages_received += 1
         try:
-            self._publish(delivery, bytes(data))
+            self._publish(delivery, data)
         except MappingError as exc:
             self._reject(delivery, exc.condition, str(exc))
 
@@ -711,12 +722,10 @@ class ConsumerLink:
             destination_type=self.destination_type,
             retained=entry.retain,
         )
-        wire = link.delivery(tag)
-        link.send(encoded)
-        link.advance()
+        wire = engine_calls.send(link._impl, tag.encode(), encoded)
         self.layer.traffic.messages_sent += 1
         if self.presettled or entry.qos == 0:
-            wire.settle()
+            engine_calls.delivery_settle(wire)
         self.layer.connection.wake()
 
     # -- the client's side -------------------------------------------------------------------

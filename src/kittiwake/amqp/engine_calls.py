@@ -1,0 +1,97 @@
+"""python-qpid-proton's C engine calls, reached without its Python wrappers, for the few
+operations every message goes through.
+
+proton's Python layer wraps every engine event in an ``Event`` that builds a wrapper for its
+delivery, link, session, connection and transport (each looking up and reference-counting its
+C object), and wraps every new delivery the same way: measured, that was most of the broker's
+CPU per AMQP message. The hot paths (an event's type, a transfer's bytes, a delivery sent)
+call the C functions here directly; everything else keeps using proton's classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cproton_ffi import ffi as _ffi  # type: ignore[import-not-found]
+from cproton_ffi import lib as _lib
+from proton import Delivery, Event, Link
+
+# Event types (pn_event_type_t).
+DELIVERY: int = _lib.PN_DELIVERY
+LINK_FLOW: int = _lib.PN_LINK_FLOW
+# The event types the connection handles beyond those two (the rest are only counted by the
+# engine: init, bound, local open, transport...).
+HANDLED: frozenset[int] = frozenset(
+    (
+        _lib.PN_LINK_REMOTE_OPEN,
+        _lib.PN_LINK_REMOTE_CLOSE,
+        _lib.PN_LINK_REMOTE_DETACH,
+        _lib.PN_SESSION_REMOTE_OPEN,
+        _lib.PN_SESSION_REMOTE_CLOSE,
+        _lib.PN_CONNECTION_REMOTE_OPEN,
+        _lib.PN_CONNECTION_REMOTE_CLOSE,
+    )
+)
+LOCAL_ACTIVE: int = _lib.PN_LOCAL_ACTIVE
+
+# proton's wrappers of a C object, for when one is needed after all (untyped in proton).
+wrap_delivery: Callable[[Any], Delivery] = Delivery.wrap
+wrap_link: Callable[[Any], Link] = Link.wrap
+wrap_event: Callable[[Any], Event] = Event.wrap
+
+collector_peek: Callable[[Any], Any] = _lib.pn_collector_peek
+collector_pop: Callable[[Any], Any] = _lib.pn_collector_pop
+event_type: Callable[[Any], int] = _lib.pn_event_type
+event_delivery: Callable[[Any], Any] = _lib.pn_event_delivery
+event_link: Callable[[Any], Any] = _lib.pn_event_link
+delivery_link: Callable[[Any], Any] = _lib.pn_delivery_link
+delivery_settle: Callable[[Any], None] = _lib.pn_delivery_settle
+link_state: Callable[[Any], int] = _lib.pn_link_state
+link_advance: Callable[[Any], bool] = _lib.pn_link_advance
+link_credit: Callable[[Any], int] = _lib.pn_link_credit
+link_flow: Callable[[Any, int], None] = _lib.pn_link_flow
+_link_recv = _lib.pn_link_recv
+_link_send = _lib.pn_link_send
+_new_delivery = _lib.pn_delivery
+_transport_pending = _lib.pn_transport_pending
+_transport_peek = _lib.pn_transport_peek
+_transport_pop = _lib.pn_transport_pop
+_from_buffer = _ffi.from_buffer
+_cast = _ffi.cast
+
+
+def address(impl: Any) -> int:
+    """A C object's address: the key of its Python-side state (proton's wrappers hash so)."""
+    return int(_cast("uint64_t", impl))
+
+
+def receive(link: Any, size: int) -> bytes:
+    """The current incoming delivery's bytes (``size``: what it has pending)."""
+    buffer = bytearray(size)
+    got = _link_recv(link, _from_buffer(buffer), size)
+    if got < 0:
+        return b""
+    return bytes(buffer) if got == size else bytes(buffer[:got])
+
+
+def send(link: Any, tag: bytes, encoded: bytes) -> Any:
+    """A new outgoing delivery with ``tag`` holding ``encoded``, the link advanced past it;
+    returns the delivery's C object."""
+    delivery = _new_delivery(link, (len(tag), _from_buffer(tag)))
+    _link_send(link, _from_buffer(encoded), len(encoded))
+    _lib.pn_link_advance(link)
+    return delivery
+
+
+def take_output(transport: Any) -> bytearray | None:
+    """The bytes the engine has ready to write, taken out of it; None when there are none."""
+    pending = _transport_pending(transport)
+    if pending <= 0:
+        return None
+    buffer = bytearray(pending)
+    got = _transport_peek(transport, _from_buffer(buffer), pending)
+    if got < 0:
+        return None
+    _transport_pop(transport, got)
+    return buffer if got == pending else buffer[:got]
