@@ -3,8 +3,10 @@ standalone cluster): reads ``--topics`` from Kittiwake, upper-cases each payload
 back under ``--out/<topic>``, exactly once.
 
 ``--mode stream`` runs a Structured Streaming query checkpointed in ``--checkpoint`` (until
-killed, or with ``--available-now`` until it has caught up); ``--mode batch`` reads the
-journal as a batch, writes the result with ``df.write`` and prints what it read as JSON.
+killed, or with ``--available-now`` until it has caught up); ``--hold MARKER`` makes batch 1's
+partition 1 wait (bounded) until the file MARKER exists, so a test can kill the driver while
+batch 1 is in flight with its partition 0 published. ``--mode batch`` reads the journal as a
+batch, writes the result with ``df.write`` and prints what it read as JSON.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ import argparse
 import json
 import os
 import sys
+import time
+from collections.abc import Callable, Iterator
 
+import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
 from kittiwake.spark import register
@@ -23,6 +29,27 @@ def transformed(df: DataFrame, out: str) -> DataFrame:
     return df.selectExpr(
         f"concat('{out}/', topic) AS topic", "upper(CAST(payload AS STRING)) AS payload"
     )
+
+
+HOLD_TIMEOUT = 300
+
+
+def held_until(marker: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A mapInArrow function (pickled by value from __main__ for the executors) that passes
+    rows through, except that batch 1's partition 1 first waits for ``marker`` to exist."""
+
+    def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        context = TaskContext.get()
+        assert context is not None
+        if context.getLocalProperty("streaming.sql.batchId") == "1" and context.partitionId() == 1:
+            deadline = time.monotonic() + HOLD_TIMEOUT
+            while not os.path.exists(marker):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{marker} did not appear within {HOLD_TIMEOUT}s")
+                time.sleep(0.05)
+        yield from batches
+
+    return hold
 
 
 def main() -> None:
@@ -35,6 +62,7 @@ def main() -> None:
     parser.add_argument("--checkpoint")
     parser.add_argument("--max-offsets", default="20")
     parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--hold")
     args = parser.parse_args()
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -73,9 +101,11 @@ def main() -> None:
         .option("minPartitions", "2")
         .load()
     )
+    out = transformed(stream, args.out)
+    if args.hold:
+        out = out.mapInArrow(held_until(args.hold), out.schema)
     writer = (
-        transformed(stream, args.out)
-        .writeStream.format("kittiwake")
+        out.writeStream.format("kittiwake")
         .option("url", args.url)
         .option("checkpointLocation", args.checkpoint)
     )

@@ -257,16 +257,20 @@ def test_a_retried_task_publishes_nothing_twice(
 def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
     sink_broker: BrokerProcess, paho: Callable[..., PahoClient], tmp_path: Path
 ) -> None:
-    """The streaming job runs as its own driver process; it is killed (-9, with its JVM)
-    mid-stream and restarted from its checkpoint: every input row reaches the sink once."""
+    """The streaming job runs as its own driver process; it is killed (-9, with its JVM) while
+    batch 1 is in flight (its partition 0 published, partition 1 held back by the job until a
+    marker file exists) and restarted from its checkpoint: Spark replays batch 1, the broker's
+    fence refuses its partition 0 again, and every input row reaches the sink once."""
     prefix = unique("driver")
     url = sink_broker.flight_url
-    # 4 micro-batches of 30 (each takes a good part of a second): killed after the first.
+    # 4 micro-batches of 30, each in 2 partitions of 15.
     items = [(f"{prefix}/in/{i % 4}", f"reading {i}".encode()) for i in range(120)]
     publish(paho, sink_broker.address, items)
     subscriber = paho(sink_broker.address)
     subscriber.subscribe(f"{prefix}/out/#", 1)
     out_filter = f"{prefix}/out/#"
+    checkpoint = tmp_path / "checkpoint"
+    marker = tmp_path / "may-pass"
     command = [
         sys.executable,
         str(JOB),
@@ -279,9 +283,11 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
         "--out",
         f"{prefix}/out",
         "--checkpoint",
-        str(tmp_path / "checkpoint"),
+        str(checkpoint),
         "--max-offsets",
         "30",
+        "--hold",
+        str(marker),
     ]
     env = {**os.environ, "PYTHONPATH": str(SRC_DIR), "PYSPARK_PYTHON": sys.executable}
     log = open(tmp_path / "driver.log", "wb")  # noqa: SIM115 - closed below
@@ -289,8 +295,9 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
         command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
     try:
+        # Batch 0 (30 rows) and batch 1's partition 0 (15) are published; partition 1 waits.
         wait_until(
-            lambda: first.poll() is None and len(journal_rows(url, out_filter)) >= 30,
+            lambda: first.poll() is None and len(journal_rows(url, out_filter)) >= 45,
             timeout=QUERY_TIMEOUT,
             interval=0.05,
         )
@@ -298,8 +305,13 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
         os.killpg(first.pid, signal.SIGKILL)  # the driver: Python and its JVM
         first.wait(10)
     written_before = len(journal_rows(url, out_filter))
-    assert written_before < len(items), "the kill must land mid-stream"
+    assert written_before == 45, "the kill must land mid-stream, batch 1 half written"
+    # Batch 1 was planned (its offsets logged) and never committed: a restart replays it.
+    assert (checkpoint / "offsets" / "1").exists()
+    assert not (checkpoint / "commits" / "1").exists()
+    query_id = json.loads((checkpoint / "metadata").read_text())["id"]
 
+    marker.touch()
     again = subprocess.run(
         [*command, "--available-now"],
         stdout=log,
@@ -315,3 +327,6 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
     assert len(set(journalled)) == len(items)
     assert sorted(journalled) == expected
     assert sorted(received(subscriber, len(items))) == expected
+    assert f"writer {query_id} batch 1 partition 0 was committed before" in (
+        sink_broker.log_text()
+    ), "the replayed batch 1 must have met the fence of its published partition 0"
