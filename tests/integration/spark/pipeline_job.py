@@ -6,12 +6,14 @@ back under ``--out/<topic>``, exactly once.
 killed, or with ``--available-now`` until it has caught up); ``--hold MARKER`` makes batch 1's
 partition 1 wait (bounded) until the file MARKER exists, so a test can kill the driver while
 batch 1 is in flight with its partition 0 published. ``--mode batch`` reads the journal as a
-batch, writes the result with ``df.write`` and prints what it read as JSON.
+batch, writes the result with ``df.write`` and prints as JSON what it read and where the driver
+and an executor imported kittiwake from.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -89,7 +91,19 @@ def main() -> None:
         transformed(source, args.out).write.format("kittiwake").option("url", args.url).mode(
             "append"
         ).save()
-        print(json.dumps(sorted([row.topic, row.payload] for row in rows)), flush=True)
+        (on_executor,) = (
+            spark.sparkContext.parallelize([0], 1)
+            .map(lambda _: importlib.import_module("kittiwake").__file__)
+            .collect()
+        )
+        import kittiwake
+
+        report = {
+            "rows": sorted([row.topic, row.payload] for row in rows),
+            "kittiwake_on_driver": kittiwake.__file__,
+            "kittiwake_on_executor": on_executor,
+        }
+        print(json.dumps(report), flush=True)
         spark.stop()
         return
     stream = (
