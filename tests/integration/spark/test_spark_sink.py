@@ -40,6 +40,8 @@ from kittiwake.spark.sink import KittiwakeBatchWriter, PartitionWritten, check_s
 
 JOURNAL = {"retention_seconds": 3600}
 QUERY_TIMEOUT = 120
+# A driver process of its own: its start alone can take a minute on a loaded machine.
+DRIVER_TIMEOUT = 240
 JOB = Path(__file__).with_name("pipeline_job.py")
 
 
@@ -325,10 +327,13 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_broker_kill9(
     running = run(processingTime="100 milliseconds")
     try:
         # Batch 0 (20 rows) and batch 1's partition 0 (10) are published; partition 1 waits.
-        wait_until(lambda: len(journal_rows(url, out_filter)) >= 30, timeout=QUERY_TIMEOUT)
+        in_flight = wait_until(
+            lambda: len(journal_rows(url, out_filter)) >= 30, timeout=QUERY_TIMEOUT
+        )
         process.kill()
     finally:
         running.stop()
+    assert in_flight, "batch 1's partition 0 was not published in time"
     assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
     process.restart()
     # What the broker had committed before the kill is there, and nothing more came since.
@@ -397,14 +402,18 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
     )
     try:
         # Batch 0 (30 rows) and batch 1's partition 0 (15) are published; partition 1 waits.
-        wait_until(
+        in_flight = wait_until(
             lambda: first.poll() is None and len(journal_rows(url, out_filter)) >= 45,
-            timeout=QUERY_TIMEOUT,
+            timeout=DRIVER_TIMEOUT,
             interval=0.05,
         )
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver: Python and its JVM
         first.wait(10)
+    assert in_flight, (
+        "batch 1's partition 0 was not published in time:\n"
+        + (tmp_path / "driver.log").read_text(errors="replace")[-5000:]
+    )
     written_before = len(journal_rows(url, out_filter))
     assert written_before == 45, "the kill must land mid-stream, batch 1 half written"
     # Batch 1 was planned (its offsets logged) and never committed: a restart replays it.
@@ -418,7 +427,7 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
-        timeout=QUERY_TIMEOUT,
+        timeout=DRIVER_TIMEOUT,
     )
     log.close()
     assert again.returncode == 0, (tmp_path / "driver.log").read_text()[-5000:]
