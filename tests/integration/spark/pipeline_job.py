@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--mode", choices=("stream", "batch"), default="stream")
     parser.add_argument("--checkpoint")
+    parser.add_argument("--starting-offset", help="the stream's first offset (default earliest)")
     parser.add_argument("--max-offsets", default="20")
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--hold")
@@ -110,7 +111,12 @@ def main() -> None:
         spark.readStream.format("kittiwake")
         .option("url", args.url)
         .option("topics", args.topics)
-        .option("startingOffsets", "earliest")
+        .option(
+            "startingOffsets",
+            "earliest"
+            if args.starting_offset is None
+            else json.dumps({"0": int(args.starting_offset)}),
+        )
         .option("maxOffsetsPerTrigger", args.max_offsets)
         .option("minPartitions", "2")
         .load()

@@ -273,7 +273,8 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_broker_kill9(
     url = process.flight_url
     prefix = unique("brokerkill")
     out_filter = f"{prefix}/out/#"
-    # Micro-batches of 20 offsets, each in 2 partitions of 10.
+    # Micro-batches of 20 offsets from here, each in 2 partitions of 10.
+    start = high_water(url)
     first = [(f"{prefix}/in/{i % 3}", f"reading {i}".encode()) for i in range(60)]
     second = [(f"{prefix}/in/{i % 3}", f"late {i}".encode()) for i in range(20)]
     # Subscribed, then offline: its session keeps every output row for it, each once (an
@@ -306,7 +307,7 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_broker_kill9(
             spark.readStream.format("kittiwake")
             .option("url", url)
             .option("topics", f"{prefix}/in/#")
-            .option("startingOffsets", "earliest")
+            .option("startingOffsets", json.dumps({"0": start}))
             .option("maxOffsetsPerTrigger", "20")
             .option("minPartitions", "2")
             .load()
@@ -369,7 +370,9 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
     fence refuses its partition 0 again, and every input row reaches the sink once."""
     prefix = unique("driver")
     url = sink_broker.flight_url
-    # 4 micro-batches of 30, each in 2 partitions of 15.
+    # 4 micro-batches of 30 offsets from here (the module's broker journalled other tests'
+    # rows before), each in 2 partitions of 15: the items' rows, published one after another.
+    start = high_water(url)
     items = [(f"{prefix}/in/{i % 4}", f"reading {i}".encode()) for i in range(120)]
     publish(paho, sink_broker.address, items)
     subscriber = paho(sink_broker.address)
@@ -390,6 +393,8 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
         f"{prefix}/out",
         "--checkpoint",
         str(checkpoint),
+        "--starting-offset",
+        str(start),
         "--max-offsets",
         "30",
         "--hold",
