@@ -1,6 +1,9 @@
 """``format("kittiwake")`` on a real Spark standalone cluster: a master and a worker started from
 the pyspark package's own classes (``bin/spark-class``), bound to 127.0.0.1; a job submitted to
-it reads the journal over Flight on the worker's executors and writes back through the sink.
+it the way README.md documents (the pyspark package's ``bin/spark-submit --py-files`` with the
+kittiwake package zipped, ``PYSPARK_PYTHON`` for the executors) reads the journal over Flight on
+the worker's executors and writes back through the sink. Neither the cluster nor the job gets
+this tree's src/ on its PYTHONPATH: they import kittiwake from what was shipped.
 
 Marked ``spark``.
 """
@@ -11,7 +14,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -44,7 +48,7 @@ class StandaloneCluster:
         self.url = f"spark://127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen[bytes]] = []
         self.env = {
-            **os.environ,
+            **without_pythonpath(os.environ),
             "SPARK_HOME": str(SPARK_HOME),
             "SPARK_LOCAL_IP": "127.0.0.1",
             # No REST submission server (it would take the fixed port 6066).
@@ -111,6 +115,24 @@ class StandaloneCluster:
                 process.wait(5)
 
 
+def without_pythonpath(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment minus PYTHONPATH (the tests run with this tree's src/ on it): what the
+    cluster and the submitted job import must come from ``--py-files``."""
+    return {key: value for key, value in environ.items() if key != "PYTHONPATH"}
+
+
+def zipped_package(directory: Path) -> Path:
+    """src/kittiwake as a zip with ``kittiwake/`` at its top, as ``--py-files`` takes it (a
+    wheel is such a zip too)."""
+    archive = directory / "kittiwake-shipped.zip"
+    package = SRC_DIR / "kittiwake"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+        for path in sorted(package.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                out.write(path, path.relative_to(SRC_DIR).as_posix())
+    return archive
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     cluster = StandaloneCluster(tmp_path_factory.mktemp("cluster"))
@@ -147,9 +169,16 @@ def test_a_job_on_a_standalone_cluster_reads_and_writes_exactly_once(
     subscriber = paho(process.address)
     subscriber.subscribe(f"{prefix}/out/#", 1)
 
+    shipped = zipped_package(tmp_path)
     job = subprocess.run(
         [
-            sys.executable,
+            str(SPARK_HOME / "bin" / "spark-submit"),
+            "--master",
+            cluster.url,
+            "--py-files",
+            str(shipped),
+            "--conf",
+            f"spark.executorEnv.PYSPARK_PYTHON={sys.executable}",
             str(JOB),
             "--mode",
             "batch",
@@ -163,13 +192,23 @@ def test_a_job_on_a_standalone_cluster_reads_and_writes_exactly_once(
             f"{prefix}/out",
         ],
         capture_output=True,
-        env={**os.environ, "PYTHONPATH": str(SRC_DIR), "PYSPARK_PYTHON": sys.executable},
+        env={
+            **without_pythonpath(os.environ),
+            "SPARK_HOME": str(SPARK_HOME),
+            "PYSPARK_PYTHON": sys.executable,
+        },
         timeout=JOB_TIMEOUT,
         cwd=tmp_path,
     )
     assert job.returncode == 0, job.stderr.decode(errors="replace")[-5000:]
-    read = json.loads(job.stdout.decode().strip().splitlines()[-1])
-    assert read == sorted([topic, payload] for topic, payload in items)
+    report = json.loads(job.stdout.decode().strip().splitlines()[-1])
+    assert report["rows"] == sorted([topic, payload] for topic, payload in items)
+    # Both imported kittiwake from the shipped zip, not from a source tree; the executor from
+    # its own copy, fetched from the driver.
+    in_zip = f"{shipped.name}/kittiwake/__init__.py"
+    assert report["kittiwake_on_driver"] == str(shipped / "kittiwake" / "__init__.py")
+    assert report["kittiwake_on_executor"].endswith(in_zip), report["kittiwake_on_executor"]
+    assert report["kittiwake_on_executor"] != report["kittiwake_on_driver"]
 
     expected = sorted((f"{prefix}/out/{t}", p.upper().encode()) for t, p in items)
     got = subscriber.get_many(len(items), timeout=30)

@@ -1,7 +1,7 @@
 """``df.write`` / ``df.writeStream.format("kittiwake")`` on a real local Spark, into a real
 broker over Arrow Flight: rows reach MQTT subscribers (paho-mqtt) and the journal exactly once,
-retained where asked; a replayed batch, a retried task and a kill -9 of the driver publish
-nothing twice.
+retained where asked; a replayed batch, a retried task and a kill -9 of the driver or of the
+broker publish nothing twice.
 
 The package's one SparkSession (conftest.py), small data. Marked ``spark``.
 """
@@ -31,6 +31,7 @@ pyspark = pytest.importorskip("pyspark", reason="needs the spark extra: make tes
 flight = pytest.importorskip("pyarrow.flight")
 
 from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql.streaming import StreamingQuery  # noqa: E402
 
 from kittiwake.flight.protocol import RangeRequest, parse_latest_answer  # noqa: E402
 from kittiwake.spark import KittiwakeDataSource  # noqa: E402
@@ -39,6 +40,8 @@ from kittiwake.spark.sink import KittiwakeBatchWriter, PartitionWritten, check_s
 
 JOURNAL = {"retention_seconds": 3600}
 QUERY_TIMEOUT = 120
+# A driver process of its own: its start alone can take a minute on a loaded machine.
+DRIVER_TIMEOUT = 240
 JOB = Path(__file__).with_name("pipeline_job.py")
 
 
@@ -254,19 +257,129 @@ def test_a_retried_task_publishes_nothing_twice(
     assert "batch 0 partition 0 was committed before" in sink_broker.log_text()
 
 
+def test_every_row_reaches_the_sink_exactly_once_across_a_broker_kill9(
+    spark: SparkSession,
+    broker: Callable[..., BrokerProcess],
+    paho: Callable[..., PahoClient],
+    tmp_path: Path,
+) -> None:
+    """A stream reads from Kittiwake and writes back through format("kittiwake"); the broker
+    is killed (-9) while batch 1 is being written (its partition 0 published, partition 1 held
+    back until a marker file exists), restarted on the same ports, and the query restarted
+    from its checkpoint: batch 1 is replayed, the fence the broker kept through the kill
+    refuses its partition 0, and every input row reaches the journal and an offline
+    persistent MQTT session exactly once."""
+    process = broker(flight=True, journal=JOURNAL)
+    url = process.flight_url
+    prefix = unique("brokerkill")
+    out_filter = f"{prefix}/out/#"
+    # Micro-batches of 20 offsets from here, each in 2 partitions of 10.
+    start = high_water(url)
+    first = [(f"{prefix}/in/{i % 3}", f"reading {i}".encode()) for i in range(60)]
+    second = [(f"{prefix}/in/{i % 3}", f"late {i}".encode()) for i in range(20)]
+    # Subscribed, then offline: its session keeps every output row for it, each once (an
+    # online QoS 1 subscriber could legitimately get a row twice across the kill, marked DUP).
+    session = unique("offline")
+    subscriber = paho(process.address, session, clean=False)
+    subscriber.subscribe(out_filter, 1)
+    subscriber.disconnect()
+    publish(paho, process.address, first)
+    marker = tmp_path / "may-pass"
+    checkpoint = tmp_path / "checkpoint"
+
+    def hold_batch_1_partition_1(batches: Iterator[Any]) -> Iterator[Any]:
+        # Runs on an executor: pickled by value, so it uses nothing of this test module.
+        import os as executor_os
+        import time as clock
+
+        from pyspark import TaskContext as ExecutorTaskContext
+
+        context = ExecutorTaskContext.get()
+        batch_id = context.getLocalProperty("streaming.sql.batchId")
+        if batch_id == "1" and context.partitionId() == 1:
+            deadline = clock.monotonic() + 300
+            while not executor_os.path.exists(marker) and clock.monotonic() < deadline:
+                clock.sleep(0.05)
+        yield from batches
+
+    def run(**trigger: Any) -> StreamingQuery:
+        df = (
+            spark.readStream.format("kittiwake")
+            .option("url", url)
+            .option("topics", f"{prefix}/in/#")
+            .option("startingOffsets", json.dumps({"0": start}))
+            .option("maxOffsetsPerTrigger", "20")
+            .option("minPartitions", "2")
+            .load()
+            .selectExpr(
+                f"concat('{prefix}/out/', topic) AS topic",
+                "upper(CAST(payload AS STRING)) AS payload",
+            )
+        )
+        return (
+            df.mapInArrow(hold_batch_1_partition_1, df.schema)
+            .writeStream.format("kittiwake")
+            .option("url", url)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(**trigger)
+            .start()
+        )
+
+    running = run(processingTime="100 milliseconds")
+    try:
+        # Batch 0 (20 rows) and batch 1's partition 0 (10) are published; partition 1 waits.
+        in_flight = wait_until(
+            lambda: len(journal_rows(url, out_filter)) >= 30, timeout=QUERY_TIMEOUT
+        )
+        process.kill()
+    finally:
+        running.stop()
+    assert in_flight, "batch 1's partition 0 was not published in time"
+    assert (checkpoint / "offsets" / "1").exists() and not (checkpoint / "commits" / "1").exists()
+    process.restart()
+    # What the broker had committed before the kill is there, and nothing more came since.
+    assert len(journal_rows(url, out_filter)) == 30, "the kill must land with batch 1 half written"
+    publish(paho, process.address, second)
+
+    marker.touch()
+    restarted = run(availableNow=True)
+    assert restarted.id == running.id, "the same query, restarted from its checkpoint"
+    assert restarted.awaitTermination(QUERY_TIMEOUT), "the stream did not finish in time"
+    assert restarted.exception() is None, restarted.exception()
+
+    items = first + second
+    expected = sorted((f"{prefix}/out/{topic}", payload.upper()) for topic, payload in items)
+    journalled = [(t, p) for t, p, _q in journal_rows(url, out_filter)]
+    assert len(journalled) == len(items)
+    assert len(set(journalled)) == len(items)
+    assert sorted(journalled) == expected
+    assert f"writer {running.id} batch 1 partition 0 was committed before" in (
+        process.log_text()
+    ), "the replayed batch 1 must have met the fence of its published partition 0"
+    subscriber = paho(process.address, session, clean=False)
+    assert subscriber.session_present
+    assert sorted(received(subscriber, len(items))) == expected
+
+
 def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
     sink_broker: BrokerProcess, paho: Callable[..., PahoClient], tmp_path: Path
 ) -> None:
-    """The streaming job runs as its own driver process; it is killed (-9, with its JVM)
-    mid-stream and restarted from its checkpoint: every input row reaches the sink once."""
+    """The streaming job runs as its own driver process; it is killed (-9, with its JVM) while
+    batch 1 is in flight (its partition 0 published, partition 1 held back by the job until a
+    marker file exists) and restarted from its checkpoint: Spark replays batch 1, the broker's
+    fence refuses its partition 0 again, and every input row reaches the sink once."""
     prefix = unique("driver")
     url = sink_broker.flight_url
-    # 4 micro-batches of 30 (each takes a good part of a second): killed after the first.
+    # 4 micro-batches of 30 offsets from here (the module's broker journalled other tests'
+    # rows before), each in 2 partitions of 15: the items' rows, published one after another.
+    start = high_water(url)
     items = [(f"{prefix}/in/{i % 4}", f"reading {i}".encode()) for i in range(120)]
     publish(paho, sink_broker.address, items)
     subscriber = paho(sink_broker.address)
     subscriber.subscribe(f"{prefix}/out/#", 1)
     out_filter = f"{prefix}/out/#"
+    checkpoint = tmp_path / "checkpoint"
+    marker = tmp_path / "may-pass"
     command = [
         sys.executable,
         str(JOB),
@@ -279,9 +392,13 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
         "--out",
         f"{prefix}/out",
         "--checkpoint",
-        str(tmp_path / "checkpoint"),
+        str(checkpoint),
+        "--starting-offset",
+        str(start),
         "--max-offsets",
         "30",
+        "--hold",
+        str(marker),
     ]
     env = {**os.environ, "PYTHONPATH": str(SRC_DIR), "PYSPARK_PYTHON": sys.executable}
     log = open(tmp_path / "driver.log", "wb")  # noqa: SIM115 - closed below
@@ -289,23 +406,33 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
         command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
     try:
-        wait_until(
-            lambda: first.poll() is None and len(journal_rows(url, out_filter)) >= 30,
-            timeout=QUERY_TIMEOUT,
+        # Batch 0 (30 rows) and batch 1's partition 0 (15) are published; partition 1 waits.
+        in_flight = wait_until(
+            lambda: first.poll() is None and len(journal_rows(url, out_filter)) >= 45,
+            timeout=DRIVER_TIMEOUT,
             interval=0.05,
         )
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver: Python and its JVM
         first.wait(10)
+    assert in_flight, (
+        "batch 1's partition 0 was not published in time:\n"
+        + (tmp_path / "driver.log").read_text(errors="replace")[-5000:]
+    )
     written_before = len(journal_rows(url, out_filter))
-    assert written_before < len(items), "the kill must land mid-stream"
+    assert written_before == 45, "the kill must land mid-stream, batch 1 half written"
+    # Batch 1 was planned (its offsets logged) and never committed: a restart replays it.
+    assert (checkpoint / "offsets" / "1").exists()
+    assert not (checkpoint / "commits" / "1").exists()
+    query_id = json.loads((checkpoint / "metadata").read_text())["id"]
 
+    marker.touch()
     again = subprocess.run(
         [*command, "--available-now"],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
-        timeout=QUERY_TIMEOUT,
+        timeout=DRIVER_TIMEOUT,
     )
     log.close()
     assert again.returncode == 0, (tmp_path / "driver.log").read_text()[-5000:]
@@ -315,3 +442,6 @@ def test_every_row_reaches_the_sink_exactly_once_across_a_driver_kill9(
     assert len(set(journalled)) == len(items)
     assert sorted(journalled) == expected
     assert sorted(received(subscriber, len(items))) == expected
+    assert f"writer {query_id} batch 1 partition 0 was committed before" in (
+        sink_broker.log_text()
+    ), "the replayed batch 1 must have met the fence of its published partition 0"

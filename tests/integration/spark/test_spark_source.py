@@ -8,7 +8,9 @@ One SparkSession for the Spark suite (conftest.py), small data. Marked ``spark``
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +29,19 @@ flight = pytest.importorskip("pyarrow.flight")
 
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql.streaming import StreamingQuery  # noqa: E402
+from pyspark.sql.types import StructType  # noqa: E402
 
 from kittiwake.flight.protocol import parse_latest_answer  # noqa: E402
+from kittiwake.spark import KittiwakeDataSource  # noqa: E402
 
 JOURNAL = {"retention_seconds": 3600}
 QUERY_TIMEOUT = 120
+# The schema README.md and the issue document, as text (not the code's own constant).
+DOCUMENTED_SCHEMA = (
+    "topic string, payload binary, offset long, timestamp timestamp, qos int, "
+    "retain boolean, priority int, properties map<string,string>"
+)
+DOCUMENTED_HEADERS = "headers array<struct<key:string,value:binary>>"
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +153,23 @@ def test_a_stream_to_a_sink_equals_a_batch_read_of_the_same_range(
     assert {len(row.headers) for row in since_epoch.select("headers").collect()} == {0}
 
 
+def test_a_read_has_the_documented_schema_with_and_without_headers(
+    spark: SparkSession, journal_broker: BrokerProcess
+) -> None:
+    without = StructType.fromDDL(DOCUMENTED_SCHEMA)
+    with_headers = StructType.fromDDL(f"{DOCUMENTED_SCHEMA}, {DOCUMENTED_HEADERS}")
+    for reader in (spark.read, spark.readStream):
+        plain = reader.format("kittiwake").option("url", journal_broker.flight_url).load()
+        assert plain.schema == without
+        headers = (
+            reader.format("kittiwake")
+            .option("url", journal_broker.flight_url)
+            .option("includeHeaders", "true")
+            .load()
+        )
+        assert headers.schema == with_headers
+
+
 def test_a_replayed_micro_batch_returns_the_same_rows_exactly_once(
     spark: SparkSession,
     journal_broker: BrokerProcess,
@@ -198,27 +225,84 @@ def test_a_replayed_micro_batch_returns_the_same_rows_exactly_once(
     assert [(t, p) for _o, t, p, _q in written] == items  # every row once, none twice
 
 
+@dataclass
+class DroppedRange:
+    """A broker whose retention dropped the journal's first offsets, ``[start, earliest)``."""
+
+    process: BrokerProcess
+    start: int
+    earliest: int
+    high_water: int
+
+
+@pytest.fixture(scope="module")
+def dropped_range(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DroppedRange]:
+    process = BrokerProcess(
+        tmp_path_factory.mktemp("retention"), flight=True, journal={"retention_bytes": 3000}
+    )
+    process.start()
+    publisher = PahoClient(process.address, unique("fill"))
+    try:
+        publisher.connect()
+        url = process.flight_url
+        _e, start = latest(url)
+
+        def dropped() -> bool:
+            publisher.publish(unique("fill"), b"x" * 500, 1)
+            return latest(url)[0] > start
+
+        # The sweep runs at most once a second: publish until it has dropped `start`.
+        wait_until(dropped, timeout=20, interval=0.05)
+        earliest, high_water = latest(url)
+        yield DroppedRange(process, start, earliest, high_water)
+    finally:
+        publisher.stop()
+        process.stop()
+
+
+def logging_source(name: str, log_file: Path) -> type[KittiwakeDataSource]:
+    """``format(name)``: the kittiwake source, whose planning (on the driver's side, in a
+    Python worker its JVM starts) also writes the ``kittiwake.spark`` log to ``log_file``. That
+    worker's stderr goes wherever the JVM's goes; a file is where a test can read the warning
+    deterministically. Made here, so Spark pickles the class by value for that worker."""
+
+    class LoggingSource(KittiwakeDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return name
+
+        def _log_to_file(self) -> None:
+            import logging
+
+            logger = logging.getLogger("kittiwake.spark")
+            if not any(getattr(h, "baseFilename", None) == str(log_file) for h in logger.handlers):
+                handler = logging.FileHandler(log_file)
+                handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+                logger.addHandler(handler)
+
+        def reader(self, schema: Any) -> Any:
+            self._log_to_file()
+            return super().reader(schema)
+
+        def streamReader(self, schema: Any) -> Any:
+            self._log_to_file()
+            return super().streamReader(schema)
+
+    return LoggingSource
+
+
 def test_a_range_dropped_by_retention_fails_or_is_skipped(
-    spark: SparkSession,
-    broker: Callable[..., BrokerProcess],
-    paho: Callable[..., PahoClient],
+    spark: SparkSession, dropped_range: DroppedRange, tmp_path: Path
 ) -> None:
-    process = broker(flight=True, journal={"retention_bytes": 3000})
-    url = process.flight_url
-    _e, start = latest(url)
-    publisher = paho(process.address)
-
-    def dropped() -> bool:
-        publisher.publish(unique("fill"), b"x" * 500, 1)
-        return latest(url)[0] > start
-
-    # The sweep runs at most once a second: publish until it has dropped `start`.
-    wait_until(dropped, timeout=20, interval=0.05)
-    earliest, high_water = latest(url)
+    url = dropped_range.process.flight_url
+    start, earliest = dropped_range.start, dropped_range.earliest
+    high_water = dropped_range.high_water
+    log_file = tmp_path / "planning.log"
+    spark.dataSource.register(logging_source("kittiwake_logged_batch", log_file))
 
     def read(fail_on_data_loss: str) -> DataFrame:
         return (
-            spark.read.format("kittiwake")
+            spark.read.format("kittiwake_logged_batch")
             .option("url", url)
             .option("topics", "#")
             .option("startingOffsets", json.dumps({"0": start}))
@@ -230,6 +314,56 @@ def test_a_range_dropped_by_retention_fails_or_is_skipped(
         read("true").count()
     offsets = [row.offset for row in read("false").select("offset").collect()]
     assert offsets and min(offsets) >= earliest and max(offsets) < high_water + 1000
+    assert re.search(
+        rf"WARNING kittiwake\.spark\.source skipping: offsets \[{start}, {earliest}\) .*dropped",
+        log_file.read_text(),
+    ), log_file.read_text()
+
+
+def test_a_stream_over_a_range_dropped_by_retention_fails_or_skips_it_with_a_warning(
+    spark: SparkSession, dropped_range: DroppedRange, tmp_path: Path
+) -> None:
+    """Trigger.AvailableNow from an offset the retention dropped: failOnDataLoss=true fails
+    the query naming the range; false reads what is left and the driver's side warns, naming
+    the range it skipped."""
+    url = dropped_range.process.flight_url
+    start, earliest = dropped_range.start, dropped_range.earliest
+    high_water = dropped_range.high_water
+    log_file = tmp_path / "planning.log"
+    spark.dataSource.register(logging_source("kittiwake_logged_stream", log_file))
+
+    def run(fail_on_data_loss: str, sink_name: str) -> StreamingQuery:
+        df = (
+            spark.readStream.format("kittiwake_logged_stream")
+            .option("url", url)
+            .option("topics", "#")
+            .option("startingOffsets", json.dumps({"0": start}))
+            .option("failOnDataLoss", fail_on_data_loss)
+            .load()
+        )
+        return (
+            df.select("offset")
+            .writeStream.format("memory")
+            .queryName(sink_name)
+            .option("checkpointLocation", str(tmp_path / sink_name))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    failing = run("true", "dropped_fails")
+    with pytest.raises(Exception, match=rf"offsets \[{start}, {earliest}\) .*dropped"):
+        failing.awaitTermination(QUERY_TIMEOUT)
+    assert "WARNING" not in (log_file.read_text() if log_file.exists() else "")
+
+    skipping = run("false", "dropped_skipped")
+    assert skipping.awaitTermination(QUERY_TIMEOUT), "the stream did not finish in time"
+    assert skipping.exception() is None, skipping.exception()
+    offsets = [row.offset for row in spark.table("dropped_skipped").collect()]
+    assert offsets and min(offsets) >= earliest and max(offsets) < high_water + 1000
+    assert re.search(
+        rf"WARNING kittiwake\.spark\.source skipping: offsets \[{start}, {earliest}\) .*dropped",
+        log_file.read_text(),
+    ), log_file.read_text()
 
 
 def test_every_row_reaches_the_sink_exactly_once_across_a_broker_kill9(
