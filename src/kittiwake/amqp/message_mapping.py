@@ -263,6 +263,7 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
     retain = properties is not None and properties.get(RETAIN_PROPERTY) == 1
     kept = b"".join(s for code, s in sections if code not in (HEADER, DELIVERY_ANNOTATIONS))
     payload, kind = body_bytes(decoded, sections)
+    group = decoded.group_id
     message = Message(
         topic=topic,
         payload=payload,
@@ -282,6 +283,7 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
             body=kind,
             footer=b"".join(s for code, s in sections if code == FOOTER),
         ),
+        group_id=group if isinstance(group, str) and group else None,
     )
     to_type = annotations.get(JMS_DEST)
     return Incoming(

@@ -234,6 +234,9 @@ class Message:
     awaiting_commit: bool = False
     # AMQP's own sections around the body; None for a message that did not come from AMQP.
     amqp: AMQPFields | None = None
+    # The message group it belongs to (JMSXGroupID, AMQP's group-id): a queue gives a group's
+    # messages to one consumer at a time. None (nearly always) = no group.
+    group_id: str | None = None
 
     @property
     def size(self) -> int:

@@ -181,6 +181,7 @@ class Queue:
     __slots__ = (
         "_cursor",
         "_delayed",
+        "_groups",
         "_heap",
         "_next_delivery_id",
         "_ready",
@@ -251,9 +252,13 @@ class Queue:
         self.drops_logged = 0
         self.consumers: list[Consumer] = []
         self._cursor = 0
-        # Attached consumers with a selector: while any is, dispatch asks each entry who
-        # selects it; while none is, dispatch never looks.
+        # Attached consumers with a selector, plus one once an entry with a message group has
+        # come: while any is, dispatch asks each entry who may take it; while none is,
+        # dispatch never looks.
         self._selective = 0
+        # Message group -> the consumer that has it (DESIGN.md section 5); None until the
+        # first entry with a group comes, so queues without groups never look.
+        self._groups: dict[str, Consumer] | None = None
         self._sequence = 0
         self._next_delivery_id = 0
         # FIFO entries live in a deque, made on the first one (760 bytes that most idle
@@ -299,7 +304,12 @@ class Queue:
             return True, victims
         self._sequence = entry.sequence = self._sequence + 1
         ready = self._ready
-        if ready is not None and message.delivery_time is None and self.ordering == "fifo":
+        if (
+            ready is not None
+            and message.delivery_time is None
+            and self.ordering == "fifo"
+            and message.group_id is None
+        ):
             # _insert's usual case, inlined: this is every queued QoS 1 copy's path.
             self.bytes += size
             self.totals.bytes += size
@@ -317,6 +327,8 @@ class Queue:
 
     def push_front(self, entry: QueuedMessage) -> None:
         """Put an entry back in its arrival place, ahead of later ones; never refused."""
+        if self._groups is None and entry.message.group_id is not None:
+            self._start_grouping()
         size = entry.size
         self.bytes += size
         self.totals.bytes += size
@@ -495,6 +507,11 @@ class Queue:
                 self._cursor -= 1
             if consumer.selects is not None:
                 self._selective -= 1
+        groups = self._groups
+        if groups:
+            # Its groups move to the consumers that take their next entries.
+            for group in [g for g, owner in groups.items() if owner is consumer]:
+                del groups[group]
         consumer.queue = None
 
     def recall(self, consumer: Consumer, *, received_too: bool = False) -> int:
@@ -606,10 +623,33 @@ class Queue:
         return sent
 
     def _next_selecting(self, entry: QueuedMessage) -> Consumer | None:
+        """The next consumer in turn that can take this entry and whose selector selects it;
+        for an entry of a message group, only the group's consumer, or the next in turn that
+        can take it when the group has none (which then has the group)."""
+        excluded = entry.excluded
+        group = entry.message.group_id
+        groups = self._groups
+        if group is not None and groups is not None:
+            owner = groups.get(group)
+            if owner is not None:
+                # The group waits for its consumer's credit; other entries may go meanwhile.
+                if owner.credit.available <= 0 or owner.receiver is None:
+                    return None
+                if excluded is not None and owner in excluded:
+                    return None
+                if owner.selects is not None and not owner.selects(entry):
+                    return None
+                return owner
+            taker = self._next_taking(entry, excluded)
+            if taker is not None:
+                groups[group] = taker
+            return taker
+        return self._next_taking(entry, excluded)
+
+    def _next_taking(self, entry: QueuedMessage, excluded: set[Consumer] | None) -> Consumer | None:
         """The next consumer in turn that can take this entry and whose selector selects it."""
         consumers = self.consumers
         count = len(consumers)
-        excluded = entry.excluded
         for step in range(count):
             index = (self._cursor + step) % count
             consumer = consumers[index]
@@ -690,6 +730,24 @@ class Queue:
         receiver.deliver(delivery)
         return delivery
 
+    def _start_grouping(self) -> dict[str, Consumer]:
+        """The first entry with a message group: dispatch asks each entry who may take it
+        from now on (the selective path), and groups are kept."""
+        groups = self._groups = {}
+        self._selective += 1
+        return groups
+
+    def _ungroup(self, consumer: Consumer, group: str) -> None:
+        """The consumer gave back an entry of its group: the group may move once it holds
+        none of the group's entries any more (one consumer at a time, DESIGN.md section 5)."""
+        groups = self._groups
+        if groups is None or groups.get(group) is not consumer:
+            return
+        for delivery in consumer.unsettled.values():
+            if delivery.entry.message.group_id == group:
+                return
+        del groups[group]
+
     def restore(self, consumer: Consumer, entry: QueuedMessage, state: DeliveryState) -> Delivery:
         """Recovery: an entry that was in flight to this consumer when the broker stopped is
         in flight again, without being sent (the owner resends it when the consumer is back)."""
@@ -698,6 +756,10 @@ class Queue:
         self._next_delivery_id += 1
         delivery = Delivery(self._next_delivery_id, entry, consumer)
         delivery.state = state
+        group = entry.message.group_id
+        if group is not None:
+            groups = self._groups if self._groups is not None else self._start_grouping()
+            groups.setdefault(group, consumer)
         consumer.unsettled[delivery.id] = delivery
         consumer.credit.available -= 1
         self.in_flight += 1
@@ -726,7 +788,11 @@ class Queue:
                 self.on_removed(self, entry, _REMOVAL_ACCEPTED)
         elif outcome is Settlement.RELEASED:
             self.push_front(entry)
+            if self._groups is not None and entry.message.group_id is not None:
+                self._ungroup(consumer, entry.message.group_id)
         elif outcome is Settlement.MODIFIED:
+            if self._groups is not None and entry.message.group_id is not None:
+                self._ungroup(consumer, entry.message.group_id)
             entry.delivery_count += 1
             if undeliverable_here:
                 if entry.excluded is None:
@@ -801,6 +867,8 @@ class Queue:
 
     def _insert(self, entry: QueuedMessage) -> None:
         message = entry.message
+        if self._groups is None and message.group_id is not None:
+            self._start_grouping()
         size = len(message.payload) + len(message.topic)
         self.bytes += size
         self.totals.bytes += size

@@ -52,7 +52,7 @@ MESSAGE_COLUMNS = (
 #   tag 34: response topic, str              tag 35: correlation data, bin
 #   tag 36: one user property, str str (repeated, in order)
 #   tag 48: AMQP sections before the body, bin   tag 49: AMQP body kind, u8
-#   tag 50: AMQP footer, bin
+#   tag 50: AMQP footer, bin               tag 51: message group (JMSXGroupID), str
 #   str   = bin holding UTF-8;   bin = length:varint bytes   (varint: LEB128, unsigned)
 #
 # Tags are never renumbered; a new field gets a new tag.
@@ -65,6 +65,7 @@ _USER_PROPERTY = 36
 _AMQP_HEAD = 48
 _AMQP_BODY = 49
 _AMQP_FOOTER = 50
+_GROUP_ID = 51
 
 _NUMBERS: dict[PropertyType, struct.Struct] = {
     PropertyType.BYTE: struct.Struct(">b"),
@@ -80,10 +81,11 @@ def encode_properties(
     properties: MessageProperties | None,
     mqtt5: MQTT5Fields | None,
     amqp: AMQPFields | None = None,
+    group_id: str | None = None,
 ) -> bytes | None:
-    """The property blob of a message; None when it has no properties, MQTT 5 fields or
-    AMQP sections."""
-    if not properties and mqtt5 is None and amqp is None:
+    """The property blob of a message; None when it has no properties, MQTT 5 fields, AMQP
+    sections or message group."""
+    if not properties and mqtt5 is None and amqp is None and group_id is None:
         return None
     out = bytearray()
     if properties:
@@ -121,6 +123,9 @@ def encode_properties(
         if amqp.footer:
             out.append(_AMQP_FOOTER)
             _put_bytes(out, amqp.footer)
+    if group_id is not None:
+        out.append(_GROUP_ID)
+        _put_text(out, group_id)
     # Empty MQTT 5 fields are no fields: they come back as None.
     return bytes(out) if out else None
 
@@ -136,8 +141,16 @@ def decode_fields(
 ) -> tuple[MessageProperties | None, MQTT5Fields | None, AMQPFields | None]:
     """Everything a blob holds: properties, MQTT 5 fields, AMQP sections (ValueError if it is
     damaged)."""
+    properties, mqtt5, amqp, _ = decode_blob(blob)
+    return properties, mqtt5, amqp
+
+
+def decode_blob(
+    blob: bytes | None,
+) -> tuple[MessageProperties | None, MQTT5Fields | None, AMQPFields | None, str | None]:
+    """Everything a blob holds, its message group too (ValueError if it is damaged)."""
     if not blob:
-        return None, None, None
+        return None, None, None, None
     try:
         return _decode_fields(blob)
     except (IndexError, struct.error, KeyError) as exc:
@@ -146,10 +159,11 @@ def decode_fields(
 
 def _decode_fields(
     blob: bytes,
-) -> tuple[MessageProperties | None, MQTT5Fields | None, AMQPFields | None]:
+) -> tuple[MessageProperties | None, MQTT5Fields | None, AMQPFields | None, str | None]:
     properties: MessageProperties | None = None
     mqtt5: MQTT5Fields | None = None
     amqp: AMQPFields | None = None
+    group_id: str | None = None
     view = memoryview(blob)
     at = 0
     end = len(blob)
@@ -172,6 +186,9 @@ def _decode_fields(
             if properties is None:
                 properties = MessageProperties()
             properties.set(name, value, kind)
+            continue
+        if tag == _GROUP_ID:
+            group_id, at = _get_text(view, at)
             continue
         if tag >= _AMQP_HEAD:
             if amqp is None:
@@ -205,7 +222,7 @@ def _decode_fields(
             mqtt5.user_properties.append((name, value_text))
         else:
             raise ValueError(f"unknown property tag {tag} at byte {at - 1}")
-    return properties, mqtt5, amqp
+    return properties, mqtt5, amqp, group_id
 
 
 def _put_bytes(out: bytearray, data: bytes) -> None:
@@ -281,8 +298,11 @@ def message_columns(message: Message, clock_to_wall_ms: float) -> tuple[Any, ...
         None if delivery_time is None else round(delivery_time * 1000 + clock_to_wall_ms),
         message.origin,
         None
-        if message.properties is None and message.mqtt5 is None and message.amqp is None
-        else encode_properties(message.properties, message.mqtt5, message.amqp),
+        if message.properties is None
+        and message.mqtt5 is None
+        and message.amqp is None
+        and message.group_id is None
+        else encode_properties(message.properties, message.mqtt5, message.amqp, message.group_id),
     )
 
 
@@ -293,7 +313,7 @@ def message_from_row(row: Sequence[Any], clock_to_wall_ms: float = 0.0) -> Messa
     with the default 0 they are wall-clock seconds since the epoch (what a reader outside the
     broker, such as the Spark journal reader, wants).
     """
-    properties, mqtt5, amqp = decode_fields(row[11])
+    properties, mqtt5, amqp, group_id = decode_blob(row[11])
     timestamp = row[7]
     expiry = row[8]
     delivery_time = row[9]
@@ -313,6 +333,7 @@ def message_from_row(row: Sequence[Any], clock_to_wall_ms: float = 0.0) -> Messa
         mqtt5=mqtt5,
         message_id=row[0],
         amqp=amqp,
+        group_id=group_id,
     )
 
 

@@ -613,3 +613,119 @@ def test_without_selective_consumers_dispatch_never_asks(clock: ManualClock) -> 
     queue.push(entry(b"b"))
     queue.dispatch(clock.now())
     assert rx.payloads == [b"a", b"b"]
+
+
+# -- message groups (DESIGN.md section 5) ----------------------------------------------------
+
+
+def grouped(payload: bytes, group: str) -> QueuedMessage:
+    return entry(payload, group_id=group)
+
+
+def test_each_message_group_sticks_to_one_consumer(clock: ManualClock) -> None:
+    """Groups A and B interleaved over two competing consumers: every message of a group goes
+    to the consumer that took the group's first one, while other entries still take turns."""
+    queue, _ = make_queue(ordering="priority")
+    first, r1 = consumer(100, "first")
+    second, r2 = consumer(100, "second")
+    queue.attach(first)
+    queue.attach(second)
+    for n in range(10):
+        queue.push(grouped(b"A%d" % n, "A"))
+        queue.push(grouped(b"B%d" % n, "B"))
+    assert queue.dispatch(clock.now()) == 20
+    groups_of = [{p[:1] for p in r.payloads} for r in (r1, r2)]
+    assert sorted(map(sorted, groups_of)) == [[b"A"], [b"B"]], groups_of
+    for receiver in (r1, r2):
+        group = receiver.payloads[0][:1]
+        assert receiver.payloads == [b"%s%d" % (group, n) for n in range(10)], "in order"
+
+
+def test_a_group_waits_for_its_consumers_credit_without_blocking_others(
+    clock: ManualClock,
+) -> None:
+    """The group's consumer has no credit left: the group's entries wait in their place, and
+    entries of other groups and of none go to the other consumer meanwhile."""
+    queue, _ = make_queue(ordering="priority")
+    owner, ro = consumer(1, "owner")
+    other, rx = consumer(10, "other")
+    queue.attach(owner)
+    queue.attach(other)
+    queue.push(grouped(b"A0", "A"))
+    queue.dispatch(clock.now())
+    assert ro.payloads == [b"A0"]
+    queue.push(grouped(b"A1", "A"))
+    queue.push(entry(b"plain"))
+    queue.push(grouped(b"B0", "B"))
+    queue.push(grouped(b"A2", "A"))
+    queue.dispatch(clock.now())
+    assert rx.payloads == [b"plain", b"B0"]
+    assert queue.count == 2, "A1 and A2 wait for their group's consumer"
+    queue.settle(ro.take()[0], Settlement.ACCEPTED)
+    queue.dispatch(clock.now())
+    assert ro.payloads == [b"A1"], "the group stays with its consumer after an accept"
+    queue.settle(ro.take()[0], Settlement.ACCEPTED)
+    queue.dispatch(clock.now())
+    assert ro.payloads == [b"A2"]
+    assert rx.payloads == [b"plain", b"B0"]
+
+
+def test_a_consumers_close_moves_its_group(clock: ManualClock) -> None:
+    """Detaching the group's consumer returns its unsettled entries, and the group goes to
+    the remaining consumer with them, in order."""
+    queue, _ = make_queue(ordering="priority")
+    owner, ro = consumer(10, "owner")
+    other, rx = consumer(10, "other")
+    queue.attach(owner)
+    queue.attach(other)
+    queue.push(grouped(b"A0", "A"))
+    queue.push(grouped(b"B0", "B"))
+    queue.dispatch(clock.now())
+    assert (ro.payloads, rx.payloads) == ([b"A0"], [b"B0"])
+    queue.push(grouped(b"A1", "A"))
+    queue.dispatch(clock.now())
+    assert ro.payloads == [b"A0", b"A1"]
+    queue.detach(owner)
+    queue.push(grouped(b"A2", "A"))
+    queue.dispatch(clock.now())
+    assert rx.payloads == [b"B0", b"A0", b"A1", b"A2"]
+    assert rx.deliveries[1].redelivered
+
+
+def test_releasing_a_groups_entries_lets_the_group_move(clock: ManualClock) -> None:
+    """A consumer that gives every entry of its group back (released) no longer has the group:
+    with no credit left for it, the group's entries go to the other consumer. While it still
+    holds one of them, the group stays."""
+    queue, _ = make_queue(ordering="priority")
+    ro = RecordingReceiver()
+    owner = Consumer(ro, credit=2, name="owner")
+    other, rx = consumer(10, "other")
+    queue.attach(owner)
+    queue.push(grouped(b"A0", "A"))
+    queue.push(grouped(b"A1", "A"))
+    queue.dispatch(clock.now())
+    assert ro.payloads == [b"A0", b"A1"]
+    queue.attach(other)
+    a0, a1 = ro.take()
+    queue.settle(a1, Settlement.RELEASED)
+    queue.dispatch(clock.now())
+    assert rx.payloads == [], "the owner still holds A0: the group stays"
+    queue.settle(a0, Settlement.RELEASED)
+    queue.dispatch(clock.now())
+    assert rx.payloads == [b"A0", b"A1"]
+    queue.push(grouped(b"A2", "A"))
+    owner.credit.add(5)
+    queue.dispatch(clock.now())
+    assert rx.payloads == [b"A0", b"A1", b"A2"], "the group now sticks to its new consumer"
+    assert ro.payloads == []
+
+
+def test_a_queue_without_groups_never_dispatches_selectively(clock: ManualClock) -> None:
+    """Only a queue that has had an entry with a group pays for groups."""
+    queue, _ = make_queue()
+    a, _ = consumer(10)
+    queue.attach(a)
+    queue.push(entry(b"x"))
+    assert not queue._selective
+    queue.push(grouped(b"y", "G"))
+    assert queue._selective

@@ -189,3 +189,14 @@ def test_a_message_row_keeps_its_amqp_fields() -> None:
     message = Message("q", b"\x00Sw\xa1\x01x", qos=2, persistent=True, amqp=amqp)
     got = message_from_row(message_row(message, TO_WALL_MS), TO_WALL_MS)
     assert got.amqp == amqp
+
+
+def test_a_message_row_keeps_its_message_group() -> None:
+    """The group id rides in the blob (its own tag), alone or beside the AMQP sections."""
+    alone = Message("q", b"x", group_id="orders-7")
+    assert message_from_row(message_row(alone, TO_WALL_MS), TO_WALL_MS).group_id == "orders-7"
+    amqp = AMQPFields(head=b"\x00S\x73", body=1)
+    both = Message("q", b"x", amqp=amqp, group_id="G")
+    got = message_from_row(message_row(both, TO_WALL_MS), TO_WALL_MS)
+    assert (got.group_id, got.amqp) == ("G", amqp)
+    assert message_from_row(message_row(Message("q", b"x"), TO_WALL_MS)).group_id is None
