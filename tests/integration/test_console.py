@@ -43,17 +43,39 @@ def open_page(chromium: Chromium, url: str, page: str) -> None:
     chromium.wait_for(f"document.body.dataset.loaded === {json.dumps(page)}")
 
 
+def row_of(table: str, client_id: str) -> str:
+    """A JavaScript expression: the row of ``table`` whose first cell is ``client_id``
+    (looked up afresh each time: the console redraws its tables every second)."""
+    return (
+        f"[...document.querySelectorAll('#{table} tbody tr')]"
+        f".find(r => r.cells[0].innerText === {json.dumps(client_id)})"
+    )
+
+
+def click(chromium: Chromium, row: str, label: str) -> None:
+    """Click the ``label`` button of ``row`` once it is shown, confirming its question."""
+    button = f"[...({row}).querySelectorAll('button')].find(b => b.innerText === '{label}')"
+    chromium.wait_for(f"!!({row}) && !!({button})")
+    chromium.evaluate("window.confirm = () => true")
+    chromium.evaluate(f"{button}.click()")
+
+
+def admin_users(tmp_path: Path) -> str:
+    """A password file with one user, admin / s3cret (cheap hashing: a test)."""
+    users = tmp_path / "users"
+    users.write_text(
+        format_password_file({"admin": PasswordHash.make("s3cret", log2_n=4)}), encoding="utf-8"
+    )
+    return str(users)
+
+
 def test_every_console_page_shows_the_broker(
     broker: Callable[..., BrokerProcess],
     paho: Callable[..., Any],
     chromium: Chromium,
     tmp_path: Path,
 ) -> None:
-    users = tmp_path / "users"
-    users.write_text(
-        format_password_file({"admin": PasswordHash.make("s3cret", log2_n=4)}), encoding="utf-8"
-    )
-    process = broker(http=True, amqp=True, auth={"password_file": str(users)})
+    process = broker(http=True, amqp=True, auth={"password_file": admin_users(tmp_path)})
     client_id = unique("console")
     topic = unique("console/topic")
     client = paho(process.address, client_id, username="admin", password="s3cret")
@@ -111,46 +133,22 @@ def test_every_console_page_shows_the_broker(
     chromium.screenshot(SCREENSHOTS / "retained.png")
 
     open_page(chromium, url, "queues")
-    row = (
-        "[...document.querySelectorAll('#queues-table tbody tr')]"
-        f".find(r => r.cells[0].innerText === '{queue}')"
-    )
+    row = row_of("queues-table", queue)
     assert chromium.wait_for(f"{row} && {row}.cells[2].innerText") == "3"
     chromium.screenshot(SCREENSHOTS / "queues.png")
 
-    def button(label: str) -> str:
-        return f"[...{row}.querySelectorAll('button')].find(b => b.innerText === '{label}')"
-
     # Browsing the queue lists its messages, taking none.
-    chromium.evaluate(f"{button('Browse')}.click()")
+    click(chromium, row, "Browse")
     entries = "document.querySelectorAll('#entries-table tbody tr')"
     assert chromium.wait_for(f"{entries}.length === 3 && {entries}[0].cells.length > 1")
     assert text_of(chromium, "#entries-table").count("waiting") == 3
     assert chromium.wait_for(f"{row} && {row}.cells[2].innerText") == "3"
     chromium.screenshot(SCREENSHOTS / "queues-browsed.png")
     # The purge action, confirmed as an operator would.
-    chromium.evaluate("window.confirm = () => true")
-    chromium.evaluate(f"{button('Purge')}.click()")
+    click(chromium, row, "Purge")
     chromium.wait_for("document.getElementById('message').innerText.includes('3 messages purged')")
     assert chromium.wait_for(f"{row} && {row}.cells[2].innerText === '0'")
     chromium.screenshot(SCREENSHOTS / "queues-purged.png")
-
-
-def row_of(table: str, client_id: str) -> str:
-    """A JavaScript expression: the row of ``table`` whose first cell is ``client_id``
-    (looked up afresh each time: the console redraws its tables every second)."""
-    return (
-        f"[...document.querySelectorAll('#{table} tbody tr')]"
-        f".find(r => r.cells[0].innerText === {json.dumps(client_id)})"
-    )
-
-
-def click(chromium: Chromium, row: str, label: str) -> None:
-    """Click the ``label`` button of ``row`` once it is shown, confirming its question."""
-    button = f"[...({row}).querySelectorAll('button')].find(b => b.innerText === '{label}')"
-    chromium.wait_for(f"!!({row}) && !!({button})")
-    chromium.evaluate("window.confirm = () => true")
-    chromium.evaluate(f"{button}.click()")
 
 
 def test_disconnect_and_delete_session_from_the_console(
@@ -162,11 +160,7 @@ def test_disconnect_and_delete_session_from_the_console(
     """An operator disconnects a connected client and deletes an offline persistent session
     with the console's buttons: the page says so and drops the rows, the API agrees, the
     client was told why (MQTT 5: 0x98) and the session is gone when its client comes back."""
-    users = tmp_path / "users"
-    users.write_text(
-        format_password_file({"admin": PasswordHash.make("s3cret", log2_n=4)}), encoding="utf-8"
-    )
-    process = broker(http=True, auth={"password_file": str(users)})
+    process = broker(http=True, auth={"password_file": admin_users(tmp_path)})
     admin = ("admin", "s3cret")
     login = {"username": "admin", "password": "s3cret"}
     online_id, offline_id = unique("console-online"), unique("console-offline")
