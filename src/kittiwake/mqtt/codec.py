@@ -114,7 +114,9 @@ class PacketDecoder:
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
         self.max_packet_size = max_packet_size
         self.protocol_version = 4
-        self._buf = bytearray()
+        # The partial tail of the last read; None while there is none (an idle connection's
+        # usual state), so it holds no buffer, nor a drained one's leftover capacity.
+        self._buf: bytearray | None = None
 
     def feed(self, data: bytes) -> list[Packet]:
         """Consume ``data`` and return every packet it completes, oldest first.
@@ -126,7 +128,7 @@ class PacketDecoder:
         """
         buf = self._buf
         src: bytes | bytearray
-        if buf:
+        if buf is not None:
             buf += data
             src = buf
         else:
@@ -174,19 +176,21 @@ class PacketDecoder:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
                 pos = end
         except MQTTProtocolError as error:
-            self._buf = bytearray()  # the connection is dead; drop the tail with the error
+            self._buf = None  # the connection is dead; drop the tail with the error
             error.packets_before = list(packets)
             raise
         except BaseException:
-            self._buf = bytearray()
+            self._buf = None
             raise
         finally:
             mv.release()  # the bytearray cannot be resized while a view of it is alive
         if src is buf:
-            if pos:
+            if pos == n:
+                self._buf = None
+            elif pos:
                 del buf[:pos]
         elif pos < n:
-            buf += data[pos:]
+            self._buf = bytearray(data[pos:])
         return packets
 
 

@@ -97,8 +97,11 @@ CallSoon = Callable[[Callable[[], None]], object]
 class MQTTConnection:
     """The protocol state machine of one connection (awaiting CONNECT → connected → closed).
 
-    Slotted, and a 5.0 client's topic alias maps are made by its CONNECT: ten thousand idle
-    3.x connections carry no per-instance dict and no alias maps they cannot use.
+    Slotted, and what an idle connection never uses is not made for it: a 5.0 client's topic
+    alias maps are made by its CONNECT, the packet-id map by the first QoS 1/2 delivery, the
+    publish-verdict cache by the first publication, the held input by a password check; the
+    login is dropped once the CONNECT is accepted. Ten thousand idle connections then carry
+    none of these.
     """
 
     __slots__ = (
@@ -157,11 +160,12 @@ class MQTTConnection:
         self.session: Session | None = None
         # Who the client is, once its CONNECT's credentials checked out.
         self.principal: Principal | None = None
-        self._login = login or _default_login(broker)
+        # Until the CONNECT is accepted (None after: a connection logs in once).
+        self._login: Login | None = login or _default_login(broker)
         # While a password is being checked: the check, and the packets that came after the
-        # CONNECT meanwhile (handled once it is accepted).
+        # CONNECT meanwhile (handled once it is accepted; None until one comes).
         self._checking: PendingVerdict | None = None
-        self._held_input: list[Packet] = []
+        self._held_input: list[Packet] | None = None
         self.protocol_version = 4
         self.client_id = ""
         self.keepalive = 0
@@ -178,8 +182,9 @@ class MQTTConnection:
         self.peer_topic_alias_maximum = 0
         # Topic aliases, 5.0 only: the shared empty map until a 5.0 CONNECT (never written to).
         self._outgoing_aliases: dict[str, int] = _NO_ALIASES
-        # Our QoS 1/2 PUBLISHes in flight: packet id -> the core's delivery.
-        self._packet_ids = OutgoingPacketIds()
+        # Our QoS 1/2 PUBLISHes in flight: packet id -> the core's delivery. The shared empty
+        # map (never written to) until the first delivery needs an id (see _own_packet_ids).
+        self._packet_ids: OutgoingPacketIds = _NO_PACKET_IDS
         self._incoming_aliases: dict[int, str] = _NO_ALIASES
         self._problem_information = True
         # Answers not yet written, in the order of the packets they answer: each waits for
@@ -207,8 +212,9 @@ class MQTTConnection:
         # Topics this connection already published to: valid, and whether its principal may
         # publish there. Publishers repeat a handful of topics, and a connection's principal
         # and rules do not change while it lives, so each topic is checked once, not per
-        # message (a cache per connection, keyed by its principal by construction).
-        self._topic_verdicts: dict[str, bool] = {}
+        # message (a cache per connection, keyed by its principal by construction). The shared
+        # empty map (never written to) until the first publication.
+        self._topic_verdicts: dict[str, bool] = _NO_VERDICTS
 
     def permissions_renewed(self, renew: RenewPermissions) -> None:
         """The rules were reloaded (SIGHUP): from now on this connection is checked by its
@@ -217,7 +223,7 @@ class MQTTConnection:
             return  # not connected yet: CONNECT will ask for the rules in force then
         principal = self.principal
         self.permissions = renew(principal.name if principal is not None else None, self.client_id)
-        self._topic_verdicts.clear()
+        self._topic_verdicts = _NO_VERDICTS
 
     @property
     def _log(self) -> ConnectionLog:
@@ -234,6 +240,8 @@ class MQTTConnection:
         """
         if self.session is None:
             if self._checking is not None:
+                if self._held_input is None:
+                    self._held_input = []
                 self._held_input.append(packet)
                 return
             if isinstance(packet, Connect):
@@ -332,7 +340,10 @@ class MQTTConnection:
                 ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported"
             )
         if self.principal is None:
-            verdict = self._login.check(packet.username, packet.password)
+            login = self._login
+            if login is None:  # not reached: a connection that has logged in is connected
+                raise MQTTProtocolError(ReasonCode.PROTOCOL_ERROR, "a second CONNECT")
+            verdict = login.check(packet.username, packet.password)
             if not isinstance(verdict, (Principal, Refusal)):
                 # Pending: the password is being checked (off the loop, by the shell's verify).
                 self._check_then_connect(packet, verdict)
@@ -398,6 +409,8 @@ class MQTTConnection:
             principal=principal_name,
         )
         self.session = session
+        # Logged in for good: the login (and the shell's password check it holds) can go.
+        self._login = None
         if session.permissions is not self.permissions:
             # Delivery is filtered by what this principal may read (route plans).
             session.permissions = self.permissions
@@ -445,7 +458,7 @@ class MQTTConnection:
 
         def checked(_done: object) -> None:
             self._checking = None
-            held, self._held_input = self._held_input, []
+            held, self._held_input = self._held_input or [], None
             if self.closed:
                 return
             resume = getattr(self.transport, "resume_reading", None)
@@ -556,9 +569,10 @@ class MQTTConnection:
                 raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
             allowed = self.permissions.may_publish(topic)
             if len(topic) <= MAX_CACHED_TOPIC_CHARS:
-                if len(self._topic_verdicts) >= 1024:
-                    self._topic_verdicts.clear()
-                self._topic_verdicts[topic] = allowed
+                verdicts = self._topic_verdicts
+                if verdicts is _NO_VERDICTS or len(verdicts) >= 1024:
+                    self._topic_verdicts = verdicts = {}
+                verdicts[topic] = allowed
         qos = packet.qos
         packet_id = packet.packet_id or 0
         if qos == 2 and packet_id in session.exactly_once_keys:
@@ -919,12 +933,22 @@ class MQTTConnection:
     # -- SessionLink: deliveries from the broker -------------------------------------------
 
     def tag(self, delivery: Delivery) -> int:
-        return self._packet_ids.assign(delivery)
+        return self._own_packet_ids().assign(delivery)
+
+    def _own_packet_ids(self) -> OutgoingPacketIds:
+        """This connection's packet-id map, made on first use (the shared empty one until
+        then is only ever read)."""
+        ids = self._packet_ids
+        if ids is _NO_PACKET_IDS:
+            self._packet_ids = ids = OutgoingPacketIds()
+        return ids
 
     def deliver(self, delivery: Delivery) -> None:
         if self.closed:
             return
         ids = self._packet_ids
+        if ids is _NO_PACKET_IDS:
+            ids = self._own_packet_ids()
         delivery_id = delivery.tag
         if delivery_id:
             ids[delivery_id] = delivery
@@ -1243,6 +1267,9 @@ _RECEIVED = DeliveryState.RECEIVED
 
 # Every 3.x connection's topic alias maps (see MQTTConnection.__init__).
 _NO_ALIASES: Final[dict[Any, Any]] = {}
+# Every connection's publish verdicts and packet ids until it has some (never written to).
+_NO_VERDICTS: Final[dict[str, bool]] = {}
+_NO_PACKET_IDS: Final = OutgoingPacketIds()
 
 # A 3.x subscription's options, by maximum QoS: only that differs (the broker copies them
 # into the subscription and changes no options object), so one each serves every SUBSCRIBE.

@@ -22,7 +22,7 @@ from kittiwake.broker.authorization import RenewPermissions
 from kittiwake.broker.broker import Broker
 from kittiwake.config import ListenerConfig
 from kittiwake.mqtt.codec import PacketDecoder
-from kittiwake.mqtt.connection import MQTTConnection
+from kittiwake.mqtt.connection import CallSoon, MQTTConnection
 from kittiwake.mqtt.errors import MQTTProtocolError
 from kittiwake.mqtt.login import Login, Verdict
 from kittiwake.tls import certificate_user, server_context
@@ -117,7 +117,8 @@ class MQTTServerProtocol(asyncio.Protocol):
         self._server = server
         self._context = context
         self._loop = asyncio.get_running_loop()
-        self._buffer: list[bytes] = []
+        # What waits for the next flush: made by a write, dropped by the flush.
+        self._buffer: list[bytes] | None = None
         self._flush_scheduled = False
         # Set while a read is handled: what is written meanwhile is flushed at its end.
         self._reading = False
@@ -154,10 +155,13 @@ class MQTTServerProtocol(asyncio.Protocol):
             address=address,
             verify=self._verify_off_loop,
         )
-        broker = self._server.broker
-        self.connection = MQTTConnection(
-            broker, self, peer_text, login, call_soon=self._loop.call_soon
-        )
+        server = self._server
+        broker = server.broker
+        # The server's one bound ``call_soon``, not one made for each connection.
+        call_soon = server.call_soon
+        if call_soon is None:
+            server.call_soon = call_soon = self._loop.call_soon
+        self.connection = MQTTConnection(broker, self, peer_text, login, call_soon=call_soon)
         refusal = broker.admission.admit(address)
         if refusal is None:
             self._admitted = address
@@ -221,14 +225,17 @@ class MQTTServerProtocol(asyncio.Protocol):
             self._admitted = None
         if self.connection is not None:
             self.connection.connection_lost()
-        self._buffer.clear()
+        self._buffer = None
 
     # Transport for MQTTConnection
 
     def write(self, data: bytes) -> None:
         if self._linger is not None:
             return  # our side is shut: nothing more goes out
-        self._buffer.append(data)
+        buffer = self._buffer
+        if buffer is None:
+            self._buffer = buffer = []
+        buffer.append(data)
         if not self._flush_scheduled and not self._reading:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -289,12 +296,13 @@ class MQTTServerProtocol(asyncio.Protocol):
         buffer = self._buffer
         if not buffer:
             return
+        # Dropped, not cleared: the next write makes a list (from the free list, as cheap as
+        # refilling this one), and between writes an idle connection holds none.
+        self._buffer = None
         transport = self.transport
         if transport is None or transport.is_closing() or self._linger is not None:
-            buffer.clear()
             return
         data = buffer[0] if len(buffer) == 1 else b"".join(buffer)
-        buffer.clear()
         self._server.traffic.bytes_sent += len(data)
         self.send_mqtt(transport, data)
 
@@ -317,6 +325,8 @@ class MQTTServer:
         self.connections: set[MQTTServerProtocol] = set()
         self._servers: list[asyncio.Server] = []
         self._sweeper: asyncio.TimerHandle | None = None
+        # The loop's call_soon, bound once and handed to every connection (see connection_made).
+        self.call_soon: CallSoon | None = None
 
     async def listen(
         self, host: str, port: int, *, listener: ListenerConfig | None = None
