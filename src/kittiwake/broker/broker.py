@@ -412,7 +412,7 @@ class Broker:
             wills.publish_will(self, session)
         for subscription in list(session.subscriptions.values()):
             subscriptions.remove_subscription(self, subscription)
-        session.subscriptions.clear()
+        session.clear_subscriptions()
         self.retained_cursors.pop(session, None)
         self.unattended.pop(session, None)
         session.queue.drain()

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Any, Final, Literal
 
 from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Settlement
 from kittiwake.broker.delivery import LEVELS as _LEVELS
@@ -164,6 +164,12 @@ class QueueTotals:
                 del self.dropping[queue]
 
 
+# The counters of every queue that has thrown nothing away (never written to).
+_NO_COUNTS: Final = QueueCounters()
+# Every queue's heaps until they get an entry: shared, so never written to (Queue._own_heap).
+_NO_ENTRIES: Final[list[Any]] = []
+
+
 class Queue:
     """Entries waiting for consumers, bounded by count and bytes, with a policy when full.
 
@@ -179,6 +185,7 @@ class Queue:
     """
 
     __slots__ = (
+        "_counters",
         "_cursor",
         "_delayed",
         "_groups",
@@ -191,7 +198,6 @@ class Queue:
         "bytes",
         "consumers",
         "count",
-        "counters",
         "destination",
         "drops_logged",
         "durable",
@@ -247,7 +253,8 @@ class Queue:
         self.count = 0
         # Entries given to consumers and not settled yet.
         self.in_flight = 0
-        self.counters = QueueCounters()
+        # Its own counters from its first drop; until then the shared zeros (see counters).
+        self._counters: QueueCounters | None = None
         # Drops (rejected + discarded) the log has told of so far (QueueTotals.dropping).
         self.drops_logged = 0
         self.consumers: list[Consumer] = []
@@ -264,11 +271,13 @@ class Queue:
         # FIFO entries live in a deque, made on the first one (760 bytes that most idle
         # sessions never need); priority entries in a heap of (-priority, seq, entry).
         self._ready: deque[QueuedMessage] | None = None
-        self._heap: list[tuple[int, int, QueuedMessage]] = []
+        # The three heaps are the shared empty list (only ever read) until their first entry:
+        # most queues never use them (see _own_heap).
+        self._heap: list[tuple[int, int, QueuedMessage]] = _NO_ENTRIES
         # Entries not yet visible: (delivery_time, seq, entry).
-        self._delayed: list[tuple[float, int, QueuedMessage]] = []
+        self._delayed: list[tuple[float, int, QueuedMessage]] = _NO_ENTRIES
         # Entries given back by consumers in FIFO order: (seq, entry), served first.
-        self._returned: list[tuple[int, QueuedMessage]] = []
+        self._returned: list[tuple[int, QueuedMessage]] = _NO_ENTRIES
 
     def __len__(self) -> int:
         return self.count
@@ -295,7 +304,7 @@ class Queue:
         if self.count >= self.max_messages or self.bytes + size > self.max_bytes:
             victims: list[QueuedMessage] = []
             if self.policy == "reject_new" or not self._discard_oldest(entry.size, victims):
-                self.counters.rejected += 1
+                self._own_counters().rejected += 1
                 self._note_drop()
                 return False, victims
             self._sequence += 1
@@ -334,11 +343,27 @@ class Queue:
         self.totals.bytes += size
         self.count += 1
         if self.ordering == "priority":
-            heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
+            heapq.heappush(self._own_heap(), (-entry.message.priority, entry.sequence, entry))
         else:
-            heapq.heappush(self._returned, (entry.sequence, entry))
+            returned = self._returned
+            if returned is _NO_ENTRIES:
+                self._returned = returned = []
+            heapq.heappush(returned, (entry.sequence, entry))
 
     # -- drops: counted at once, logged without flooding ------------------------------------
+
+    @property
+    def counters(self) -> QueueCounters:
+        """What the queue has thrown away (read only: the queue counts through
+        _own_counters, made on its first drop, so a queue that never drops holds none)."""
+        counters = self._counters
+        return counters if counters is not None else _NO_COUNTS
+
+    def _own_counters(self) -> QueueCounters:
+        counters = self._counters
+        if counters is None:
+            self._counters = counters = QueueCounters()
+        return counters
 
     @property
     def dropped(self) -> int:
@@ -413,7 +438,7 @@ class Queue:
             self.totals.bytes -= size
             self.count -= 1
             if message.expiry is not None and now >= message.expiry:
-                self.counters.expired += 1
+                self._own_counters().expired += 1
                 if expired is not None:
                     expired.append(entry)
                 elif self.on_removed is not None:
@@ -429,7 +454,7 @@ class Queue:
         for entry in self.drain():
             if entry.message.expired(now):
                 removed += 1
-                self.counters.expired += 1
+                self._own_counters().expired += 1
                 if self.on_removed is not None:
                     self.on_removed(self, entry, Removal.EXPIRED)
             else:
@@ -464,10 +489,10 @@ class Queue:
         In-flight entries stay with their consumers.
         """
         entries = self.entries()
-        self._returned.clear()
+        self._returned = _NO_ENTRIES
         self._ready = None
-        self._heap.clear()
-        self._delayed.clear()
+        self._heap = _NO_ENTRIES
+        self._delayed = _NO_ENTRIES
         self.totals.bytes -= self.bytes
         self.bytes = 0
         self.count = 0
@@ -861,7 +886,7 @@ class Queue:
 
     def _remove(self, entry: QueuedMessage, reason: Removal) -> None:
         if reason is Removal.DELIVERY_LIMIT or reason is Removal.REJECTED:
-            self.counters.dead_lettered += 1
+            self._own_counters().dead_lettered += 1
         if self.on_removed is not None:
             self.on_removed(self, entry, reason)
 
@@ -875,9 +900,12 @@ class Queue:
         self.count += 1
         delivery_time = message.delivery_time
         if delivery_time is not None:
-            heapq.heappush(self._delayed, (delivery_time, entry.sequence, entry))
+            delayed = self._delayed
+            if delayed is _NO_ENTRIES:
+                self._delayed = delayed = []
+            heapq.heappush(delayed, (delivery_time, entry.sequence, entry))
         elif self.ordering == "priority":
-            heapq.heappush(self._heap, (-message.priority, entry.sequence, entry))
+            heapq.heappush(self._own_heap(), (-message.priority, entry.sequence, entry))
         else:
             ready = self._ready
             if ready is None:
@@ -898,7 +926,7 @@ class Queue:
                 self.totals.bytes -= size
                 self.count -= 1
                 if message.expiry is not None and now >= message.expiry:
-                    self.counters.expired += 1
+                    self._own_counters().expired += 1
                     if self.on_removed is not None:
                         self.on_removed(self, entry, Removal.EXPIRED)
                 elif self.offer(entry):
@@ -909,10 +937,17 @@ class Queue:
             self._sequence += 1
             entry.sequence = self._sequence
             if self.ordering == "priority":
-                heapq.heappush(self._heap, (-entry.message.priority, entry.sequence, entry))
+                heapq.heappush(self._own_heap(), (-entry.message.priority, entry.sequence, entry))
             else:
                 self._append_ready(entry)
         return offered
+
+    def _own_heap(self) -> list[tuple[int, int, QueuedMessage]]:
+        """The priority heap, made on its first entry (until then the shared empty list)."""
+        heap = self._heap
+        if heap is _NO_ENTRIES:
+            self._heap = heap = []
+        return heap
 
     def _append_ready(self, entry: QueuedMessage) -> None:
         ready = self._ready
@@ -942,7 +977,7 @@ class Queue:
             self.bytes -= size
             self.totals.bytes -= size
             self.count -= 1
-            self.counters.discarded += 1
+            self._own_counters().discarded += 1
             victims.append(victim)
             if self.on_removed is not None:
                 self.on_removed(self, victim, Removal.DISCARDED)

@@ -9,9 +9,10 @@ to its wire ids.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kittiwake.broker.consumers import Consumer, Delivery
 from kittiwake.broker.message import Message
@@ -30,6 +31,14 @@ NEVER_EXPIRES = 0xFFFFFFFF
 # The exactly-once keys of every session that holds none (most of them): an empty set of its
 # own would cost each idle session 216 bytes.
 _NO_KEYS: frozenset[int] = frozenset()
+
+# The subscriptions and group memberships of every session that has none (every idle one):
+# read-only, so a write that skipped Session's methods fails instead of reaching them all.
+_NONE_YET: Mapping[str, Any] = MappingProxyType({})
+
+
+def _none_yet() -> Mapping[str, Any]:
+    return _NONE_YET
 
 
 def session_queue_name(client_id: str) -> str:
@@ -100,9 +109,11 @@ class Session:
     queue: Queue
     consumer: Consumer
     expiry_interval: int = 0
-    subscriptions: dict[str, Subscription] = field(default_factory=dict)
-    # Its memberships of shared subscription groups, by full filter ($share/...).
-    members: dict[str, Member] = field(default_factory=dict)
+    # Its subscriptions by full filter, and its memberships of shared subscription groups by
+    # full filter ($share/...): changed only through the methods below, which make each dict
+    # on its first entry (an idle session holds neither).
+    subscriptions: Mapping[str, Subscription] = field(default_factory=_none_yet)
+    members: Mapping[str, Member] = field(default_factory=_none_yet)
     # Ids of exactly-once publications received from the client and not yet released
     # (changed only through hold_key / release_key / clear_keys).
     exactly_once_keys: Set[int] = _NO_KEYS
@@ -126,6 +137,35 @@ class Session:
     # How its queue orders entries and whether what it gives up on is dead-lettered: asked
     # for by the front end that connects it (broker.connect), stored with a persistent one.
     queue_rules: QueueRules = DEFAULT_QUEUE_RULES
+
+    def add_subscription(self, full_filter: str, subscription: Subscription) -> None:
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict):
+            self.subscriptions = subscriptions = {}
+        subscriptions[full_filter] = subscription
+
+    def pop_subscription(self, full_filter: str) -> Subscription | None:
+        subscriptions = self.subscriptions
+        if not isinstance(subscriptions, dict):
+            return None
+        removed: Subscription | None = subscriptions.pop(full_filter, None)
+        return removed
+
+    def clear_subscriptions(self) -> None:
+        self.subscriptions = _NONE_YET
+
+    def add_member(self, full_filter: str, member: Member) -> None:
+        members = self.members
+        if not isinstance(members, dict):
+            self.members = members = {}
+        members[full_filter] = member
+
+    def pop_member(self, full_filter: str) -> Member | None:
+        members = self.members
+        if not isinstance(members, dict):
+            return None
+        removed: Member | None = members.pop(full_filter, None)
+        return removed
 
     def hold_key(self, key: int) -> None:
         keys = self.exactly_once_keys

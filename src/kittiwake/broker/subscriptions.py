@@ -111,7 +111,7 @@ def subscribe(
 
 def unsubscribe(broker: Broker, session: Session, full_filter: str) -> Outcome:
     """Remove a subscription; whether there was one, and when its removal is durable."""
-    subscription = session.subscriptions.pop(full_filter, None)
+    subscription = session.pop_subscription(full_filter)
     if subscription is None:
         return NOT_FOUND
     remove_subscription(broker, subscription)
@@ -154,7 +154,7 @@ def _attach(
         retain_handling=options.retain_handling,
         subscription_id=options.subscription_id,
     )
-    session.subscriptions[full_filter] = subscription
+    session.add_subscription(full_filter, subscription)
     add_subscription(broker, subscription)
     return subscription
 
@@ -190,7 +190,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
     subscription.queue = group.queue
     member = Member(group, subscription)
     group.members[session] = member
-    session.members[subscription.full_filter] = member
+    session.add_member(subscription.full_filter, member)
     group.queue.attach(member.consumer)
     group.refresh()
     if session.link is not None and session.consumer.receiver is not None:
@@ -209,7 +209,7 @@ def remove_subscription(broker: Broker, subscription: Subscription) -> None:
     key = (subscription.share_group, subscription.topic_filter)
     group = broker.shared_groups.get(key)
     session = subscription.session
-    member = session.members.pop(subscription.full_filter, None)
+    member = session.pop_member(subscription.full_filter)
     if group is None or member is None:
         return
     del group.members[session]
