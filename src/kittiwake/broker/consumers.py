@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 if TYPE_CHECKING:
     from kittiwake.broker.queues import Queue, QueuedMessage
@@ -117,6 +117,10 @@ class Credit:
         return f"<Credit {self.available} of {self.window}>"
 
 
+# Every consumer's unsettled deliveries until its first (see Consumer.own_unsettled).
+NO_DELIVERIES: Final[dict[int, Delivery]] = {}
+
+
 class Consumer:
     """A taker of entries from one queue, bounded by its credit."""
 
@@ -141,8 +145,17 @@ class Consumer:
         # Its own credit (a window, or link credit), or the one it shares.
         self.credit = share if share is not None else Credit(window=window, available=credit)
         self.queue: Queue | None = None
-        # Deliveries awaiting settlement, by delivery id, in the order they were made.
-        self.unsettled: dict[int, Delivery] = {}
+        # Deliveries awaiting settlement, by delivery id, in the order they were made. The
+        # shared empty dict (only ever read) until the first delivery: the queue adds through
+        # own_unsettled, so a consumer that never takes anything (an idle session's) holds none.
+        self.unsettled: dict[int, Delivery] = NO_DELIVERIES
+
+    def own_unsettled(self) -> dict[int, Delivery]:
+        """The unsettled deliveries, to add one to (made on first use)."""
+        unsettled = self.unsettled
+        if unsettled is NO_DELIVERIES:
+            self.unsettled = unsettled = {}
+        return unsettled
 
     @property
     def window(self) -> int | None:

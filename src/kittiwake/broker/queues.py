@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, Literal
 
-from kittiwake.broker.consumers import Consumer, Delivery, DeliveryState, Settlement
+from kittiwake.broker.consumers import (
+    NO_DELIVERIES,
+    Consumer,
+    Delivery,
+    DeliveryState,
+    Settlement,
+)
 from kittiwake.broker.delivery import LEVELS as _LEVELS
 from kittiwake.broker.destinations import Destination
 from kittiwake.broker.message import Message
@@ -518,7 +524,8 @@ class Queue:
             raise ValueError(f"{consumer!r} is attached to {consumer.queue!r} already")
         consumer.queue = self
         if consumer not in self.consumers:
-            self.consumers.append(consumer)
+            # A new list of the exact size: most queues (a session's) have one consumer.
+            self.consumers = [*self.consumers, consumer]
             if consumer.selects is not None:
                 self._selective += 1
 
@@ -575,6 +582,8 @@ class Queue:
             sent = 0
             credit = consumer.credit
             unsettled = consumer.unsettled
+            if unsettled is NO_DELIVERIES:
+                unsettled = consumer.own_unsettled()
             while credit.available > 0:
                 receiver = consumer.receiver
                 if receiver is None:
@@ -732,7 +741,10 @@ class Queue:
     def _start(self, consumer: Consumer, entry: QueuedMessage) -> Delivery:
         self._next_delivery_id = delivery_id = self._next_delivery_id + 1
         delivery = Delivery(delivery_id, entry, consumer)
-        consumer.unsettled[delivery_id] = delivery
+        unsettled = consumer.unsettled
+        if unsettled is NO_DELIVERIES:
+            unsettled = consumer.own_unsettled()
+        unsettled[delivery_id] = delivery
         consumer.credit.available -= 1
         self.in_flight += 1
         receiver = consumer.receiver
@@ -747,7 +759,10 @@ class Queue:
         self._sequence = entry.sequence = self._sequence + 1
         self._next_delivery_id = delivery_id = self._next_delivery_id + 1
         delivery = Delivery(delivery_id, entry, consumer)
-        consumer.unsettled[delivery_id] = delivery
+        unsettled = consumer.unsettled
+        if unsettled is NO_DELIVERIES:
+            unsettled = consumer.own_unsettled()
+        unsettled[delivery_id] = delivery
         consumer.credit.available -= 1
         self.in_flight += 1
         receiver = consumer.receiver
@@ -785,7 +800,7 @@ class Queue:
         if group is not None:
             groups = self._groups if self._groups is not None else self._start_grouping()
             groups.setdefault(group, consumer)
-        consumer.unsettled[delivery.id] = delivery
+        consumer.own_unsettled()[delivery.id] = delivery
         consumer.credit.available -= 1
         self.in_flight += 1
         return delivery

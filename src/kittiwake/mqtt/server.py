@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,7 +165,9 @@ class MQTTServerProtocol(asyncio.Protocol):
         self.connection = MQTTConnection(broker, self, peer_text, login, call_soon=call_soon)
         refusal = broker.admission.admit(address)
         if refusal is None:
-            self._admitted = address
+            # Interned: the connections from one address (behind a NAT, a load balancer)
+            # share one copy of it.
+            self._admitted = sys.intern(address)
         else:
             # Its CONNECT is answered with the reason (a CONNACK), then it is closed.
             log.warning("refusing %s: %s", peer_text, refusal.value)

@@ -729,3 +729,22 @@ def test_a_queue_without_groups_never_dispatches_selectively(clock: ManualClock)
     assert not queue._selective
     queue.push(grouped(b"y", "G"))
     assert queue._selective
+
+
+def test_unsettled_deliveries_are_each_consumers_own(clock: ManualClock) -> None:
+    """A consumer's unsettled map is made by its first delivery (whichever path makes it):
+    another consumer's deliveries never show in it."""
+    queue, _ = make_queue()
+    busy, rx = consumer(5)
+    queue.attach(busy)
+    queue.push(entry(b"dispatched"))
+    queue.dispatch(clock.now())
+    queue.deliver_now(busy, entry(b"direct"))
+    idle, _ = consumer(5)
+    other_queue, _ = make_queue()
+    other_queue.attach(idle)
+    assert [d.entry.message.payload for d in busy.unsettled.values()] == [b"dispatched", b"direct"]
+    assert idle.unsettled == {} and Consumer(None, window=1).unsettled == {}
+    for delivery in rx.take():
+        queue.settle(delivery, Settlement.ACCEPTED)
+    assert busy.unsettled == {}

@@ -299,3 +299,29 @@ def test_pop_hands_back_expired_entries_when_asked() -> None:
     got = q.pop(NOW, expired)
     assert got is not None and got.message.payload == b"alive"
     assert expired == [dead]
+
+
+def test_structures_made_on_first_use_belong_to_their_queue() -> None:
+    """A fresh queue shares empty heaps and zero counters until it needs its own: filling one
+    queue's priority, delayed and returned heaps and counting its drops leaves another
+    fresh queue empty and unharmed, and each hands out its own entries."""
+    used = queue(ordering="priority", max_messages=3, policy="reject_new")
+    used.push(entry(b"low", priority=1))
+    used.push(entry(b"later", delivery_time=NOW + 5))
+    taken = used.pop(NOW)
+    assert taken is not None
+    used.push_front(taken)
+    used.push(entry(b"high", priority=9))
+    assert used.push(entry(b"refused")) == (False, [])
+    fifo = queue()
+    fifo.push_front(entry(b"back"))
+    fresh = queue()
+    assert fresh.counters.rejected == 0 and used.counters.rejected == 1
+    assert fresh.entries() == [] and fresh.next_visible_time() is None
+    assert pop_all(fresh, NOW + 10) == []
+    assert pop_all(fifo) == [b"back"]
+    # "later" has the default priority (4), above "low"'s 1.
+    assert pop_all(used, NOW + 10) == [b"high", b"later", b"low"]
+    used.push(entry(b"again", delivery_time=NOW + 20))
+    assert used.drain()[0].message.payload == b"again"
+    assert queue().next_visible_time() is None

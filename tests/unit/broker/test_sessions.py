@@ -546,3 +546,29 @@ def test_restart_keeps_only_persistent_retained(restarted) -> None:
     h, _ = restarted
     assert "r/p" in h.broker.retained
     assert "r/np" not in h.broker.retained
+
+
+def test_subscriptions_and_memberships_are_each_sessions_own(harness) -> None:
+    """A session's subscriptions and shared-group memberships are made by its first one (an
+    idle session holds a read-only empty view): another session's never show in it, and
+    they go again with unsubscribing and the session's end."""
+    h = harness
+    busy, consumer, _ = h.connect("busy")
+    idle, _, _ = h.connect("idle")
+    h.subscribe(busy, "a/b", qos=1)
+    h.subscribe(busy, "$share/g/c", qos=1)
+    assert set(busy.subscriptions) == {"a/b", "$share/g/c"}
+    assert set(busy.members) == {"$share/g/c"}
+    assert idle.subscriptions == {} and idle.members == {}
+    with pytest.raises(TypeError):
+        idle.subscriptions["x"] = busy.subscriptions["a/b"]  # type: ignore[index]
+    h.publish("a/b", b"1", qos=1)
+    h.publish("c", b"2", qos=1)
+    assert sorted(consumer.payloads) == [b"1", b"2"]
+    assert h.broker.unsubscribe(busy, "$share/g/c")[0] is True
+    assert h.broker.unsubscribe(busy, "$share/g/c")[0] is False
+    assert h.broker.unsubscribe(idle, "a/b")[0] is False
+    assert set(busy.subscriptions) == {"a/b"} and busy.members == {}
+    h.broker.disconnect(busy, publish_will=False)
+    fresh, _, present = h.connect("busy")
+    assert present is False and fresh.subscriptions == {}
