@@ -524,8 +524,9 @@ class Queue:
             raise ValueError(f"{consumer!r} is attached to {consumer.queue!r} already")
         consumer.queue = self
         if consumer not in self.consumers:
-            # A new list of the exact size: most queues (a session's) have one consumer.
-            self.consumers = [*self.consumers, consumer]
+            # A new list of the exact size (most queues, a session's, have one consumer):
+            # concatenation allocates n + 1 slots, where [*xs, x] over-allocates as append does.
+            self.consumers = self.consumers + [consumer]  # noqa: RUF005
             if consumer.selects is not None:
                 self._selective += 1
 
