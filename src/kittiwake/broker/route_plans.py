@@ -108,7 +108,7 @@ class RoutePlans:
         self._older: dict[str, RoutePlan] = {}
         # 0: no plan is kept (every publication works its plan out).
         self._min_plans = min_plans
-        self._limit = min_plans
+        self._limit = -1  # worked out by the first miss (_bound)
 
     def changed(self) -> None:
         self.generation += 1
@@ -116,9 +116,8 @@ class RoutePlans:
             self.by_topic.clear()
         if self._older:
             self._older = {}
-        if self._min_plans:
-            # Worked out here, once per routing change, not on every miss.
-            self._limit = max(self._min_plans, min(MAX_PLANS, 2 * len(self.tree)))
+        # Worked out again by the first miss (_bound): a burst of subscriptions pays nothing.
+        self._limit = -1
 
     def plan(self, topic: str) -> RoutePlan:
         return self.by_topic[topic]
@@ -133,6 +132,8 @@ class RoutePlans:
         if plan is None:
             plan = self._build(topic)
         limit = self._limit
+        if limit < 0:
+            limit = self._limit = self._bound()
         if limit and len(topic) <= MAX_CACHED_TOPIC_CHARS:
             cache = self.by_topic
             if len(cache) >= limit:
@@ -140,6 +141,12 @@ class RoutePlans:
                 cache = self.by_topic = _Plans(self)
             cache[topic] = plan
         return plan
+
+    def _bound(self) -> int:
+        """Plans kept per generation: see MIN_PLANS; 0 when the configured minimum is 0."""
+        if not self._min_plans:
+            return 0
+        return max(self._min_plans, min(MAX_PLANS, 2 * len(self.tree)))
 
     def _build(self, topic: str) -> RoutePlan:
         matches = self.tree.match_uncached(topic)

@@ -78,7 +78,7 @@ def test_a_cache_bound_grows_with_the_filters_up_to_the_cap(
         )
     capped = RoutePlans(tree, None, 4)
     capped.changed()
-    assert capped._limit == MAX_PLANS
+    assert capped._bound() == MAX_PLANS
 
 
 def test_a_routing_change_empties_both_generations(make_harness: Callable[..., Any]) -> None:
