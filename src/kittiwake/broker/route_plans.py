@@ -1,12 +1,12 @@
 """Who gets a publication on a topic, worked out once per topic and kept until a subscription,
 a connection or a disconnection may change the answer: the publish path's one per-topic cache.
 
-The chain is: the topic tree's match cache (filters that match a topic) under it, and, on each
-plan, a slot where a front end keeps what it derives from the plan (the MQTT front end: the
-connections one encoded QoS 0 frame goes to), dropped with the plan. A topic that matches one
-subscription alone (a fleet's device topics) gets that subscription's plan, kept on the
-subscription for the routing generation: a topic never published before costs a tree walk,
-not a plan. Never enqueues anything.
+The chain is: the topic tree's uncached walk under it (no second per-topic cache, which would
+only be filled and cleared under a fleet's many topics), and, on each plan, a slot where a
+front end keeps what it derives from the plan (the MQTT front end: the connections one encoded
+QoS 0 frame goes to), dropped with the plan. A topic that matches one subscription alone (a
+fleet's device topics) gets that subscription's plan, kept on the subscription for the routing
+generation: a topic never published before costs a tree walk, not a plan. Never enqueues anything.
 """
 
 from __future__ import annotations
