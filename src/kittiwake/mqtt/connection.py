@@ -671,8 +671,11 @@ class MQTTConnection:
         publication is, written out here: a call per message costs this path about 1%.
         """
         broker = self.broker
-        # RoutePlans.plan() without the call: a hit is one subscript, a miss works it out.
-        plan = broker.routes.by_topic[topic]
+        routes = broker.routes
+        try:
+            plan = routes.by_topic[topic]  # the plan cache's hit, without a call
+        except KeyError:
+            plan = routes.missed(topic)
         receivers = plan.memo
         if receivers is None:
             receivers = plan.memo = _frame_receivers(plan.direct)
