@@ -155,7 +155,9 @@ class LimitsConfig:
     topic_alias_maximum: int = 64
     max_topic_levels: int = 128
     max_subscriptions_per_session: int = 10_000
-    # Entries kept in the topic tree's literal-topic match cache.
+    # Topics whose receivers (route plan) are remembered, at the least: two per filter when
+    # there are more filters, up to 16,384 (and as many again for recently published ones);
+    # 0 remembers none.
     match_cache_size: int = 4096
     # One fenced write of the Spark sink (one partition of one batch), taken whole or not at
     # all: the broker holds it in memory and publishes it in one event-loop turn, so these

@@ -168,7 +168,8 @@ class Broker:
         # Sessions still being sent the retained messages of a new wildcard subscription,
         # as their window opens (subscriptions.feed_retained); empty nearly always.
         self.retained_cursors: dict[Session, list[RetainedCursor]] = {}
-        self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=self.config.limits.match_cache_size)
+        # No match cache of its own: the route plans below are the per-topic cache over it.
+        self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=0)
         self.shared_groups: dict[tuple[str, str], SharedGroup] = {}
         # JMS durable subscriptions' topic, selector and noLocal (shared or not).
         self.durable_definitions = DurableDefinitions()
@@ -181,7 +182,9 @@ class Broker:
         self.journal_qos0 = self.store.keeps_qos0
         # Who gets a publication on a topic, per topic (the publish path's one cache).
         self.routes = RoutePlans(
-            self.tree, self.store.journals_qos0 if self.journal_qos0 else None
+            self.tree,
+            self.store.journals_qos0 if self.journal_qos0 else None,
+            self.config.limits.match_cache_size,
         )
         self.timers = SessionTimers()
         self.flow = FlowControl(self.config.limits, self.stats)

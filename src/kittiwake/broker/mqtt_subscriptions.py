@@ -60,19 +60,39 @@ def session_copies(subscriptions: Sequence[Subscription]) -> list[SessionCopy]:
     if len(subscriptions) == 1:
         # A fleet's topic: one subscription matches (no set, no list building).
         sole = subscriptions[0]
-        return [sole.copy or _sole_copy(sole)]
+        return [sole_copy(sole)]
     if len({s.session for s in subscriptions}) == len(subscriptions):
         # Nearly always: one matching subscription per session, whose copy never changes
         # while the subscription does not (see Subscription.copy).
-        return [s.copy or _sole_copy(s) for s in subscriptions]
+        return [sole_copy(s) for s in subscriptions]
     by_session: dict[Session, list[Subscription]] = {}
     for subscription in subscriptions:
         by_session.setdefault(subscription.session, []).append(subscription)
     return [_copy(session, matched) for session, matched in by_session.items()]
 
 
-def _sole_copy(subscription: Subscription) -> SessionCopy:
-    copy = subscription.copy = _copy(subscription.session, [subscription])
+# The options of one subscription without an identifier, by (QoS, retain as published): one
+# shared (frozen) object each, not one per subscription of a fleet.
+_LONE_OPTIONS = {
+    (qos, retain): CopyOptions(qos, (), retain) for qos in range(3) for retain in (False, True)
+}
+
+
+def sole_copy(subscription: Subscription) -> SessionCopy:
+    """The copy one subscription alone gives its session, kept on it (Subscription.copy): what
+    :func:`_copy` makes of it, without merging a list of one (a fleet's first publication on
+    each topic after a routing change makes one)."""
+    copy = subscription.copy
+    if copy is not None:
+        return copy
+    retain = bool(subscription.retain_as_published)
+    sid = subscription.subscription_id
+    options = None if sid is not None else _LONE_OPTIONS.get((subscription.max_qos, retain))
+    if options is None:
+        ids = () if sid is None else (sid,)
+        options = CopyOptions(subscription.max_qos, ids, retain)
+    own = None if subscription.no_local else options
+    copy = subscription.copy = SessionCopy(subscription.session, options, own)
     return copy
 
 

@@ -1,30 +1,29 @@
 """Who gets a publication on a topic, worked out once per topic and kept until a subscription,
 a connection or a disconnection may change the answer: the publish path's one per-topic cache.
 
-The chain is: the topic tree's match cache (filters that match a topic) under it, and, on each
-plan, a slot where a front end keeps what it derives from the plan (the MQTT front end: the
-connections one encoded QoS 0 frame goes to), dropped with the plan. A topic that matches one
-subscription alone (a fleet's device topics) gets that subscription's plan, kept on the
-subscription for the routing generation: a topic never published before costs a tree walk,
-not a plan. Never enqueues anything.
+The chain is: the topic tree's uncached walk under it (no second per-topic cache, which would
+only be filled and cleared under a fleet's many topics), and, on each plan, a slot where a
+front end keeps what it derives from the plan (the MQTT front end: the connections one encoded
+QoS 0 frame goes to), dropped with the plan. A topic that matches one subscription alone (a
+fleet's device topics) gets that subscription's plan, kept on the subscription for the routing
+generation: a topic never published before costs a tree walk, not a plan. Never enqueues anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from kittiwake.broker.mqtt_subscriptions import SessionCopy, session_copies
+from kittiwake.broker.mqtt_subscriptions import SessionCopy, session_copies, sole_copy
 from kittiwake.broker.sessions import Session, Subscription
 from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS
 
-# Plans kept: two per filter in the tree (a fleet's devices each publish on their own topic,
-# and a cache smaller than the set of topics in use is cleared before any plan is reused),
-# at least MIN_PLANS and at most MAX_PLANS (a plan costs about 500 bytes; past that many
-# topics in use the uncached path serves, and memory per filter stays as it was). The cache
-# is cleared when full: topics repeat, so it refills quickly, and clearing costs nothing per
-# publication.
+# Plans kept in each of the cache's two generations (see RoutePlans): two per filter in the
+# tree (a fleet's devices each publish on their own topic), at least the configured minimum
+# (limits.match_cache_size) and at most MAX_PLANS (a plan costs about 500 bytes, a topic
+# matching one subscription alone shares that subscription's: past that many topics in use
+# the uncached path serves, and memory per filter stays as it was).
 MIN_PLANS = 4096
 MAX_PLANS = 16384
 
@@ -56,14 +55,31 @@ class RoutePlan:
 
 
 class RoutePlans:
-    """Plans by topic, valid for one routing generation."""
+    """Plans by topic, valid for one routing generation.
 
-    __slots__ = ("_journals_qos0", "by_topic", "generation", "tree")
+    Two generations of cached plans, so a full cache evicts its coldest half instead of
+    forgetting every topic: when ``by_topic`` is full it becomes ``_older`` (the previous older
+    one is dropped whole) and a new ``by_topic`` starts; a miss finds a plan still in
+    ``_older`` and moves it back. A topic published at least once per generation stays cached
+    (what an LRU would keep), at O(1) per miss and no per-hit bookkeeping; popping a dict's
+    oldest keys one by one would leave holes that later scans walk past.
+    """
+
+    __slots__ = (
+        "_journals_qos0",
+        "_limit",
+        "_min_plans",
+        "_older",
+        "by_topic",
+        "generation",
+        "tree",
+    )
 
     def __init__(
         self,
         tree: TopicTree[Subscription | SharedGroup],
         journals_qos0: Callable[[str], bool] | None = None,
+        min_plans: int = MIN_PLANS,
     ) -> None:
         self.tree = tree
         # Whether the journal keeps QoS 0 publications on a topic (None: on none); such a
@@ -73,32 +89,58 @@ class RoutePlans:
         # unsubscribe, connect, disconnect).
         self.generation = 0
         # The plans of this generation, emptied by every change: a hit is one subscript, which
-        # a front end's hot path may take itself before calling plan() (no call per message).
+        # a front end's hot path may take itself, calling missed() on a KeyError. A plain dict,
+        # so the subscript is the interpreter's specialised one (a subclass with __missing__
+        # would save the miss its exception but cost every hit about 100 instructions).
         self.by_topic: dict[str, RoutePlan] = {}
+        self._older: dict[str, RoutePlan] = {}
+        # 0: no plan is kept (every publication works its plan out).
+        self._min_plans = min_plans
+        self._limit = -1  # worked out by the first miss (_bound)
 
     def changed(self) -> None:
         self.generation += 1
         if self.by_topic:
             self.by_topic.clear()
+        if self._older:
+            self._older = {}
+        # Worked out again by the first miss (_bound): a burst of subscriptions pays nothing.
+        self._limit = -1
 
     def plan(self, topic: str) -> RoutePlan:
-        cache = self.by_topic
         try:
-            return cache[topic]  # a hit costs one subscript (.get costs a call more)
+            return self.by_topic[topic]  # a hit costs one subscript (.get costs a call more)
         except KeyError:
-            pass
-        plan = self._build(topic)
-        if len(topic) <= MAX_CACHED_TOPIC_CHARS:
-            if len(cache) >= MIN_PLANS and len(cache) >= min(MAX_PLANS, 2 * len(self.tree)):
-                cache.clear()
+            return self.missed(topic)
+
+    def cached_topics(self) -> list[str]:
+        return [*self._older, *self.by_topic]
+
+    def missed(self, topic: str) -> RoutePlan:
+        """A plan ``by_topic`` does not hold: from the older generation, else worked out; kept
+        unless the topic is too long to remember."""
+        plan = self._older.pop(topic, None)
+        if plan is None:
+            plan = self._build(topic)
+        limit = self._limit
+        if limit < 0:
+            limit = self._limit = self._bound()
+        if limit and len(topic) <= MAX_CACHED_TOPIC_CHARS:
+            cache = self.by_topic
+            if len(cache) >= limit:
+                self._older = cache
+                cache = self.by_topic = {}
             cache[topic] = plan
         return plan
 
-    def cached_topics(self) -> list[str]:
-        return list(self.by_topic)
+    def _bound(self) -> int:
+        """Plans kept per generation: see MIN_PLANS; 0 when the configured minimum is 0."""
+        if not self._min_plans:
+            return 0
+        return max(self._min_plans, min(MAX_PLANS, 2 * len(self.tree)))
 
     def _build(self, topic: str) -> RoutePlan:
-        matches = self.tree.match(topic)
+        matches = self.tree.match_uncached(topic)
         journaled = self._journals_qos0 is not None and self._journals_qos0(topic)
         if len(matches) == 1 and not journaled:
             match = matches[0]
@@ -108,9 +150,21 @@ class RoutePlans:
                     # Nothing here depends on the topic: the subscription's plan serves them all.
                     plan = match.plan
                     if plan is None or plan.generation != self.generation:
-                        plan = match.plan = self._work_out(topic, matches, journaled)
+                        plan = match.plan = self._sole_plan(match)
                     return plan
         return self._work_out(topic, matches, journaled)
+
+    def _sole_plan(self, subscription: Subscription) -> RoutePlan:
+        """What :meth:`_work_out` makes of one readable subscription on a topic not journaled,
+        without its lists: made again for every subscription a fleet publishes to after any
+        routing change (a device connecting)."""
+        copy = sole_copy(subscription)
+        direct: tuple[Session, ...] | None = None
+        if copy.plain:
+            # Offline sessions never queue QoS 0.
+            session = copy.session
+            direct = () if session.link is None else (session,)
+        return RoutePlan((copy,), (), direct, self.generation)
 
     def _work_out(
         self, topic: str, matches: tuple[Subscription | SharedGroup, ...], journaled: bool

@@ -183,48 +183,71 @@ class TopicTree(Generic[V]):
                 stack.append((child, [*prefix, level]))
         return out
 
+    def match_uncached(self, topic_name: str) -> tuple[V, ...]:
+        """:meth:`match` without the cache, for a caller keeping its own per-topic answers
+        (the broker's route plans): a second cache under theirs would only be filled and
+        cleared, never read while theirs holds the topic."""
+        return self._walk(topic_name)
+
     def _walk(self, topic_name: str) -> tuple[V, ...]:
         levels = topic_name.split("/")
-        last = len(levels) - 1
-        node = self._root
+        last = len(levels)
+        node: _Node[V] | None = self._root
         depth = 0
         if topic_name.startswith("$"):
             # §4.7.2: a first-level wildcard must not see "$SYS/..."-style topics, so the walk
             # starts below the root's '+' and '#'.
-            child = node.children.get(levels[0])
-            if child is None:
+            node = self._root.children.get(levels[0])
+            if node is None:
                 return ()
-            node = child
             depth = 1
-        found: list[dict[V, None]] = []
-        # '+' branches still to walk, with the depth below them. Only these are stacked: the
-        # literal child is walked at once, so a topic no '+' filter shares costs no stacking.
-        # (Stacked '+' branches are walked after the literal one: literal matches come first.)
-        plus_branches: list[tuple[_Node[V], int]] = []
+        # The first bucket found, and a list only once a second one is (a fleet's topic
+        # matches one filter: no list is built for it).
+        first: dict[V, None] | None = None
+        more: list[dict[V, None]] | None = None
+        # '+' branches still to walk, with the depth below them; None until there is one, so
+        # a topic no '+' filter shares costs no stacking. Walked after the literal descent:
+        # literal matches come first.
+        branches: list[tuple[_Node[V], int]] | None = None
         while True:
-            # "a/#" also matches "a" itself, so '#' values count at any depth reached.
-            if node.multi:
-                found.append(node.multi)
-            if depth > last:
-                if node.values:
-                    found.append(node.values)
-            else:
-                if node.plus is not None:
-                    plus_branches.append((node.plus, depth + 1))
-                child = node.children.get(levels[depth])
-                if child is not None:
-                    node = child
-                    depth += 1
-                    continue
-            if not plus_branches:
+            # The literal descent from node at depth; node is never None inside.
+            while node is not None:
+                multi = node.multi
+                if multi:
+                    # "a/#" also matches "a" itself, so '#' values count at any depth reached.
+                    if first is None:
+                        first = multi
+                    elif more is None:
+                        more = [multi]
+                    else:
+                        more.append(multi)
+                if depth == last:
+                    values = node.values
+                    if values:
+                        if first is None:
+                            first = values
+                        elif more is None:
+                            more = [values]
+                        else:
+                            more.append(values)
+                    break
+                plus = node.plus
+                if plus is not None:
+                    if branches is None:
+                        branches = [(plus, depth + 1)]
+                    else:
+                        branches.append((plus, depth + 1))
+                node = node.children.get(levels[depth])
+                depth += 1
+            if not branches:
                 break
-            node, depth = plus_branches.pop()
-        if not found:
+            node, depth = branches.pop()
+        if first is None:
             return ()
-        if len(found) == 1:
-            return tuple(found[0])
-        merged: dict[V, None] = {}
-        for bucket in found:
+        if more is None:
+            return tuple(first)
+        merged = dict(first)
+        for bucket in more:
             merged.update(bucket)
         return tuple(merged)
 

@@ -689,7 +689,7 @@ class MQTTConnection:
         try:
             plan = routes.by_topic[topic]  # the plan cache's hit, without a call
         except KeyError:
-            plan = routes.plan(topic)
+            plan = routes.missed(topic)
         receivers = plan.memo
         if receivers is None:
             receivers = plan.memo = _frame_receivers(plan.direct)

@@ -70,6 +70,55 @@ def test_tree_agrees_with_reference(pairs: list[tuple[str, str]], topics: list[s
         assert_agrees(tree, model, topic)  # the second answer comes from the cache
 
 
+DEEP_NAMES = st.sampled_from(["", "a", "b", "c", "$x", "$SYS"])
+DEEP_FILTERS = st.sampled_from(["", "a", "b", "c", "$x", "$SYS", "+", "+"])
+
+
+@st.composite
+def _deep_filters(draw: st.DrawFn) -> str:
+    levels = draw(st.lists(DEEP_FILTERS, min_size=1, max_size=6))
+    if draw(st.booleans()):
+        levels.append("#")
+    return "/".join(levels) or "#"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(_deep_filters(), VALUES), max_size=40),
+    st.lists(st.lists(DEEP_NAMES, min_size=1, max_size=7).map("/".join).filter(bool), max_size=20),
+)
+def test_uncached_match_agrees_with_the_reference_and_with_match(
+    pairs: list[tuple[str, str]], topics: list[str]
+) -> None:
+    """Deeper filters, several '+' branches and '$' first levels: many buckets per topic."""
+    tree: TopicTree[str] = TopicTree(cache_size=0)
+    model: dict[str, dict[str, None]] = {}
+    for topic_filter, value in pairs:
+        tree.insert(topic_filter, value)
+        model.setdefault(topic_filter, {})[value] = None
+    cached: TopicTree[str] = TopicTree()
+    for topic_filter, value in pairs:
+        cached.insert(topic_filter, value)
+    for topic in topics:
+        result = tree.match_uncached(topic)
+        assert len(result) == len(set(result)), (topic, result)
+        assert set(result) == brute_force(model, topic), topic
+        assert cached.match(topic) == result  # the same order, cached or not
+        assert cached.match(topic) == result
+
+
+def test_literal_matches_come_before_wildcard_ones() -> None:
+    tree: TopicTree[str] = TopicTree(cache_size=0)
+    tree.insert("+/b", "plus")
+    tree.insert("a/#", "multi")
+    tree.insert("a/b", "exact")
+    tree.insert("#", "all")
+    assert tree.match_uncached("a/b") == ("all", "multi", "exact", "plus")
+    assert tree.match_uncached("$a/b") == ()
+    tree.insert("$a/+", "dollar")
+    assert tree.match_uncached("$a/b") == ("dollar",)
+
+
 class TreeMachine(RuleBasedStateMachine):
     """Random insert/remove/match interleavings, so stale cache entries would be caught."""
 
