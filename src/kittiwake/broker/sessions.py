@@ -157,6 +157,3 @@ class Session:
     def inflight(self) -> dict[int, Delivery]:
         """Deliveries sent and not yet settled, by core delivery id."""
         return self.consumer.unsettled
-
-    def __hash__(self) -> int:
-        return id(self)

@@ -247,6 +247,20 @@ class MQTTConnection:
             )
         handler(self, packet)
 
+    def handle_all(self, packets: list[Packet]) -> None:
+        """Act on the packets of one read in order, until one closes the connection:
+        :meth:`handle`'s dispatch written out for a session's packets, a call less per packet
+        (PUBLISH and PUBACK are every message's path)."""
+        handlers = self._handlers
+        for packet in packets:
+            handler = handlers.get(type(packet)) if self.session is not None else None
+            if handler is None:
+                self.handle(packet)  # before CONNECT, or a packet a client may not send
+            else:
+                handler(self, packet)
+            if self.closed:
+                return
+
     def protocol_error(self, error: MQTTProtocolError, decoded_version: int = 4) -> None:
         """The peer broke the protocol: answer as its version says, then close.
 
