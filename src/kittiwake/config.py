@@ -127,8 +127,10 @@ class LimitsConfig:
     max_queued_bytes: int = 64 * 1024 * 1024
     queue_full_policy: QueueFullPolicy = "reject_new"
     # Producer flow control: a QoS 1/2 publisher's acknowledgement waits while a connected
-    # subscriber it feeds has this many messages, or this many bytes, queued (until half
-    # drained), so a fast publisher cannot bury a slow subscriber. 0 disables either count.
+    # subscriber it feeds has this many messages, or this many bytes, queued, so a fast
+    # publisher cannot bury a slow subscriber. 0 disables either count. Held acknowledgements
+    # go back oldest first as it drains below this depth (all of them at half of it; bytes:
+    # at half the byte count).
     # Keep them well below max_queued_messages / max_queued_bytes: publishers already in flight
     # still arrive after the acknowledgements stop (see publisher_pause_bytes).
     # (The byte count is capped at half of max_queued_bytes, so it always engages first.)

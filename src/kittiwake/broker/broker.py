@@ -540,7 +540,7 @@ class Broker:
         if delivery.entry.persistent and queue.durable:
             # Its stored entry is removed (see _entry_removed): the answer waits for that.
             completion = self.store.commit()  # _durable(), without a call per acknowledgement
-        if queue.count or self.retained_cursors:
+        if (queue.count or self.retained_cursors) and session not in self.pumps.pending:
             self.pump_soon(session)
         return True, completion
 

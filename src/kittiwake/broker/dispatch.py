@@ -204,13 +204,16 @@ class PumpSchedule:
     loop turn: one pump serves every acknowledgement and publication of a read, instead of one
     pump each."""
 
-    __slots__ = ("_broker", "_pending", "delayed", "loop")
+    __slots__ = ("_broker", "delayed", "loop", "pending")
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         # None = no loop (unit tests): pump at once.
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._pending: dict[Session | SharedGroup, None] = {}
+        # What runs at the end of this read (or turn). Public so that a caller doing this per
+        # message (a read's publications, its acknowledgements) can skip the call for a
+        # target already in it: ``if target not in pumps.pending: pump_soon(target)``.
+        self.pending: dict[Session | SharedGroup, None] = {}
         # Sessions and groups whose queue holds entries not visible yet (delivery time):
         # ticks pump them.
         self.delayed: set[Session | SharedGroup] = set()
@@ -220,7 +223,7 @@ class PumpSchedule:
         if self.loop is None:
             pump(self._broker, target)
             return
-        pending = self._pending
+        pending = self.pending
         if not pending:
             self.loop.call_soon(self._run)
         pending[target] = None
@@ -229,10 +232,10 @@ class PumpSchedule:
         """Pump what is pending now: a front end's transport calls this once a read's packets
         are handled, so what they freed or queued goes out with that read's answers instead
         of after every other read of the loop turn (the scheduled run then finds nothing)."""
-        if not self._pending:
+        if not self.pending:
             return
-        targets = list(self._pending)
-        self._pending.clear()
+        targets = list(self.pending)
+        self.pending.clear()
         for target in targets:
             pump(self._broker, target)
 

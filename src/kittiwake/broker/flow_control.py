@@ -2,6 +2,12 @@
 it feeds has too much queued (messages or bytes) and keeps making progress, or while every queue
 together holds more than the broker-wide bound. Hands out futures; never blocks, never drops.
 
+Held acknowledgements go back as the receiver drains, a batch at a time, oldest first (see
+:meth:`FlowControl.pumped`): released all at once at half the depth, every publisher would stop
+until then and refill together, so the queue would swing between half the depth and the depth
+plus every publisher's window, and the loop would idle between the receiver's acknowledgements
+while publishers that could have kept it busy wait.
+
 A receiver that makes no progress for ``stalled_subscriber_timeout`` stops holding anyone back:
 one stuck subscriber (or a dead TCP connection not yet detected) must not halt every publisher
 feeding it. Its own queue then fills to its limits and its policy applies, counted and logged.
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,6 +34,19 @@ log = logging.getLogger(__name__)
 
 # A watch's start time before the first periodic check has seen it.
 _UNSTAMPED = -1.0
+# Publications held on one future at most: the step in which held acknowledgements go back as
+# a congested receiver drains (a future per this many, not one per publication). The oldest
+# future goes once the queue has room for this many below the depth (for half the depth, if
+# that is less: a small depth keeps the plain rule, everyone at half).
+RELEASE_BATCH = 100
+
+
+@dataclass(slots=True)
+class _Waiter:
+    """One future publishers wait on, and how many publications it holds."""
+
+    future: asyncio.Future[None]
+    held: int = 0
 
 
 @dataclass(slots=True)
@@ -48,7 +68,9 @@ class FlowControl:
         "_both",
         "_stalled",
         "_total_waiter",
+        "_waiters",
         "_watched",
+        "batch",
         "depth",
         "depth_bytes",
         "loop",
@@ -62,6 +84,8 @@ class FlowControl:
         # Queued messages, or bytes, at which a connected receiver counts as congested; 0
         # disables that count (a bound no queue reaches).
         self.depth = limits.flow_control_depth or sys.maxsize
+        # The room below the depth that releases the oldest future (RELEASE_BATCH).
+        self.batch = max(1, min(self.depth // 2, RELEASE_BATCH))
         # Capped at half a queue's byte limit: backpressure engages before the limit does.
         self.depth_bytes = min(
             limits.flow_control_bytes or sys.maxsize, limits.max_queued_bytes // 2
@@ -74,6 +98,9 @@ class FlowControl:
         # A commit and a drain both waited for: one shared future per pair, not one per message.
         self._both: dict[tuple[asyncio.Future[None], asyncio.Future[None]], asyncio.Future[None]]
         self._both = {}
+        # The futures publishers wait on, per congested session, oldest first; the newest is
+        # also the session's ``drain_waiter`` (None when nobody waits on it).
+        self._waiters: dict[Session, deque[_Waiter]] = {}
         # Congested receivers the periodic check looks at, and those found stalled.
         self._watched: dict[Session, _Progress] = {}
         self._stalled: set[Session] = set()
@@ -84,7 +111,8 @@ class FlowControl:
 
     def congested(self, receivers: Iterable[object]) -> asyncio.Future[None] | None:
         """A future that resolves once the broker is under its bound and the first congested,
-        progressing session among ``receivers`` has drained, or None.
+        progressing session among ``receivers`` has drained enough (see :meth:`pumped`), or
+        None.
 
         Only connected sessions count: an offline session's queue does not drain, and a
         publisher must never wait on a subscriber that is not there. (Shared groups do not:
@@ -108,27 +136,56 @@ class FlowControl:
                 if receiver not in self._watched:
                     # The next check stamps the time: no clock read on the publish path.
                     self._watched[receiver] = _Progress(queue.deliveries_started, _UNSTAMPED)
-                # One future per congested session, shared by every publisher waiting on it.
-                waiter = receiver.drain_waiter
-                if waiter is None:
-                    waiter = receiver.drain_waiter = self.loop.create_future()
-                return waiter
+                # One future per batch of publications held on a congested session, shared
+                # by every publisher among them.
+                waiters = self._waiters.get(receiver)
+                if waiters is None:
+                    waiters = self._waiters[receiver] = deque()
+                if not waiters or waiters[-1].held >= RELEASE_BATCH:
+                    waiters.append(_Waiter(self.loop.create_future()))
+                    receiver.drain_waiter = waiters[-1].future
+                newest = waiters[-1]
+                newest.held += 1
+                return newest.future
         return None
 
     def pumped(self, session: Session) -> None:
-        """After a pump: publishers waiting on this session go once its queue is half empty."""
-        if session.drain_waiter is not None:
-            queue = session.queue
-            if queue.count <= self.depth // 2 and queue.bytes <= self.depth_bytes // 2:
-                self.release(session)
+        """After a pump: the publications held longest go, a batch at a time, while the queue
+        has room for a batch below the depth; everyone goes once it is half empty. (Bytes:
+        everyone, once they are half the byte depth.)"""
+        if session.drain_waiter is None:
+            return
+        queue = session.queue
+        if queue.bytes > self.depth_bytes // 2:
+            return
+        count = queue.count
+        if count <= self.depth // 2:
+            self.release(session)
+            return
+        room = self.depth - count
+        batch = self.batch
+        waiters = self._waiters.get(session)
+        if waiters is None:
+            session.drain_waiter = None
+            return
+        while waiters and room >= batch:
+            waiter = waiters.popleft()
+            room -= waiter.held
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+        if not waiters:
+            del self._waiters[session]
+            session.drain_waiter = None
 
-    @staticmethod
-    def release(session: Session) -> None:
+    def release(self, session: Session) -> None:
         """Let every publisher waiting on this session go (it drained, stalled or left)."""
-        waiter = session.drain_waiter
         session.drain_waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        waiters = self._waiters.pop(session, None)
+        if waiters is None:
+            return
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_result(None)
 
     def is_stalled(self, session: Session) -> bool:
         return session in self._stalled

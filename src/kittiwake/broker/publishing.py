@@ -43,15 +43,19 @@ def publish(broker: Broker, message: Message) -> Completion:
     commit = broker.store.commit() if message.persistent else None
     drained = broker.flow.congested(touched) if message.qos and touched else None
     if commit is None:
+        pending = broker.pumps.pending  # one pump per read: no call for a queued target
         for session in touched:
-            broker.pump_soon(session)
+            if session not in pending:
+                broker.pump_soon(session)
         return drained
     if touched:
         if message.qos == 1 and broker.store_and_dispatch:
             # Store-and-dispatch: a failed commit refuses the publisher, who resends; a copy
             # delivered meanwhile is then a duplicate, which QoS 1 allows.
+            pending = broker.pumps.pending
             for session in touched:
-                broker.pump_soon(session)
+                if session not in pending:
+                    broker.pump_soon(session)
         else:
             broker.pending_commits.hold(commit, message, touched)
     if drained is None:

@@ -123,7 +123,8 @@ class Session:
     will_delay: int = 0
     # Seconds the will lives once published (MQTT 5 will Message Expiry Interval).
     will_expiry: int | None = None
-    # Publishers' acknowledgements held back until this session's queue drains (flow control).
+    # The newest future publishers' held acknowledgements wait on while this session's queue
+    # drains (flow control keeps the older ones); None while nobody waits on it.
     drain_waiter: asyncio.Future[None] | None = None
     # Clock times while disconnected: when the session ends, when the will is due.
     expires_at: float | None = None
@@ -196,6 +197,3 @@ class Session:
     def inflight(self) -> dict[int, Delivery]:
         """Deliveries sent and not yet settled, by core delivery id."""
         return self.consumer.unsettled
-
-    def __hash__(self) -> int:
-        return id(self)

@@ -73,9 +73,6 @@ class SharedGroup:
         self.max_qos = max((m.subscription.max_qos for m in self.members.values()), default=0)
         self.queue.durable = any(m.session.persistent for m in self.members.values())
 
-    def __hash__(self) -> int:
-        return id(self)
-
     def __repr__(self) -> str:
         return f"<SharedGroup {self.queue.name!r} members={len(self.members)}>"
 

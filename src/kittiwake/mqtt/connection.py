@@ -120,6 +120,7 @@ class MQTTConnection:
         "_packet_ids",
         "_pause_bytes",
         "_problem_information",
+        "_publish_heads",
         "_receive_maximum",
         "_topic_verdicts",
         "_watched",
@@ -215,6 +216,10 @@ class MQTTConnection:
         # message (a cache per connection, keyed by its principal by construction). The shared
         # empty map (never written to) until the first publication.
         self._topic_verdicts: dict[str, bool] = _NO_VERDICTS
+        # The start of the QoS 1/2 PUBLISH this connection was last sent per topic, with the
+        # payload size and level it was made for: a run of messages on one topic (a 1->1 or
+        # N->1 flow) encodes it once, not once per message. None until the first.
+        self._publish_heads: dict[str, tuple[int, int, bytes]] | None = None
 
     def permissions_renewed(self, renew: RenewPermissions) -> None:
         """The rules were reloaded (SIGHUP): from now on this connection is checked by its
@@ -254,6 +259,20 @@ class MQTTConnection:
                 ReasonCode.PROTOCOL_ERROR, f"a client may not send {type(packet).__name__}"
             )
         handler(self, packet)
+
+    def handle_all(self, packets: list[Packet]) -> None:
+        """Act on the packets of one read in order, until one closes the connection:
+        :meth:`handle`'s dispatch written out for a session's packets, a call less per packet
+        (PUBLISH and PUBACK are every message's path)."""
+        handlers = self._handlers
+        for packet in packets:
+            handler = handlers.get(type(packet)) if self.session is not None else None
+            if handler is None:
+                self.handle(packet)  # before CONNECT, or a packet a client may not send
+            else:
+                handler(self, packet)
+            if self.closed:
+                return
 
     def protocol_error(self, error: MQTTProtocolError, decoded_version: int = 4) -> None:
         """The peer broke the protocol: answer as its version says, then close.
@@ -988,24 +1007,37 @@ class MQTTConnection:
                 delivery_id or None,
                 None,
             )
-        else:
-            # 3.x frames differ between subscribers only in the packet id: encode the rest once
-            # per message (QoS 0: the whole frame) and splice the id in.
+        elif qos:
+            # 3.x frames differ only in the packet id: splice it between a head encoded once
+            # per topic, payload size and level, and the payload.
             key = qos + 3 if entry.retain else qos
+            size = len(message.payload)
+            heads = self._publish_heads
+            if heads is None:
+                heads = self._publish_heads = {}
+            known = heads.get(message.topic)
+            if known is not None and known[0] == size and known[1] == key:
+                head = known[2]
+            else:
+                head = encode_publish_head(message.topic.encode(), size, qos, entry.retain)
+                if len(message.topic) <= MAX_CACHED_TOPIC_CHARS:
+                    if len(heads) >= 1024:
+                        heads.clear()
+                    heads[message.topic] = (size, key, head)
+            data = b"".join((head, delivery_id.to_bytes(2, "big"), message.payload))
+        else:
+            # QoS 0 3.x frames are the same for every subscriber: encoded once per message.
+            key = 3 if entry.retain else 0
             cache = message.encoded
             if cache is None:
                 message.encoded = cache = {}
-            head = cache.get(key)
-            if head is None:
-                head = cache[key] = encode_publish_head(
-                    message.topic.encode(), len(message.payload), qos, entry.retain
+            frame = cache.get(key)
+            if frame is None:
+                head = encode_publish_head(
+                    message.topic.encode(), len(message.payload), 0, entry.retain
                 )
-                if not qos:
-                    head = cache[key] = head + message.payload
-            if qos:
-                data = b"".join((head, delivery_id.to_bytes(2, "big"), message.payload))
-            else:
-                data = head
+                frame = cache[key] = head + message.payload
+            data = frame
         if len(data) > self.peer_max_packet_size:
             # MQTT-3.1.2-25: never send more than the client accepts; the message is dropped.
             self._log.info(

@@ -66,10 +66,9 @@ def handle_input(
             error = None
         except MQTTProtocolError as exc:
             packets, error = exc.packets_before, exc
-        for packet in packets:
-            connection.handle(packet)
-            if connection.closed:
-                return
+        connection.handle_all(packets)
+        if connection.closed:
+            return
         if error is not None:
             connection.protocol_error(error, decoder.protocol_version)
     except MQTTProtocolError as error:

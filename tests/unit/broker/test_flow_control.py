@@ -15,6 +15,7 @@ import pytest
 
 from kittiwake.broker.broker import Broker, SubscriptionOptions
 from kittiwake.broker.consumers import Delivery
+from kittiwake.broker.flow_control import RELEASE_BATCH
 from kittiwake.broker.message import Message
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import QueuedMessage
@@ -276,5 +277,37 @@ def test_the_running_total_is_the_sum_of_every_queues_bytes() -> None:
         broker.disconnect(session, publish_will=False)  # expiry 0: the session ends
         check()
         assert broker.queued_bytes() == 0
+
+    run(body)
+
+
+def test_held_acknowledgements_go_back_a_batch_at_a_time_oldest_first() -> None:
+    """Past the depth, publications are held on one future per RELEASE_BATCH; the oldest
+    batch goes once the queue has room for a batch below the depth, the rest later, not all
+    at half (which would stop every publisher until then)."""
+
+    async def body() -> None:
+        depth = 4 * RELEASE_BATCH
+        broker, _, session, consumer = subscriber(
+            flow_control_depth=depth, max_queued_messages=10 * depth
+        )
+        held = [publish(broker) for _ in range(depth + 1)]  # one in flight, depth queued
+        waiting = held[-1]
+        assert waiting is not None and held[-2] is None, "not congested at the depth"
+        first = [waiting] + [publish(broker) for _ in range(RELEASE_BATCH - 1)]
+        second = [publish(broker) for _ in range(RELEASE_BATCH)]
+        assert {id(w) for w in first} == {id(waiting)}, "a batch shares one future"
+        assert len({id(w) for w in second}) == 1 and second[0] is not waiting
+        queued = session.queue.count
+        # Just short of a batch's room below the depth: nobody goes yet.
+        await settle(broker, session, consumer, queued - (depth - RELEASE_BATCH) - 1)
+        assert not waiting.done()
+        await settle(broker, session, consumer, 1)
+        assert session.queue.count == depth - RELEASE_BATCH
+        assert waiting.done(), "the oldest batch was not released with room for it"
+        assert second[0] is not None and not second[0].done(), "a younger batch went early"
+        await settle(broker, session, consumer, session.queue.count - depth // 2)
+        assert second[0].done(), "everyone goes at half the depth"
+        assert session.drain_waiter is None
 
     run(body)

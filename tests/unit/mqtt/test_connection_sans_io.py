@@ -142,3 +142,37 @@ def test_a_dropped_delivery_gives_back_its_credit_on_a_later_turn() -> None:
     got = sub.received()
     assert [(type(p), p.payload) for p in got] == [(Publish, b"small")]  # type: ignore[attr-defined]
     assert later.waiting == []
+
+
+def test_a_3x_subscriber_gets_the_right_frame_as_size_level_and_retain_change_on_one_topic() -> (
+    None
+):
+    """A QoS 1/2 PUBLISH head is reused per topic only while payload size, level and retain
+    flag match the message it was made for."""
+    no_loop()
+    broker = Broker(clock=ManualClock())
+    sub, pub = Wire(broker, 4), Wire(broker, 4)
+    sub.connect("sub")
+    sub.send(Subscribe(1, [SubscriptionRequest("t", 2)]))
+    sub.received()
+    pub.connect("pub")
+    sent = [
+        (b"aa", 1, False),
+        (b"bb", 1, False),
+        (b"ccc", 1, False),
+        (b"dd", 2, False),
+        (b"ee", 1, True),
+        (b"f" * 200, 1, False),
+        (b"gg", 1, False),
+    ]
+    for packet_id, (payload, qos, retain) in enumerate(sent, start=1):
+        pub.send(Publish("t", payload, qos, retain, packet_id=packet_id))
+    got = [p for p in sub.received() if isinstance(p, Publish)]
+    # A live delivery carries RETAIN only for retain-as-published (3.1.1: never).
+    assert [(p.payload, p.qos, p.retain) for p in got] == [(b, q, False) for b, q, _ in sent]
+    assert len({p.packet_id for p in got}) == len(sent)
+    # 3.1.1 sends the retained message again on every SUBSCRIBE, RETAIN set, between live ones.
+    sub.send(Subscribe(2, [SubscriptionRequest("t", 2)]))
+    pub.send(Publish("t", b"hh", 1, False, packet_id=9))
+    again = [(p.payload, p.qos, p.retain) for p in sub.received() if isinstance(p, Publish)]
+    assert again == [(b"ee", 1, True), (b"hh", 1, False)]

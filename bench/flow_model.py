@@ -1,0 +1,150 @@
+"""Flow control under a QoS 1 fan-in flood, in-process and deterministic: N publishers (an
+in-flight window each) -> 1 subscriber (the broker's window to it), driven with bytes in rounds.
+Each round every publisher sends what its window allows (one read), the subscriber acknowledges
+everything it was sent (one read), then the loop runs.
+
+The subscriber takes one window a round, so what differs between versions of the flow-control
+rule is how deep the queue stands (what a message waits behind: the flood's latency, in
+messages) and in how many rounds every publisher was blocked (on a socket, rounds in which only
+the subscriber's round trip gives the loop work: it idles in between).
+
+    python bench/flow_model.py                       # 10 -> 1, windows 100, default depth
+    python bench/flow_model.py --depth 300 --publishers 4
+    KITTIWAKE_SRC=/other/checkout/src python bench/flow_model.py   # another version's rule
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(
+    0, os.environ.get("KITTIWAKE_SRC") or str(Path(__file__).resolve().parent.parent / "src")
+)
+
+from kittiwake.broker.broker import Broker
+from kittiwake.broker.store import MemoryStore
+from kittiwake.config import config_from_dict
+from kittiwake.mqtt.codec import PacketDecoder, encode
+from kittiwake.mqtt.connection import MQTTConnection
+from kittiwake.mqtt.packets import (
+    Connect,
+    Packet,
+    PubAck,
+    Publish,
+    Subscribe,
+    SubscriptionRequest,
+)
+
+VERSION = 4
+PAYLOAD = b"x" * 64
+
+
+class KeepingTransport:
+    """Keeps what the connection writes, for the client side to decode."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def write_backlog(self) -> int:
+        return 0
+
+
+class Client:
+    """One connection: reads fed as the asyncio shell feeds them, writes decoded back."""
+
+    def __init__(self, broker: Broker, client_id: str) -> None:
+        self.transport = KeepingTransport()
+        self.connection = MQTTConnection(
+            broker, self.transport, client_id, call_soon=asyncio.get_running_loop().call_soon
+        )
+        self.broker = broker
+        self.inbound = PacketDecoder(broker.config.limits.max_packet_size)
+        self.outbound = PacketDecoder(broker.config.limits.max_packet_size)
+        self.outbound.protocol_version = VERSION
+        self.read([Connect(client_id, protocol_version=VERSION, clean_start=True)])
+        self.take()
+
+    def read(self, packets: list[Packet]) -> None:
+        data = b"".join(encode(p, VERSION) for p in packets)
+        for packet in self.inbound.feed(data):
+            self.connection.handle(packet)
+        self.broker.pumps.run()
+
+    def take(self) -> list[Packet]:
+        data = bytes(self.transport.written)
+        self.transport.written.clear()
+        return self.outbound.feed(data)
+
+
+async def flood(publishers: int, window: int, depth: int, messages: int) -> str:
+    limits = {"flow_control_depth": depth, "max_inflight": 100, "max_queued_messages": 1_000_000}
+    broker = Broker(config_from_dict({"limits": limits}), store=MemoryStore())
+    cancel = broker.schedule_ticks(asyncio.get_running_loop())
+    sub = Client(broker, "sub")
+    sub.read([Subscribe(1, [SubscriptionRequest("bench/flow", 1)])])
+    sub.take()
+    queue = sub.connection.session.queue  # type: ignore[union-attr]
+    pubs = [Client(broker, f"pub{i}") for i in range(publishers)]
+    unacknowledged = [0] * publishers
+    last_id = [0] * publishers
+    sent = received = rounds = blocked = 0
+    depths: list[int] = []
+    while received < messages and rounds < 100 * messages:
+        rounds += 1
+        sending = False
+        for i, pub in enumerate(pubs):
+            unacknowledged[i] -= sum(isinstance(p, PubAck) for p in pub.take())
+            room = min(window - unacknowledged[i], messages - sent)
+            if room <= 0:
+                continue
+            batch = []
+            for _ in range(room):
+                last_id[i] = last_id[i] % 0xFFFF + 1
+                batch.append(Publish("bench/flow", PAYLOAD, 1, False, False, last_id[i]))
+            pub.read(batch)
+            unacknowledged[i] += room
+            sent += room
+            sending = True
+            await asyncio.sleep(0)
+        if not sending and sent < messages:
+            blocked += 1
+        deliveries = [p for p in sub.take() if isinstance(p, Publish)]
+        received += len(deliveries)
+        depths.append(queue.count)
+        if deliveries:
+            sub.read([PubAck(p.packet_id or 0) for p in deliveries])
+        for _ in range(2):
+            await asyncio.sleep(0)
+    cancel()
+    depths.sort()
+    return (
+        f"{publishers}->1, windows {window}/100, depth {depth}: {rounds} rounds, "
+        f"{received / rounds:.0f} delivered a round, every publisher blocked in {blocked}; "
+        f"queue p50 {depths[len(depths) // 2]}, p99 {depths[int(len(depths) * 0.99)]}, "
+        f"max {depths[-1]}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--publishers", type=int, default=10)
+    parser.add_argument("--window", type=int, default=100, help="each publisher's in-flight window")
+    parser.add_argument("--depth", type=int, default=1000, help="limits.flow_control_depth")
+    parser.add_argument("--messages", type=int, default=60_000)
+    args = parser.parse_args()
+    print(asyncio.run(flood(args.publishers, args.window, args.depth, args.messages)))
+
+
+if __name__ == "__main__":
+    main()
