@@ -198,6 +198,9 @@ def main() -> None:
     if args.smoke:
         args.messages, args.repeat = 50_000, 1
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Spark's Python workers import kittiwake from this tree too, not from wherever the
+    # virtualenv has it installed (another checkout).
+    os.environ["PYTHONPATH"] = str(SRC)
     with tempfile.TemporaryDirectory(prefix="kw-bench-spark-") as tmp:
         data_dir = Path(tmp) / "data"
         started = time.perf_counter()
