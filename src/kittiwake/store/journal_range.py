@@ -74,7 +74,8 @@ _WHOLE_ROWS = f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM journal WHERE message_i
 class JournalChunk:
     """Consecutive journal rows in offset order, as Arrow columns: ``message_id``, ``topic``,
     ``payload``, ``qos``, ``retain`` (0 or 1), ``priority``, ``timestamp`` (wall-clock ms
-    since the epoch when the broker accepted the row), each an int64, string or binary."""
+    since the epoch when the broker accepted the row), ``extras`` (1 where the row has optional
+    parts) and ``persistent``; int64 but for the topic (string) and payload (binary)."""
 
     columns: pa.RecordBatch
     # The decoded message where its row has optional parts (properties, MQTT 5 fields),
@@ -113,6 +114,7 @@ class JournalRange:
     ) -> None:
         self._topics = topics
         self._selection = selection
+        self._kept_cache: dict[tuple[str, bool], bool] = {}
         try:
             # One thread at a time, but not always the one that opened it: a Flight stream's
             # batches may be pulled by another gRPC thread than the call's.
@@ -179,8 +181,8 @@ class JournalRange:
         topics = batch.column("topic")
         persistent = pc.not_equal(batch.column("persistent"), 0)
         distinct = pc.unique(topics).to_pylist()
-        kept_persistent = [t for t in distinct if self._topic_kept(t, True)]
-        kept_other = [t for t in distinct if self._topic_kept(t, False)]
+        kept_persistent = [t for t in distinct if self._topic_kept((t, True))]
+        kept_other = [t for t in distinct if self._topic_kept((t, False))]
         if len(kept_persistent) == len(kept_other) == len(distinct):
             return batch
         mask = pc.or_(
@@ -189,11 +191,22 @@ class JournalRange:
         )
         return batch.filter(mask)
 
-    def _topic_kept(self, topic: str, persistent: bool) -> bool:
-        return self._topics.matches(topic) and self._selection.keeps(topic, persistent)
+    def _topic_kept(self, key: tuple[str, bool]) -> bool:
+        """Is a row of this topic and persistence journal content the filters want?"""
+        answer = self._kept_cache.get(key)
+        if answer is None:
+            if len(self._kept_cache) >= 4096:
+                self._kept_cache.clear()
+            topic, persistent = key
+            answer = self._topics.matches(topic) and self._selection.keeps(topic, persistent)
+            self._kept_cache[key] = answer
+        return answer
 
     def _chunk(self, batches: list[pa.RecordBatch]) -> JournalChunk:
-        columns = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+        if len(batches) == 1:
+            columns = batches[0]
+        else:  # one batch of contiguous columns (pa.concat_batches needs pyarrow 19)
+            (columns,) = pa.Table.from_batches(batches).combine_chunks().to_batches()
         flagged = pc.indices_nonzero(columns.column("extras"))
         if not len(flagged):
             return JournalChunk(columns)
