@@ -102,6 +102,9 @@ def main() -> None:
     if args.smoke:
         args.messages, args.repeat = 50_000, 1
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Spark's Python workers import kittiwake from this tree too, not from wherever the
+    # virtualenv has it installed (another checkout).
+    os.environ["PYTHONPATH"] = str(SRC)
     from pyspark.sql import SparkSession
 
     from kittiwake.spark import register

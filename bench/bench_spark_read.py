@@ -134,8 +134,12 @@ class DirectSQLiteReaderPeer:
                 ]
 
             def read(self, partition: Any) -> Iterator[Any]:
+                import pyarrow as pa
+
                 from kittiwake.flight.batches import record_batch
-                from kittiwake.store.journal_reader import JournalChunk
+                from kittiwake.store.journal_range import JournalChunk
+
+                names = ("message_id", "topic", "payload", "qos", "retain", "priority")
 
                 connection = sqlite3.connect(f"file:{partition.path}?mode=ro", uri=True)
                 cursor = connection.execute(
@@ -144,8 +148,9 @@ class DirectSQLiteReaderPeer:
                     (partition.start, partition.end),
                 )
                 while rows := cursor.fetchmany(65536):
-                    o, t, p, q, r, pr, c = zip(*rows, strict=True)
-                    yield record_batch(JournalChunk(o, t, p, c, q, r, pr, [None] * len(o)), False)
+                    columns = zip(*rows, strict=True)
+                    raw = pa.record_batch(list(columns), names=[*names, "timestamp"])
+                    yield record_batch(JournalChunk(raw), False)
                 connection.close()
 
         class Source(DataSource):  # type: ignore[misc]
@@ -198,6 +203,9 @@ def main() -> None:
     if args.smoke:
         args.messages, args.repeat = 50_000, 1
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Spark's Python workers import kittiwake from this tree too, not from wherever the
+    # virtualenv has it installed (another checkout).
+    os.environ["PYTHONPATH"] = str(SRC)
     with tempfile.TemporaryDirectory(prefix="kw-bench-spark-") as tmp:
         data_dir = Path(tmp) / "data"
         started = time.perf_counter()

@@ -19,34 +19,32 @@ from kittiwake.flight.protocol import (
     SCHEMA_WITH_HEADERS,
     TIMESTAMP_TYPE,
 )
-from kittiwake.store.journal_reader import JournalChunk
+from kittiwake.store.journal_range import JournalChunk
 
 
 def record_batch(chunk: JournalChunk, include_headers: bool) -> pa.RecordBatch:
-    count = len(chunk)
-    millis = pa.array(chunk.timestamps, pa.int64())
-    micros = pc.multiply(millis, 1000)
+    raw = chunk.columns
+    count = raw.num_rows
+    micros = pc.multiply(raw.column("timestamp"), 1000)
     columns: list[Any] = [
-        pa.array(chunk.topics, pa.string()),
-        pa.array(chunk.payloads, pa.binary()),
-        pa.array(chunk.offsets, pa.int64()),
+        raw.column("topic"),
+        raw.column("payload"),
+        raw.column("message_id"),
         micros.cast(TIMESTAMP_TYPE),
-        pa.array(chunk.qos, pa.int32()),
-        pa.array(chunk.retain, pa.int8()).cast(pa.bool_()),
-        pa.array(chunk.priority, pa.int32()),
+        raw.column("qos").cast(pa.int32()),
+        raw.column("retain").cast(pa.bool_()),
+        raw.column("priority").cast(pa.int32()),
     ]
     extras = chunk.extras
-    if chunk.has_extras:
+    if extras is not None:
         columns.append(
-            pa.array(
-                [() if m is None else _properties(m) for m in extras], PROPERTIES_TYPE
-            )
+            pa.array([() if m is None else _properties(m) for m in extras], PROPERTIES_TYPE)
         )
     else:
         columns.append(_empty_lists(count, PROPERTIES_TYPE))
     if not include_headers:
         return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
-    if chunk.has_extras:
+    if extras is not None:
         columns.append(
             pa.array([[] if m is None else _headers(m) for m in extras], HEADERS_TYPE)
         )
@@ -56,7 +54,12 @@ def record_batch(chunk: JournalChunk, include_headers: bool) -> pa.RecordBatch:
 
 
 def _empty_lists(count: int, list_type: pa.DataType) -> pa.Array:
-    return pa.array([()] * count, list_type)
+    """``count`` empty lists (or maps), built in C: every offset is 0."""
+    offsets = pa.nulls(count + 1, pa.int32()).fill_null(0)
+    empty = pa.array([], list_type)
+    if isinstance(list_type, pa.MapType):
+        return pa.MapArray.from_arrays(offsets, empty.keys, empty.items, type=list_type)
+    return pa.ListArray.from_arrays(offsets, empty.flatten(), type=list_type)
 
 
 def _properties(message: Message) -> list[tuple[str, str]]:

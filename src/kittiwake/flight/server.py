@@ -46,7 +46,8 @@ from kittiwake.flight.protocol import (
     range_schema,
 )
 from kittiwake.flight.writes import WriteRefused, read_messages
-from kittiwake.store.journal_reader import JournalError, JournalRange, JournalReader
+from kittiwake.store.journal_range import JournalRange
+from kittiwake.store.journal_reader import JournalError, JournalReader
 
 log = logging.getLogger(__name__)
 
