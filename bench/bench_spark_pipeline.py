@@ -29,11 +29,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_spark_read import SRC, free_port, report, write_journal  # noqa: E402
+import pyarrow.flight as flight
+from bench_spark_read import SRC, free_port, report, write_journal
 
-import pyarrow.flight as flight  # noqa: E402
-
-from kittiwake.flight.protocol import parse_latest_answer  # noqa: E402
+from kittiwake.flight.protocol import parse_latest_answer
 
 # Rows per micro-batch, split into partitions of at most limits.max_put_rows (200,000) each.
 BATCH_ROWS = 250_000
@@ -121,7 +120,8 @@ def main() -> None:
         template = Path(tmp) / "template"
         started = time.perf_counter()
         write_journal(template, args.messages, args.payload)
-        print(f"journal of {args.messages:,} messages written in {time.perf_counter() - started:.1f}s")
+        took = time.perf_counter() - started
+        print(f"journal of {args.messages:,} messages written in {took:.1f}s")
         runs = iter(range(1_000_000))
 
         def on_fresh_broker(body: Callable[[Broker], int]) -> Callable[[], tuple[float, int]]:

@@ -147,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         "broker CPU: user+sys from /proc/PID/stat over the run; % of one core (all three "
         "brokers are single-threaded event loops; kittiwake's durable store also has a writer "
         "thread, shown as side-thread CPU %, part of broker CPU). gen CPU %: all load-generator "
-        f"processes, % of one core ({gen_cores} core(s) available to them). other CPU %: the rest of the "
-        "machine's busy time during the run (harness, kernel softirq, other users): high "
-        "values mean the numbers are noisy. saturated: >= 85%.",
+        f"processes, % of one core ({gen_cores} core(s) available to them). other CPU %: the "
+        "rest of the machine's busy time during the run (harness, kernel softirq, other "
+        "users): high values mean the numbers are noisy. saturated: >= 85%.",
         "MQTT 3.1.1, clean sessions unless stated, no $SYS, warning-level logs, in-flight "
         "window 100 (publisher) / 100 (broker to subscriber). Clients and the asyncio brokers "
         "set TCP_NODELAY; mosquitto keeps its default (Nagle on).",
