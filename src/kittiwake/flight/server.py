@@ -1,6 +1,7 @@
 """The journal's Arrow Flight service: ``do_get`` streams an exact offset range, actions give
 the bounds, ``do_put`` takes the Spark sink's fenced writes. Runs on gRPC's threads: reads use
-their own read connections; writes cross to the event loop only through
+their own read connections (a range's rows come from the listener's reader process where one
+runs, :mod:`kittiwake.flight.range_reads`); writes cross to the event loop only through
 :class:`~kittiwake.flight.broker_writes.BrokerWrites`. Must never touch the broker's objects or
 the store's writer itself.
 

@@ -8,7 +8,8 @@ journal read it has a read-only connection of its own, one transaction for the b
 rows, and never writes. Uses Python's own sqlite3, the library the store's writer uses: a
 second copy of SQLite in the broker's process (e.g. ADBC's driver, which links its own) would
 not see the writer's locks on the same file, and its last close truncates the WAL index the
-writer has mapped (the broker dies of SIGBUS).
+writer has mapped (the broker dies of SIGBUS). The Flight listener's reader process, which
+opens the journal with nothing else, reads with ADBC (journal_range_adbc.py).
 """
 
 from __future__ import annotations
