@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 # A frame: its length (4 bytes, big-endian), then that much JSON.
 _FRAME_LENGTH = struct.Struct(">I")
 _MAX_FRAME = 1 << 20
-# Largest request message (its topic filters, pickled).
-MAX_REQUEST_BYTES = 1 << 20
+# Largest request message (its topic filters, pickled): well within a socket's default send
+# buffer, which bounds one SOCK_SEQPACKET message. A larger one is not sent (read() says so).
+MAX_REQUEST_BYTES = 1 << 16
 # Linux's F_SETPIPE_SZ: a bigger pipe, fewer switches between the two processes per batch.
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
@@ -115,18 +116,22 @@ class WorkerRange:
     """One answered read: its bounds and lost part, then its batches (once)."""
 
     def __init__(self, fd: int, header: dict[str, Any]) -> None:
-        self._fd = fd
         self.earliest = int(header["earliest"])
         self.high_water = int(header["high_water"])
         lost = header.get("lost")
         self.lost: tuple[int, int] | None = (int(lost[0]), int(lost[1])) if lost else None
         try:
             # A buffered file reads whole messages (a pipe's reads may come short); a batch is
-            # a couple of reads, not a call per row.
-            self._file = open(fd, "rb", closefd=False)  # noqa: SIM115 - closed by close()
+            # a couple of reads, not a call per row. It owns the pipe: a range gRPC drops
+            # unread closes it when collected, and its worker's thread stops at its next write.
+            self._file = open(fd, "rb")  # noqa: SIM115 - closed by close()
+        except Exception:
+            os.close(fd)
+            raise
+        try:
             self._reader = pa.ipc.open_stream(pa.PythonFile(self._file, "r"))
         except Exception as exc:
-            os.close(fd)
+            self._file.close()
             raise JournalError(f"the range reader's answer is unreadable: {exc}") from exc
         self.schema: pa.Schema = self._reader.schema
 
@@ -148,10 +153,7 @@ class WorkerRange:
 
     def close(self) -> None:
         """Closing before the end stops the worker's read (its next write fails)."""
-        if self._fd >= 0:
-            self._file.close()
-            os.close(self._fd)
-            self._fd = -1
+        self._file.close()
 
 
 class _Worker:
@@ -179,9 +181,9 @@ class _Worker:
         with contextlib.suppress(OSError):
             parent.sendall(pickle.dumps(settings))
 
-    def ask(self, ask: RangeAsk, fd: int) -> None:
+    def ask(self, ask: bytes, fd: int) -> None:
         with self.lock:
-            socket.send_fds(self.socket, [pickle.dumps(ask)], [fd])
+            socket.send_fds(self.socket, [ask], [fd])
 
     def stop(self) -> None:
         self.socket.close()  # the worker exits at the end of its socket
@@ -213,12 +215,15 @@ class RangeReads:
 
     def read(
         self, start: int, end: int, topics: tuple[str, ...], include_headers: bool
-    ) -> WorkerRange:
+    ) -> WorkerRange | None:
         """Offsets [start, end) on these filters; raises JournalRangeError when ``end`` is past
-        the committed high-water mark, JournalError when the journal cannot be read."""
+        the committed high-water mark, JournalError when the journal cannot be read. None when
+        the filters are too long to send (the caller reads the range itself)."""
         if start < 0 or end < start:
             raise JournalRangeError(f"[{start}, {end}) is not a range of offsets")
-        ask = RangeAsk(start, end, topics, include_headers)
+        ask = pickle.dumps(RangeAsk(start, end, topics, include_headers))
+        if len(ask) > MAX_REQUEST_BYTES:
+            return None
         for _attempt in range(2):
             worker = self._current()
             readable, writable = os.pipe()

@@ -168,7 +168,11 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             request = RangeRequest.from_ticket(ticket.ticket)
             self._check_topics(caller, request.topics, context)
             if self._range_reads is not None:
-                return self._from_worker(request)
+                worker_range = self._range_reads.read(
+                    request.start, request.end, request.topics, request.include_headers
+                )
+                if worker_range is not None:
+                    return self._from_worker(worker_range)
             journal_range = self.reader.read(request.start, request.end, request.topics)
             schema = range_schema(
                 request.include_headers,
@@ -187,12 +191,8 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
 
         return _answered("do_get", start)
 
-    def _from_worker(self, request: RangeRequest) -> flight.FlightDataStream:
+    def _from_worker(self, worker_range: WorkerRange) -> flight.FlightDataStream:
         """The read answered by the reader process: its batches pass through as they are."""
-        assert self._range_reads is not None
-        worker_range = self._range_reads.read(
-            request.start, request.end, request.topics, request.include_headers
-        )
         if worker_range.lost is not None:
             log.info(
                 "flight: offsets [%d, %d) of a read were dropped by the journal's retention",
