@@ -7,9 +7,10 @@ a stream cut short by its death is an error, never a short answer.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ pytest.importorskip("adbc_driver_sqlite")
 from kittiwake.broker.message import Message, MQTT5Fields  # noqa: E402
 from kittiwake.clock import ManualClock  # noqa: E402
 from kittiwake.flight.batches import record_batch  # noqa: E402
-from kittiwake.flight.protocol import range_schema  # noqa: E402
+from kittiwake.flight.protocol import RangeRequest, range_schema  # noqa: E402
 from kittiwake.flight.range_reads import RangeReads  # noqa: E402
 from kittiwake.store import sqlite as sqlite_module  # noqa: E402
 from kittiwake.store.journal_reader import (  # noqa: E402
@@ -31,6 +32,11 @@ from kittiwake.store.journal_reader import (  # noqa: E402
 )
 from kittiwake.store.journal_selection import JournalSelection  # noqa: E402
 from kittiwake.store.sqlite import SQLiteStore  # noqa: E402
+
+from .brokerproc import BrokerProcess  # noqa: E402
+from .clients import PahoClient, unique  # noqa: E402
+
+flight = pytest.importorskip("pyarrow.flight")
 
 SELECTION = JournalSelection(enabled=True)
 
@@ -190,3 +196,41 @@ def test_filters_too_long_to_send_are_left_to_the_caller(tmp_path: Path, reads: 
     long_filters = tuple(f"{'x' * 200}/{i}" for i in range(1000))
     assert reads.read(0, high_water, long_filters, False) is None
     assert from_worker(reads, 0, high_water, ("#",), False).num_rows == 1
+
+
+def range_workers_of(pid: int) -> list[int]:
+    """The broker's child processes that are range readers."""
+    children: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        children += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return [
+        child
+        for child in children
+        if b"kittiwake.flight.range_worker" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]
+
+
+def test_the_broker_serves_reads_again_after_its_worker_is_killed_and_stops_it_on_exit(
+    broker: Callable[..., BrokerProcess], paho: Callable[..., PahoClient]
+) -> None:
+    process = broker(flight=True, journal={"retention_seconds": 3600})
+    assert process.proc is not None
+    (worker,) = range_workers_of(process.proc.pid)
+    topic = unique("rw")
+    publisher = paho(process.address)
+    for i in range(5):
+        publisher.publish(topic, b"%d" % i, 1)  # returns once PUBACK'd: committed
+    connection = flight.connect(process.flight_url)
+    try:
+        (result,) = list(connection.do_action(flight.Action("latest", b"")))
+        high_water = json.loads(result.body.to_pybytes())["0"]["high_water"]
+        os.kill(worker, signal.SIGKILL)
+        ticket = flight.Ticket(RangeRequest(0, high_water, (topic,)).to_ticket())
+        rows = connection.do_get(ticket).read_all().to_pylist()
+        assert [r["payload"] for r in rows] == [b"%d" % i for i in range(5)]
+    finally:
+        connection.close()
+    (restarted,) = range_workers_of(process.proc.pid)
+    assert restarted != worker
+    process.stop()
+    assert not Path(f"/proc/{restarted}").exists()
