@@ -26,6 +26,7 @@ from kittiwake.store.journal_reader import JournalReader
 from kittiwake.store.journal_selection import JournalSelection
 
 if TYPE_CHECKING:
+    from kittiwake.flight.range_reads import RangeReads
     from kittiwake.flight.server import JournalFlightServer
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,19 @@ class FlightListener:
         self._fenced_writes = fenced_writes
         self._limits = limits or LimitsConfig()
         self._server: JournalFlightServer | None = None
+        self._range_reads: RangeReads | None = None
+
+    def _start_range_reads(self) -> RangeReads | None:
+        """The reader process serving range reads, where ADBC's SQLite driver is installed
+        (the ``flight`` extra has it); without it ranges are read on gRPC's threads."""
+        if importlib.util.find_spec("adbc_driver_sqlite") is None:
+            return None
+        from kittiwake.flight.range_reads import RangeReads
+
+        reader = self._reader
+        range_reads = RangeReads(reader.path, reader.selection, reader.busy_timeout_ms)
+        range_reads.start()
+        return range_reads
 
     async def start(self) -> tuple[str, int]:
         from kittiwake.flight.server import JournalFlightServer
@@ -91,6 +105,7 @@ class FlightListener:
             writes = BrokerWrites(asyncio.get_running_loop(), self._fenced_writes)
 
         def bind() -> JournalFlightServer:
+            self._range_reads = self._start_range_reads()
             return JournalFlightServer(
                 self.host,
                 self.port,
@@ -100,11 +115,13 @@ class FlightListener:
                 self._tls,
                 writes,
                 self._limits,
+                self._range_reads,
             )
 
         try:
             self._server = await asyncio.to_thread(bind)
         except Exception as exc:  # pyarrow reports a taken port as a generic error
+            await asyncio.to_thread(self._stop_range_reads)
             raise OSError(f"flight listener on {self.host}:{self.port}: {exc}") from exc
         self.port = int(self._server.port)
         scheme = "grpc+tls" if self._tls is not None and self._tls.enabled else "grpc"
@@ -115,4 +132,12 @@ class FlightListener:
         server, self._server = self._server, None
         if server is not None:
             # Waits for calls in progress; a stuck client cannot hold the broker's stop forever.
-            await asyncio.wait_for(asyncio.to_thread(server.shutdown), 30)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(server.shutdown), 30)
+            finally:
+                await asyncio.to_thread(self._stop_range_reads)
+
+    def _stop_range_reads(self) -> None:
+        range_reads, self._range_reads = self._range_reads, None
+        if range_reads is not None:
+            range_reads.stop()

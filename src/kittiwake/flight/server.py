@@ -1,6 +1,7 @@
 """The journal's Arrow Flight service: ``do_get`` streams an exact offset range, actions give
 the bounds, ``do_put`` takes the Spark sink's fenced writes. Runs on gRPC's threads: reads use
-their own read connections; writes cross to the event loop only through
+their own read connections (a range's rows come from the listener's reader process where one
+runs, :mod:`kittiwake.flight.range_reads`); writes cross to the event loop only through
 :class:`~kittiwake.flight.broker_writes.BrokerWrites`. Must never touch the broker's objects or
 the store's writer itself.
 
@@ -45,6 +46,7 @@ from kittiwake.flight.protocol import (
     parse_offset_for_timestamp,
     range_schema,
 )
+from kittiwake.flight.range_reads import RangeReads, WorkerRange
 from kittiwake.flight.writes import WriteRefused, read_messages
 from kittiwake.store.journal_range import JournalRange
 from kittiwake.store.journal_reader import JournalError, JournalReader
@@ -116,8 +118,11 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
         tls: TLSConfig | None = None,
         writes: BrokerWrites | None = None,
         limits: LimitsConfig | None = None,
+        range_reads: RangeReads | None = None,
     ) -> None:
         self.reader = reader
+        # The reader process that serves range reads; None: they are read on gRPC's threads.
+        self._range_reads = range_reads
         self._authorizer = authorizer
         # None: this service takes no writes (puts are refused).
         self._writes = writes
@@ -162,6 +167,12 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             caller = self._caller(context)
             request = RangeRequest.from_ticket(ticket.ticket)
             self._check_topics(caller, request.topics, context)
+            if self._range_reads is not None:
+                worker_range = self._range_reads.read(
+                    request.start, request.end, request.topics, request.include_headers
+                )
+                if worker_range is not None:
+                    return self._from_worker(worker_range)
             journal_range = self.reader.read(request.start, request.end, request.topics)
             schema = range_schema(
                 request.include_headers,
@@ -179,6 +190,24 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             )
 
         return _answered("do_get", start)
+
+    def _from_worker(self, worker_range: WorkerRange) -> flight.FlightDataStream:
+        """The read answered by the reader process: its batches pass through as they are."""
+        if worker_range.lost is not None:
+            log.info(
+                "flight: offsets [%d, %d) of a read were dropped by the journal's retention",
+                *worker_range.lost,
+            )
+        return flight.GeneratorStream(worker_range.schema, self._worker_batches(worker_range))
+
+    def _worker_batches(self, worker_range: WorkerRange) -> Iterator[Any]:
+        try:
+            yield from worker_range.batches()
+        except Exception as exc:
+            log.exception("flight: a range read failed")
+            raise flight.FlightInternalError(f"the journal read failed: {exc}") from None
+        finally:
+            worker_range.close()
 
     def _batches(self, journal_range: JournalRange, include_headers: bool) -> Iterator[Any]:
         try:

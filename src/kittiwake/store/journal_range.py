@@ -8,14 +8,16 @@ journal read it has a read-only connection of its own, one transaction for the b
 rows, and never writes. Uses Python's own sqlite3, the library the store's writer uses: a
 second copy of SQLite in the broker's process (e.g. ADBC's driver, which links its own) would
 not see the writer's locks on the same file, and its last close truncates the WAL index the
-writer has mapped (the broker dies of SIGBUS).
+writer has mapped (the broker dies of SIGBUS). The Flight listener's reader process, which
+opens the journal with nothing else, reads with ADBC (journal_range_adbc.py).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -133,16 +135,25 @@ class JournalRange:
             self._connection.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
             self._connection.execute("BEGIN")
             meta = self._connection.execute(*BOUNDS_QUERY).fetchall()
-            self.bounds: JournalBounds = bounds_from_meta(dict(meta))
+            bounds = bounds_from_meta(dict(meta))
         except sqlite3.Error as exc:
             self._connection.close()
             raise JournalError(f"cannot read the journal {path}: {exc}") from exc
-        if end > self.bounds.high_water:
+        try:
+            self._take_bounds(bounds, start, end)
+        except JournalRangeError:
             self._connection.close()
+            raise
+
+    def _take_bounds(self, bounds: JournalBounds, start: int, end: int) -> None:
+        """The range against the bounds its transaction saw: refused when it ends past the
+        committed high-water mark, else its lost part (if any) and its first readable row."""
+        if end > bounds.high_water:
             raise JournalRangeError(
                 f"offsets [{start}, {end}) of partition {PARTITION} end past the committed "
-                f"high-water mark {self.bounds.high_water}: ask `latest` for a readable end"
+                f"high-water mark {bounds.high_water}: ask `latest` for a readable end"
             )
+        self.bounds: JournalBounds = bounds
         self.start = start
         self.end = end
         # The part of the range the retention already dropped, if any.
@@ -159,14 +170,12 @@ class JournalRange:
         if self._selection.keeps_every_persistent_only:
             condition = sql_topic_condition(self._topics.filters)
         if condition is not None:
-            sql, params = _ROWS.format(_EVERYTHING_PERSISTENT + condition[0]), condition[1]
+            where, params = _EVERYTHING_PERSISTENT + condition[0], condition[1]
         else:
-            sql, params = _ROWS.format(""), []
-        cursor = self._connection.execute(sql, (self._first, self.end, *params))
+            where, params = "", []
         pending: list[pa.RecordBatch] = []
         rows = size = 0
-        while fetched := cursor.fetchmany(_FETCH_ROWS):
-            batch = _unpacked(pa.array(fetched, _ROW_TYPE))
+        for batch in self._row_batches(where, [self._first, self.end, *params]):
             if condition is None:
                 batch = self._kept(batch)
             if not batch.num_rows:
@@ -180,6 +189,12 @@ class JournalRange:
                 rows = size = 0
         if pending:
             yield self._chunk(pending)
+
+    def _row_batches(self, where: str, params: list[Any]) -> Iterator[pa.RecordBatch]:
+        """The range's rows (``where`` narrowing them) as batches of JournalChunk's columns."""
+        cursor = self._connection.execute(_ROWS.format(where), params)
+        while fetched := cursor.fetchmany(_FETCH_ROWS):
+            yield _unpacked(pa.array(fetched, _ROW_TYPE))
 
     def _kept(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The rows of ``batch`` the filters want and the selection keeps, decided once per
@@ -221,11 +236,15 @@ class JournalRange:
         extras: list[Message | None] = [None] * columns.num_rows
         ids = list(where)
         for first in range(0, len(ids), _WHOLE_ROWS_PER_QUERY):
-            part = ids[first : first + _WHOLE_ROWS_PER_QUERY]
-            query = _WHOLE_ROWS.format(", ".join("?" * len(part)))
-            for row in self._connection.execute(query, part):
+            for row in self._whole_rows(ids[first : first + _WHOLE_ROWS_PER_QUERY]):
                 extras[where[row[0]]] = message_from_row(row)
         return JournalChunk(columns, extras)
+
+    def _whole_rows(self, ids: list[int]) -> Iterable[Sequence[Any]]:
+        """The rows of these ids, every column of MESSAGE_COLUMNS, in the read's transaction."""
+        query = _WHOLE_ROWS.format(", ".join("?" * len(ids)))
+        rows: Iterable[Sequence[Any]] = self._connection.execute(query, ids)
+        return rows
 
     def close(self) -> None:
         try:

@@ -84,6 +84,7 @@ class JournalReader:
     def __init__(self, data_dir: str | Path, selection: JournalSelection) -> None:
         self.path = Path(data_dir) / DATABASE_FILE
         self.selection = selection
+        self.busy_timeout_ms = _BUSY_TIMEOUT_MS
 
     def _connect(self) -> sqlite3.Connection:
         try:
