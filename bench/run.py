@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kittiwake-python", default=sys.executable,
                    help="interpreter that runs kittiwake (default: this one)")
     p.add_argument("--kittiwake-baseline", type=Path, metavar="SRC",
-                   help="also run another kittiwake checkout's src/ as broker "
+                   help="also run another kittiwake checkout (its root or src/) as broker "
                         "'kittiwake-baseline' (before/after in one run)")
     p.add_argument("--out", type=Path, help="JSON result file (default bench/results/STAMP.json)")
     p.add_argument("--profile", help="comma-separated workloads to re-run on kittiwake under "

@@ -296,6 +296,13 @@ class KittiwakeBaseline(Kittiwake):
 
     def __init__(self, workdir: Path, cpus: set[int] | None, src: Path,
                  python: str = sys.executable, store: str = "sqlite") -> None:
+        # A checkout's root or its src/; anything else would silently import this venv's
+        # installed kittiwake instead and compare the code with itself.
+        if (src / "src" / "kittiwake").is_dir():
+            src = src / "src"
+        if not (src / "kittiwake" / "__init__.py").is_file():
+            raise SystemExit(f"--kittiwake-baseline {src}: no kittiwake package there (give a "
+                             "checkout or its src/)")
         self.src = src
         super().__init__(workdir, cpus, python, store)
 
