@@ -120,9 +120,7 @@ class JournalRange:
         selection: JournalSelection,
         busy_timeout_ms: int,
     ) -> None:
-        self._topics = topics
-        self._selection = selection
-        self._kept_cache: dict[tuple[str, bool], bool] = {}
+        self._choose(topics, selection)
         try:
             # One thread at a time, but not always the one that opened it: a Flight stream's
             # batches may be pulled by another gRPC thread than the call's.
@@ -144,6 +142,13 @@ class JournalRange:
         except JournalRangeError:
             self._connection.close()
             raise
+
+    def _choose(self, topics: TopicFilterSet, selection: JournalSelection) -> None:
+        """Which rows the read keeps: the request's filters and the journal's selection, each
+        topic decided once per read."""
+        self._topics = topics
+        self._selection = selection
+        self._kept_cache: dict[tuple[str, bool], bool] = {}
 
     def _take_bounds(self, bounds: JournalBounds, start: int, end: int) -> None:
         """The range against the bounds its transaction saw: refused when it ends past the

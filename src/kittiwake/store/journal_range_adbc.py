@@ -62,9 +62,9 @@ class AdbcJournalRange(JournalRange):
         selection: JournalSelection,
         busy_timeout_ms: int,
     ) -> None:
-        self._topics = topics
-        self._selection = selection
-        self._kept_cache: dict[tuple[str, bool], bool] = {}
+        # Not JournalRange.__init__: that opens Python's sqlite3, which must not touch the file
+        # in this process (see the module's warning); the rest is shared.
+        self._choose(topics, selection)
         try:
             # Not autocommit: the driver opens a deferred transaction, so the snapshot is
             # taken by the bounds query and holds for every row read after it.
