@@ -62,8 +62,10 @@ java:
 run: venv
 	$(BIN)/kittiwake serve $(if $(wildcard $(CONFIG)),--config $(CONFIG),)
 
+# TEST_WORKERS=0 runs the suite in one process (tests/conftest.py says how it is spread).
+TEST_WORKERS ?= 2
 test: test-deps browser-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 lint: test-deps
 	$(BIN)/ruff check src tests examples

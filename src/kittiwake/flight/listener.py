@@ -125,7 +125,13 @@ class FlightListener:
             raise OSError(f"flight listener on {self.host}:{self.port}: {exc}") from exc
         self.port = int(self._server.port)
         scheme = "grpc+tls" if self._tls is not None and self._tls.enabled else "grpc"
-        log.info("Flight listening on %s://%s:%s", scheme, self.host, self.port)
+        # Says which read path serves do_get: operators comparing read speeds need to know
+        # whether the ADBC reader process is there or the slower in-process fallback.
+        if self._range_reads is not None:
+            reads = f"range reads in reader process {self._range_reads.pid}"
+        else:
+            reads = "range reads in-process (adbc-driver-sqlite not installed)"
+        log.info("Flight listening on %s://%s:%s; %s", scheme, self.host, self.port, reads)
         return self.host, self.port
 
     async def stop(self) -> None:

@@ -36,7 +36,7 @@ from kittiwake.flight.protocol import RangeRequest, parse_latest_answer  # noqa:
 SPARK_HOME = Path(pyspark.__file__).parent
 JOB = Path(__file__).with_name("pipeline_job.py")
 START_TIMEOUT = 90
-JOB_TIMEOUT = 180
+JOB_TIMEOUT = 360  # a hang guard: under a loaded machine the job took over 180 s
 
 
 class StandaloneCluster:
