@@ -113,6 +113,14 @@ _RAISE_DROPPED_THROUGH = (
     "UPDATE meta SET value = MAX(CAST(value AS INTEGER), COALESCE(({}), 0)) "
     f"WHERE key = '{DROPPED_THROUGH_KEY}'"
 )
+# The newest journal row past the time retention. Through the age index: left to itself SQLite
+# takes MAX(message_id) by walking the table from its newest row, testing stored_at row by
+# row, which reads the whole journal whenever nothing is past the retention (every second,
+# ~120 ms of CPU for 2,000,000 rows); the index reads only the rows past it, which this very
+# sweep deletes.
+_PAST_TIME_RETENTION = (
+    "SELECT MAX(message_id) FROM journal INDEXED BY journal_by_age WHERE stored_at <= ?"
+)
 _DELETE_DROPPED = (
     "DELETE FROM journal WHERE message_id <= (SELECT CAST(value AS INTEGER) FROM meta "
     f"WHERE key = '{DROPPED_THROUGH_KEY}') AND NOT EXISTS (SELECT 1 FROM queue_entries "
@@ -898,9 +906,7 @@ class SQLiteStore:
         if self._retention or not self._retention_bytes:
             self._ops.append(
                 (
-                    _RAISE_DROPPED_THROUGH.format(
-                        "SELECT MAX(message_id) FROM journal WHERE stored_at <= ?"
-                    ),
+                    _RAISE_DROPPED_THROUGH.format(_PAST_TIME_RETENTION),
                     [(self._clock.wall_ms() - round(self._retention * 1000),)],
                 )
             )
