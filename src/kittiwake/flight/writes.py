@@ -129,7 +129,9 @@ def _add_rows(
     payload_column = batch.column("payload")
     if pa.types.is_string(payload_column.type) or pa.types.is_large_string(payload_column.type):
         payload_column = payload_column.cast(pa.binary())
-    unit.payloads.extend(payload_column.fill_null(b"").to_pylist())
+    if payload_column.null_count:  # fill_null copies every payload even when none is null
+        payload_column = payload_column.fill_null(b"")
+    unit.payloads.extend(payload_column.to_pylist())
     level: int | None = DEFAULT_WRITE_QOS
     if "qos" in names:
         qos_column = batch.column("qos").fill_null(DEFAULT_WRITE_QOS)
