@@ -19,6 +19,11 @@ then dropped with the writer, so finished writes leave nothing behind (the dupli
 rule: a key lives as long as a duplicate of what it guards may still arrive). A stream never
 finishes: its query may restart from its checkpoint at any time, so its ``committed/N`` stays.
 
+A unit comes as messages or, from a Flight put, as columns (:class:`PublicationRows`): then
+the store journals every row from the columns and only the rows someone receives, or that are
+retained, become messages (:meth:`FencedWrites._publish_rows`); what is stored and sent is the
+same either way.
+
 Every copy of a unit's messages waits for the unit's commit, QoS 0 included
 (:func:`~kittiwake.broker.publishing.publish_held`): if that commit fails, nothing of the unit
 reached anyone, and its retry is applied as the first time.
