@@ -19,6 +19,11 @@ then dropped with the writer, so finished writes leave nothing behind (the dupli
 rule: a key lives as long as a duplicate of what it guards may still arrive). A stream never
 finishes: its query may restart from its checkpoint at any time, so its ``committed/N`` stays.
 
+A unit comes as messages or, from a Flight put, as columns (:class:`PublicationRows`): then
+the store journals every row from the columns and only the rows someone receives, or that are
+retained, become messages (:meth:`FencedWrites._publish_rows`); what is stored and sent is the
+same either way.
+
 Every copy of a unit's messages waits for the unit's commit, QoS 0 included
 (:func:`~kittiwake.broker.publishing.publish_held`): if that commit fails, nothing of the unit
 reached anyone, and its retry is applied as the first time.
@@ -36,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from kittiwake.broker.completion import Completion, all_of
 from kittiwake.broker.message import Message
+from kittiwake.broker.publication_rows import PublicationRows
 from kittiwake.broker.publishing import HeldCopy, publish_held, release_held
 from kittiwake.broker.store import DuplicateKey
 
@@ -110,7 +116,11 @@ class FencedWrites:
                 heapq.heappush(self._finished, (state.finished_at, writer))
 
     def write(
-        self, writer: str, batch: int, partition: int, messages: Sequence[Message]
+        self,
+        writer: str,
+        batch: int,
+        partition: int,
+        messages: Sequence[Message] | PublicationRows,
     ) -> FencedOutcome:
         """Publish ``messages`` unless this (writer, batch, partition) was taken already.
 
@@ -138,18 +148,63 @@ class FencedWrites:
         completion: Completion = None
         if commit is None:
             # A store durable at once (the memory store): nothing can fail, nothing waits.
+            if isinstance(messages, PublicationRows):
+                messages = messages.messages()
             for message in messages:
                 completion = all_of(completion, broker.publish(message))
             state.fences[key] = None
             return FencedOutcome(False, completion)
         held: list[HeldCopy] = []
-        for message in messages:
-            completion = all_of(completion, publish_held(broker, message, commit, held))
+        if isinstance(messages, PublicationRows):
+            completion = self._publish_rows(messages, commit, held)
+        else:
+            for message in messages:
+                completion = all_of(completion, publish_held(broker, message, commit, held))
         if held:
             commit.add_done_callback(functools.partial(release_held, broker, held))
         state.fences[key] = commit
         commit.add_done_callback(lambda future: self._fence_stored(state, key, future))
         return FencedOutcome(False, all_of(commit, completion))
+
+    def _publish_rows(
+        self, rows: PublicationRows, commit: asyncio.Future[None], held: list[HeldCopy]
+    ) -> Completion:
+        """:func:`publish_held` for every row, the rows nobody receives taken as columns.
+
+        The store numbers and journals every row at once (the ids :func:`publish_held` would
+        have given them, in row order); only a row whose topic some session or group
+        receives (its route plan, looked up once per topic), or that is retained, becomes a
+        message and goes through the publish path, its id already given (so its journal row
+        is not written twice). The rest need nothing else: no retained change, no copy.
+        """
+        broker = self._broker
+        created = broker.clock.now()
+        ids = broker.store.journal_rows(rows, created)
+        plan = broker.routes.plan
+        receiving = set()
+        for topic in rows.distinct_topics or dict.fromkeys(rows.topics):
+            route = plan(topic)
+            if route.copies or route.groups:
+                receiving.add(topic)
+        if rows.any_retained:
+            retain = rows.retain
+            chosen = [
+                index
+                for index, topic in enumerate(rows.topics)
+                if retain[index] or topic in receiving
+            ]
+        elif receiving:
+            chosen = [index for index, topic in enumerate(rows.topics) if topic in receiving]
+        else:
+            chosen = []
+        broker.stats.messages_received += len(rows) - len(chosen)
+        completion: Completion = None
+        for index in chosen:
+            message = rows.message(index)
+            message.created = created
+            message.message_id = ids[index]
+            completion = all_of(completion, publish_held(broker, message, commit, held))
+        return completion
 
     def commit_batch(self, writer: str, batch: int, *, finished: bool = False) -> Completion:
         """The writer committed every batch up to ``batch``: their fences give way to one

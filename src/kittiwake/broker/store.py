@@ -9,11 +9,13 @@ Queue entries are keyed by queue name (the broker names queues, see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.message import Message
+from kittiwake.broker.publication_rows import PublicationRows
 from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
 
 
@@ -106,6 +108,13 @@ class Store(Protocol):
         only where :meth:`journals_qos0` says so; nothing waits for that write.
         """
 
+    def journal_rows(self, rows: PublicationRows, created: float) -> Sequence[int]:
+        """Record every row as :meth:`journal` records a message, in row order (the same ids,
+        the same journal rows), without a message object per row; returns each row's id (0:
+        none). ``created`` is the rows' acceptance time on the broker's clock. The core hands
+        a non-persistent row to no other check: the store decides it as :meth:`journal`
+        would for a message the core handed it."""
+
     def journals_qos0(self, topic: str) -> bool:
         """Whether the journal keeps non-persistent publications (QoS 0, JMS NON_PERSISTENT)
         on ``topic`` (then they must not bypass :meth:`journal`)."""
@@ -190,6 +199,21 @@ class MemoryStore:
         if message.message_id == 0:
             self._next_id += 1
             message.message_id = self._next_id
+
+    def journal_rows(self, rows: PublicationRows, created: float) -> Sequence[int]:
+        count = len(rows)
+        if rows.uniform_qos is not None and rows.uniform_qos > 0:
+            first = self._next_id + 1
+            self._next_id += count
+            return range(first, first + count)
+        ids: list[int] = []
+        for level in rows.qos:
+            if level > 0:
+                self._next_id += 1
+                ids.append(self._next_id)
+            else:
+                ids.append(0)
+        return ids
 
     def journals_qos0(self, topic: str) -> bool:
         return False

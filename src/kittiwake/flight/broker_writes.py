@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.fenced_writes import FencedWrites
 from kittiwake.broker.message import Message
+from kittiwake.broker.publication_rows import PublicationRows
 
 # How long a gRPC thread waits for the core's answer before giving up on the call (the
 # caller retries; the unit is fenced, so a retry never publishes twice).
@@ -43,7 +44,13 @@ class BrokerWrites:
         self._fenced = fenced
         self.answer_timeout = answer_timeout
 
-    def write(self, writer: str, batch: int, partition: int, messages: Sequence[Message]) -> bool:
+    def write(
+        self,
+        writer: str,
+        batch: int,
+        partition: int,
+        messages: Sequence[Message] | PublicationRows,
+    ) -> bool:
         """Publish the unit once; True when it had been taken before (nothing published)."""
 
         async def apply() -> bool:

@@ -47,7 +47,7 @@ from kittiwake.flight.protocol import (
     range_schema,
 )
 from kittiwake.flight.range_reads import RangeReads, WorkerRange
-from kittiwake.flight.writes import WriteRefused, read_messages
+from kittiwake.flight.writes import WriteRefused, read_rows
 from kittiwake.store.journal_range import JournalRange
 from kittiwake.store.journal_reader import JournalError, JournalReader
 
@@ -258,7 +258,7 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
             limits = self._limits
             # The caller's own publish rights (its ACLs), as for any publishing client.
             permissions = self._authorizer.permissions(caller.user, "")
-            messages = read_messages(
+            rows = read_rows(
                 (chunk.data for chunk in reader),
                 reader.schema,
                 permissions.may_publish,
@@ -266,7 +266,7 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                 limits.max_put_bytes,
                 limits.max_topic_levels,
             )
-            already = writes.write(request.writer, request.batch, request.partition, messages)
+            already = writes.write(request.writer, request.batch, request.partition, rows)
             if already:
                 log.info(
                     "flight: writer %s batch %d partition %d was committed before; "
@@ -275,7 +275,7 @@ class JournalFlightServer(flight.FlightServerBase):  # type: ignore[misc]
                     request.batch,
                     request.partition,
                 )
-            writer.write(pa.py_buffer(WriteAnswer(len(messages), already).to_bytes()))
+            writer.write(pa.py_buffer(WriteAnswer(len(rows), already).to_bytes()))
 
         _answered("do_put", put)
 

@@ -1,6 +1,7 @@
-"""A put's record batches as the broker's messages: read within the put's bounds, checked
-(schema, topic names, QoS, publish rights) and converted column by column, on the gRPC thread
-that received them. Must never touch the event loop or the broker's state.
+"""A put's record batches as the broker's publication rows: read within the put's bounds,
+checked (schema, topic names, QoS, publish rights) and converted column by column, on the gRPC
+thread that received them; no row becomes a message object here. Must never touch the event
+loop or the broker's state.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kittiwake.broker.message import Message, MQTT5Fields
+from kittiwake.broker.message import Message
+from kittiwake.broker.publication_rows import PublicationRows
 from kittiwake.broker.topics import TopicError, validate_topic_name
 from kittiwake.flight.protocol import DEFAULT_WRITE_QOS, RequestError, check_write_schema
 
@@ -28,21 +30,21 @@ class WriteRefused(RequestError):
         self.topic = topic
 
 
-def read_messages(
+def read_rows(
     batches: Iterable[pa.RecordBatch],
     schema: pa.Schema,
     may_publish: Callable[[str], bool],
     max_rows: int,
     max_bytes: int,
     max_topic_levels: int | None = None,
-) -> list[Message]:
-    """Every row of a put as a message, converted batch by batch as the batches arrive (so
+) -> PublicationRows:
+    """Every row of a put, as columns, converted batch by batch as the batches arrive (so
     the conversion overlaps the sender's work); refused as soon as the put passes
     ``max_rows`` or ``max_bytes`` (a Spark partition is one unit, taken whole or not at all:
     it must fit)."""
     check_write_schema(schema)
-    messages: list[Message] = []
-    allowed: set[str] = set()
+    unit = PublicationRows([], [], [], [], None, DEFAULT_WRITE_QOS, False, [])
+    allowed: dict[str, None] = {}
     rows = size = 0
     for batch in batches:
         rows += batch.num_rows
@@ -56,25 +58,61 @@ def read_messages(
                 "or raise the limits"
             )
         if batch.num_rows:
-            messages.extend(messages_of(batch, may_publish, max_topic_levels, allowed))
-    return messages
+            _add_rows(unit, batch, may_publish, max_topic_levels, allowed)
+    unit.distinct_topics = list(allowed)
+    return unit
+
+
+def read_messages(
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    may_publish: Callable[[str], bool],
+    max_rows: int,
+    max_bytes: int,
+    max_topic_levels: int | None = None,
+) -> list[Message]:
+    """:func:`read_rows` as one message per row."""
+    return read_rows(batches, schema, may_publish, max_rows, max_bytes, max_topic_levels).messages()
 
 
 def messages_of(
     batch: pa.RecordBatch,
     may_publish: Callable[[str], bool],
     max_topic_levels: int | None = None,
-    allowed: set[str] | None = None,
 ) -> list[Message]:
-    """The rows as messages, in order: qos 1 and not retained unless a row says otherwise; QoS
-    1 and 2 are persistent (as MQTT's are). Each topic is checked once per batch, or once per
-    put with ``allowed`` (the topics already checked)."""
+    """The rows of one batch as messages, in order (:func:`rows_of`)."""
+    return rows_of(batch, may_publish, max_topic_levels).messages()
+
+
+def rows_of(
+    batch: pa.RecordBatch,
+    may_publish: Callable[[str], bool],
+    max_topic_levels: int | None = None,
+) -> PublicationRows:
+    """The rows of one batch: qos 1 and not retained unless a row says otherwise."""
+    unit = PublicationRows([], [], [], [], None, DEFAULT_WRITE_QOS, False, [])
+    allowed: dict[str, None] = {}
+    _add_rows(unit, batch, may_publish, max_topic_levels, allowed)
+    unit.distinct_topics = list(allowed)
+    return unit
+
+
+def _add_rows(
+    unit: PublicationRows,
+    batch: pa.RecordBatch,
+    may_publish: Callable[[str], bool],
+    max_topic_levels: int | None,
+    allowed: dict[str, None],
+) -> None:
+    """Append the batch's rows to ``unit``, column by column (a row is never looked at alone
+    unless it has properties). Each topic is checked once per put (``allowed``: the topics
+    checked already, in first-seen order)."""
     names = batch.schema.names
     topic_column = batch.column("topic")
     if topic_column.null_count:
         raise RequestError("a write's topic must not be null")
     for topic in pc.unique(topic_column).to_pylist():
-        if allowed is not None and topic in allowed:
+        if topic in allowed:
             continue
         try:
             validate_topic_name(topic, max_topic_levels)
@@ -84,47 +122,48 @@ def messages_of(
             raise WriteRefused(
                 f"publishing to {topic!r} is not authorised (auth rules, ACLs)", topic
             )
-        if allowed is not None:
-            allowed.add(topic)
-    topics = topic_column.to_pylist()
-    count = len(topics)
+        allowed[topic] = None
+    count = batch.num_rows
+    start = len(unit.topics)
+    unit.topics.extend(topic_column.to_pylist())
     payload_column = batch.column("payload")
     if pa.types.is_string(payload_column.type) or pa.types.is_large_string(payload_column.type):
         payload_column = payload_column.cast(pa.binary())
-    payloads = payload_column.fill_null(b"").to_pylist()
+    if payload_column.null_count:  # fill_null copies every payload even when none is null
+        payload_column = payload_column.fill_null(b"")
+    unit.payloads.extend(payload_column.to_pylist())
+    level: int | None = DEFAULT_WRITE_QOS
     if "qos" in names:
         qos_column = batch.column("qos").fill_null(DEFAULT_WRITE_QOS)
         low_high = pc.min_max(qos_column).as_py()
-        if low_high["min"] is not None and (low_high["min"] < 0 or low_high["max"] > 2):
-            raise RequestError(
-                f"a row's qos must be 0, 1 or 2; this write has {low_high['min']}..."
-                f"{low_high['max']}"
-            )
-        qos: list[int] = qos_column.to_pylist()
+        low, high = low_high["min"], low_high["max"]
+        if low < 0 or high > 2:
+            raise RequestError(f"a row's qos must be 0, 1 or 2; this write has {low}...{high}")
+        if low == high:
+            level = low
+            unit.qos.extend([low] * count)
+        else:
+            level = None
+            unit.qos.extend(qos_column.cast(pa.int64()).to_pylist())
     else:
-        qos = [DEFAULT_WRITE_QOS] * count
-    if "retain" in names:
-        retain: list[bool] = batch.column("retain").fill_null(False).to_pylist()
+        unit.qos.extend([DEFAULT_WRITE_QOS] * count)
+    if start == 0:
+        unit.uniform_qos = level
+    elif level != unit.uniform_qos:
+        unit.uniform_qos = None
+    retain_column = batch.column("retain").fill_null(False) if "retain" in names else None
+    if retain_column is not None and pc.any(retain_column).as_py():
+        unit.retain.extend(retain_column.to_pylist())
+        unit.any_retained = True
     else:
-        retain = [False] * count
+        unit.retain.extend([False] * count)
     properties_column = batch.column("properties") if "properties" in names else None
-    if properties_column is None or properties_column.null_count == count:
-        # The common case: positional arguments (topic, payload, qos, retain, persistent).
-        return [
-            Message(topic, payload, level, kept, level > 0)
-            for topic, payload, level, kept in zip(topics, payloads, qos, retain, strict=True)
-        ]
-    properties: list[Any] = properties_column.to_pylist()
-    return [
-        Message(
-            topic,
-            payload,
-            level,
-            kept,
-            level > 0,
-            mqtt5=MQTT5Fields(user_properties=list(pairs)) if pairs else None,
-        )
-        for topic, payload, level, kept, pairs in zip(
-            topics, payloads, qos, retain, properties, strict=True
-        )
-    ]
+    if properties_column is not None and properties_column.null_count < count:
+        pairs: list[Any] = properties_column.to_pylist()
+        if any(pairs):
+            if unit.user_properties is None:
+                unit.user_properties = [None] * start
+            unit.user_properties.extend(pairs)
+            return
+    if unit.user_properties is not None:
+        unit.user_properties.extend([None] * count)

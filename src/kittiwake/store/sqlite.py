@@ -25,12 +25,13 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from kittiwake.broker.message import Message
+from kittiwake.broker.message import DEFAULT_PRIORITY, Message, MQTT5Fields
+from kittiwake.broker.publication_rows import PublicationRows
 from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
 from kittiwake.broker.store import (
     DuplicateKey,
@@ -42,6 +43,7 @@ from kittiwake.clock import Clock, MonotonicClock
 from kittiwake.store.codec import (
     MESSAGE_COLUMNS,
     SUBSCRIPTION_COLUMNS,
+    encode_properties,
     message_columns,
     message_from_row,
     message_row,
@@ -71,6 +73,8 @@ DATABASE_FILE = "kittiwake.db"
 # share a run, so the writer thread hands each run to executemany (one C loop, not one call
 # per row).
 Operation = tuple[str, list[tuple[Any, ...]]]
+# Journal rows as columns: (wide, the values every row shares, the per-row columns).
+_JournalBlock = tuple[bool, tuple[Any, ...], list[Any]]
 # A queue-entry insert not taken by the writer yet: its turn's operations, its run, its index.
 _PendingInsert = tuple[list[Operation], list[tuple[Any, ...]], int]
 # What a cancelled insert's row becomes until its turn is compacted (compared by identity).
@@ -83,6 +87,10 @@ LAZY_MARK_DELAY = 0.05
 
 _MESSAGE_PLACES = ", ".join("?" * len(MESSAGE_COLUMNS))
 _INSERT_JOURNAL = f"INSERT INTO journal VALUES ({_MESSAGE_PLACES}, ?)"
+# Journal rows given as columns (Store.journal_rows): each row of this operation is one block,
+# (wide, shared values, columns), written by _insert_columns. Its own string, compared by
+# identity like every operation's SQL.
+_INSERT_JOURNAL_COLUMNS = "INSERT INTO journal VALUES /* columns */ (?)"
 _INSERT_ENTRY = (
     "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
     "subscription_ids, delivery_count, delivery_id, state, "
@@ -104,6 +112,14 @@ DROPPED_THROUGH_KEY = "journal_dropped_through"
 _RAISE_DROPPED_THROUGH = (
     "UPDATE meta SET value = MAX(CAST(value AS INTEGER), COALESCE(({}), 0)) "
     f"WHERE key = '{DROPPED_THROUGH_KEY}'"
+)
+# The newest journal row past the time retention. Through the age index: left to itself SQLite
+# takes MAX(message_id) by walking the table from its newest row, testing stored_at row by
+# row, which reads the whole journal whenever nothing is past the retention (every second,
+# ~120 ms of CPU for 2,000,000 rows); the index reads only the rows past it, which this very
+# sweep deletes.
+_PAST_TIME_RETENTION = (
+    "SELECT MAX(message_id) FROM journal INDEXED BY journal_by_age WHERE stored_at <= ?"
 )
 _DELETE_DROPPED = (
     "DELETE FROM journal WHERE message_id <= (SELECT CAST(value AS INTEGER) FROM meta "
@@ -168,6 +184,10 @@ class SQLiteStore:
         # Messages to write to the journal with this turn, first in its batch (only the sweep
         # deletes from that table, and it always comes last).
         self._journal_messages: list[Message] = []
+        # Journal rows of this turn given as columns (journal_rows), each block (wide, the
+        # values every row shares but stored_at, the per-row columns); written after the
+        # messages' rows, in the same transaction.
+        self._journal_blocks: list[_JournalBlock] = []
         # Ids already in _journal_messages (without a retention; with one, all of this turn's).
         self._journalled: set[int] = set()
         # Removed entries since the last journal sweep; the sweep deletes messages that no queue
@@ -319,6 +339,80 @@ class SQLiteStore:
             if keeps:
                 self._journal_messages.append(message)
                 self._schedule()
+
+    def journal_rows(self, rows: PublicationRows, created: float) -> Sequence[int]:
+        """What :meth:`journal` does for each row's message, as columns: the same ids in row
+        order, the same journal rows (their values shared by every row, such as the
+        timestamp, bound once per statement rather than once per row)."""
+        count = len(rows)
+        keeping = self._keeps_journal
+        keeps = self._selection_keeps
+        topics = rows.topics
+        ids: Sequence[int]
+        kept: list[bool] | None = None  # None: every row with an id is kept
+        uniform = rows.uniform_qos
+        if uniform is not None and uniform > 0:
+            first = self._last_id + 1
+            self._last_id += count
+            self._ids_dirty = True
+            ids = range(first, first + count)
+            if not keeping:
+                return ids
+            dropped = {topic for topic in rows.distinct_topics if not keeps(topic, True)}
+            if dropped:
+                kept = [topic not in dropped for topic in topics]
+        else:
+            ids = []
+            kept = []
+            last = self._last_id
+            for topic, level in zip(topics, rows.qos, strict=True):
+                if level > 0:
+                    last += 1
+                    ids.append(last)
+                    kept.append(keeping and keeps(topic, True))
+                elif keeping and keeps(topic, False):
+                    last += 1
+                    ids.append(last)
+                    kept.append(True)
+                else:
+                    ids.append(0)
+                    kept.append(False)
+            if last != self._last_id:
+                self._last_id = last
+                self._ids_dirty = True
+            if not keeping:
+                return ids
+        timestamp = round(created * 1000 + self._clock_to_wall_ms)
+        wide = uniform is None or rows.any_retained or rows.user_properties is not None
+        columns: list[Sequence[Any]] = [ids, topics, rows.payloads]
+        if wide:
+            blobs: list[bytes | None] = (
+                [None] * count
+                if rows.user_properties is None
+                else [
+                    encode_properties(None, MQTT5Fields(user_properties=list(pairs)))
+                    if pairs
+                    else None
+                    for pairs in rows.user_properties
+                ]
+            )
+            columns += [
+                rows.qos,
+                [1 if retain else 0 for retain in rows.retain],
+                [1 if level else 0 for level in rows.qos],
+                blobs,
+            ]
+            shared: tuple[Any, ...] = (DEFAULT_PRIORITY, timestamp, None, None, None)
+        else:
+            assert uniform is not None
+            shared = (uniform, 0, 1 if uniform else 0, DEFAULT_PRIORITY, timestamp) + (None,) * 4
+        if kept is not None:
+            columns = [[v for v, k in zip(c, kept, strict=True) if k] for c in columns]
+            if not columns[0]:
+                return ids
+        self._journal_blocks.append((wide, shared, columns))
+        self._schedule()
+        return ids
 
     def journals_qos0(self, topic: str) -> bool:
         """Whether a non-persistent publication (QoS 0, JMS NON_PERSISTENT) on ``topic``
@@ -489,7 +583,7 @@ class SQLiteStore:
 
         Lazy marks are not waited for: they are allowed to be late.
         """
-        if self._ops or self._journal_messages:
+        if self._ops or self._journal_messages or self._journal_blocks:
             self._schedule()
             if self._pending_future is None:
                 self._pending_future = self._get_loop().create_future()
@@ -602,7 +696,13 @@ class SQLiteStore:
             self._mark_timer = None
         if self._removed:
             self._sweep_journal()
-        if self._ops or self._journal_messages or self._ids_dirty or self._marks:
+        if (
+            self._ops
+            or self._journal_messages
+            or self._journal_blocks
+            or self._ids_dirty
+            or self._marks
+        ):
             self._hand_off(final=True)
         if self._writer is not None:
             self._queue.put(None)
@@ -690,6 +790,16 @@ class SQLiteStore:
                 ),
             )
             self._journal_messages = []
+        if self._journal_blocks:
+            stored_at = self._clock.wall_ms()
+            ops.insert(
+                1 if ops and ops[0][0] is _INSERT_JOURNAL else 0,
+                (
+                    _INSERT_JOURNAL_COLUMNS,
+                    [(wide, (*shared, stored_at), c) for wide, shared, c in self._journal_blocks],
+                ),
+            )
+            self._journal_blocks = []
         self._journalled.clear()
         self._inline.clear()
         if self._open_inserts:
@@ -796,9 +906,7 @@ class SQLiteStore:
         if self._retention or not self._retention_bytes:
             self._ops.append(
                 (
-                    _RAISE_DROPPED_THROUGH.format(
-                        "SELECT MAX(message_id) FROM journal WHERE stored_at <= ?"
-                    ),
+                    _RAISE_DROPPED_THROUGH.format(_PAST_TIME_RETENTION),
                     [(self._clock.wall_ms() - round(self._retention * 1000),)],
                 )
             )
@@ -828,7 +936,7 @@ class SQLiteStore:
                     # Group commit: whole turns, up to max_batch operations (at least one turn).
                     count, taken = 0, 0
                     while taken < len(turns) and (not taken or count < self._max_batch):
-                        count += sum(len(rows) for _sql, rows in turns[taken][0])
+                        count += sum(_weight(sql, rows) for sql, rows in turns[taken][0])
                         taken += 1
                     group, turns = turns[:taken], turns[taken:]
                     error = self._write_batch(connection, _merged([ops for ops, _ in group]))
@@ -897,7 +1005,10 @@ def _execute(connection: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...
     SQLite does less per row, and the writer gives up the GIL once per chunk rather than once
     per row (each hand-over is a context switch away from the event loop on a busy core).
     """
-    if len(rows) == 1:
+    if sql is _INSERT_JOURNAL_COLUMNS:
+        for wide, shared, columns in rows:
+            _insert_columns(connection, wide, shared, columns)
+    elif len(rows) == 1:
         connection.execute(sql, rows[0])
     elif sql in _BULK_INSERTS:
         for chunk in _chunks(rows):
@@ -911,6 +1022,58 @@ def _execute(connection: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...
                 connection.execute(_bulk_remove(len(chunk)), [queue_name, *chunk])
     else:
         connection.executemany(sql, rows)
+
+
+def _weight(sql: str, rows: list[tuple[Any, ...]]) -> int:
+    """The rows an operation writes (a block of columns is many)."""
+    if sql is _INSERT_JOURNAL_COLUMNS:
+        return sum(len(columns[0]) for _wide, _shared, columns in rows)
+    return len(rows)
+
+
+def _insert_columns(
+    connection: sqlite3.Connection, wide: bool, shared: tuple[Any, ...], columns: list[Any]
+) -> None:
+    """Journal rows from columns: per statement, the shared values once and each row's own
+    values (a narrow block: id, topic, payload; a wide one: those, qos, retain, persistent
+    and properties), zipped in C."""
+    start, left = 0, len(columns[0])
+    for size in _BULK_SIZES:
+        if left < size:
+            continue
+        sql = _columns_insert(wide, size)
+        while left >= size:
+            end = start + size
+            connection.execute(
+                sql,
+                [*shared, *chain.from_iterable(zip(*[c[start:end] for c in columns], strict=True))],
+            )
+            start = end
+            left -= size
+
+
+@functools.cache
+def _columns_insert(wide: bool, rows: int) -> str:
+    """A multi-row journal insert whose shared values are numbered parameters ?1..?k, bound
+    once, then each row's own values. Journal columns: message_id, topic, payload, qos,
+    retain, persistent, priority, timestamp, expiry, delivery_time, origin, properties,
+    stored_at."""
+    values = []
+    if wide:
+        # shared: priority, timestamp, expiry, delivery_time, origin, stored_at
+        for row in range(rows):
+            b = 7 + 7 * row
+            values.append(
+                f"(?{b}, ?{b + 1}, ?{b + 2}, ?{b + 3}, ?{b + 4}, ?{b + 5}, "
+                f"?1, ?2, ?3, ?4, ?5, ?{b + 6}, ?6)"
+            )
+    else:
+        # shared: qos, retain, persistent, priority, timestamp, expiry, delivery_time,
+        # origin, properties, stored_at
+        for row in range(rows):
+            b = 11 + 3 * row
+            values.append(f"(?{b}, ?{b + 1}, ?{b + 2}, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")
+    return "INSERT INTO journal VALUES " + ", ".join(values)
 
 
 def _chunks(rows: list[Any]) -> Iterator[list[Any]]:

@@ -23,6 +23,7 @@ from kittiwake.flight.writes import (  # noqa: E402
     WriteTooLarge,
     messages_of,
     read_messages,
+    read_rows,
 )
 
 
@@ -163,3 +164,41 @@ def test_the_bound_stops_reading_at_the_first_batch_past_it() -> None:
     with pytest.raises(WriteTooLarge):
         read_messages(stream(), rows.schema, allow_all, max_rows=25, max_bytes=10**9)  # type: ignore[arg-type]
     assert taken == [0, 1, 2]
+
+
+def test_a_put_of_several_batches_becomes_one_unit_of_columns_summarised_right() -> None:
+    """The columns of every batch in order; the unit's QoS is uniform only if every batch's
+    is; retained and properties are noticed in any batch, the properties column padded."""
+    plain = batch(topic=["a/1", "a/2"], payload=[b"x", b"y"])
+    other_qos = pa.RecordBatch.from_arrays(
+        [pa.array(["a/2", "a/3"]), pa.array([b"z", b"w"]), pa.array([2, 2], pa.int32())],
+        names=["topic", "payload", "qos"],
+    )
+    retained_with_pairs = pa.RecordBatch.from_arrays(
+        [
+            pa.array(["a/1"]),
+            pa.array([b"r"]),
+            pa.array([True]),
+            pa.array([[("k", "v")]], PROPERTIES_TYPE),
+        ],
+        names=["topic", "payload", "retain", "properties"],
+    )
+    same = read_rows([plain, plain], plain.schema, allow_all, 100, 10_000)
+    assert same.uniform_qos == 1 and not same.any_retained and same.user_properties is None
+    assert same.topics == ["a/1", "a/2", "a/1", "a/2"] and same.retain == [False] * 4
+    assert list(same.distinct_topics) == ["a/1", "a/2"]
+
+    mixed = read_rows([plain, other_qos], plain.schema, allow_all, 100, 10_000)
+    assert mixed.uniform_qos is None and mixed.qos == [1, 1, 2, 2]
+    assert mixed.payloads == [b"x", b"y", b"z", b"w"]
+    assert list(mixed.distinct_topics) == ["a/1", "a/2", "a/3"]
+
+    last = read_rows([plain, retained_with_pairs], plain.schema, allow_all, 100, 10_000)
+    assert last.any_retained and last.retain == [False, False, True]
+    assert last.user_properties == [None, None, [("k", "v")]]
+    assert [(m.topic, m.payload, m.retain) for m in last.messages()] == [
+        ("a/1", b"x", False),
+        ("a/2", b"y", False),
+        ("a/1", b"r", True),
+    ]
+    assert last.messages()[2].mqtt5 is not None

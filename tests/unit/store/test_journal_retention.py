@@ -213,3 +213,20 @@ def test_a_reader_never_finds_a_lower_number_after_a_higher_one(tmp_path: Path) 
     recovered.close()
     assert sorted(r.queue for r in state.queued) == ["a", "a", "b", "c", "d"]
     assert all(r.message_id in state.messages for r in state.queued)
+
+
+def test_the_time_sweep_reads_the_age_index_not_the_whole_journal(tmp_path: Path) -> None:
+    """The sweep runs every second: finding the newest row past the retention must read only
+    the rows past it (the age index), never walk the journal row by row (SQLite's MAX()
+    shortcut would, when nothing is past the retention)."""
+    from kittiwake.store.sqlite import _PAST_TIME_RETENTION
+
+    SQLiteStore(tmp_path, clock=ManualClock(), journal_retention_seconds=60).close()
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE)
+    try:
+        plan = connection.execute("EXPLAIN QUERY PLAN " + _PAST_TIME_RETENTION, (0,)).fetchall()
+    finally:
+        connection.close()
+    assert [row[3] for row in plan] == [
+        "SEARCH journal USING COVERING INDEX journal_by_age (stored_at<?)"
+    ]
