@@ -110,6 +110,11 @@ class Store(Protocol):
         """Whether the journal keeps non-persistent publications (QoS 0, JMS NON_PERSISTENT)
         on ``topic`` (then they must not bypass :meth:`journal`)."""
 
+    def keeps_in_journal(self, message: Message) -> bool:
+        """Whether this journalled message's row is written whatever its queues do (the
+        journal's retention keeps it): then its publisher waits for the commit, never only
+        for its copies' acceptance (DESIGN.md section 3)."""
+
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         """Add a journalled message to a queue."""
 
@@ -192,6 +197,9 @@ class MemoryStore:
             message.message_id = self._next_id
 
     def journals_qos0(self, topic: str) -> bool:
+        return False
+
+    def keeps_in_journal(self, message: Message) -> bool:
         return False
 
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:

@@ -325,6 +325,9 @@ class SQLiteStore:
         must go through :meth:`journal`."""
         return self._selection_keeps(topic, False)
 
+    def keeps_in_journal(self, message: Message) -> bool:
+        return self._keeps_journal and self._selection_keeps(message.topic, message.persistent)
+
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         message = entry.message
         message_id = message.message_id
