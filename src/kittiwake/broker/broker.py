@@ -540,8 +540,9 @@ class Broker:
             return NOT_FOUND
         completion = None
         if delivery.entry.persistent and queue.durable:
-            # Its stored entry is removed (see _entry_removed): the answer waits for that.
-            completion = self.store.commit()  # _durable(), without a call per acknowledgement
+            # Its stored entry is removed (see _entry_removed): the answer waits for that. An
+            # at-least-once acceptance nobody waits for may let its batch wait for more.
+            completion = self.store.commit_unhurried()
         if (queue.count or self.retained_cursors) and session not in self.pumps.pending:
             self.pump_soon(session)
         return True, completion

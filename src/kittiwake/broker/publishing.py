@@ -43,7 +43,18 @@ def publish(broker: Broker, message: Message) -> Completion:
     # The stored copies of a store-and-dispatch publication, by queue name (see Acceptances).
     stored: list[str] | None = [] if dispatch_now and message.persistent else None
     touched = route(broker, message, stored)
-    commit = broker.store.commit() if message.persistent else None
+    # Acknowledged at the commit or once every stored copy is accepted (see Acceptances):
+    # not a retained message, nor one the journal keeps (their rows are always written).
+    early = bool(stored) and not message.retain and not broker.store.keeps_in_journal(message)
+    if not message.persistent:
+        commit = None
+    elif early and all(isinstance(t, Session) and t.link is not None for t in touched):
+        # Every copy is on its way to a connected subscriber: the store may hold the batch
+        # back a little for their acceptances (an absent one's copy, or a shared group's,
+        # is written at once).
+        commit = broker.store.commit_unhurried()
+    else:
+        commit = broker.store.commit()
     drained = broker.flow.congested(touched) if message.qos and touched else None
     if commit is None:
         pending = broker.pumps.pending  # one pump per read: no call for a queued target
@@ -59,13 +70,7 @@ def publish(broker: Broker, message: Message) -> Completion:
             for session in touched:
                 if session not in pending:
                     broker.pump_soon(session)
-            if (
-                stored
-                and not message.retain  # a retained message is kept: its row must be written
-                and not commit.done()
-                and not broker.store.keeps_in_journal(message)
-            ):
-                # Acknowledged at the commit, or once every stored copy is accepted.
+            if early and stored and not commit.done():
                 commit = broker.acceptances.watch(commit, message.message_id, stored)
         else:
             broker.pending_commits.hold(commit, message, touched)

@@ -166,6 +166,11 @@ class Store(Protocol):
         """A barrier: None when everything so far is already durable, else the future of the
         batch that holds it (one per batch, shared by every caller: never one per call)."""
 
+    def commit_unhurried(self) -> Completion:
+        """:meth:`commit` for a caller that can wait a little longer (a QoS 1 publisher that
+        goes once its copies are accepted, an acceptance nobody waits for): the store may then
+        hold the batch back briefly, so that entries accepted meanwhile are never written."""
+
     def recover(self) -> RecoveredState: ...
 
     def close(self) -> None: ...
@@ -272,6 +277,9 @@ class MemoryStore:
 
     def commit(self) -> Completion:
         return None
+
+    def commit_unhurried(self) -> Completion:
+        return self.commit()
 
     def recover(self) -> RecoveredState:
         return RecoveredState(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from kittiwake.broker.broker import Broker, SubscriptionOptions
 from kittiwake.broker.consumers import Delivery
@@ -20,6 +21,7 @@ from kittiwake.broker.sessions import Session
 from kittiwake.broker.store import MemoryStore
 from kittiwake.clock import ManualClock
 from kittiwake.config import config_from_dict
+from kittiwake.store.sqlite import SQLiteStore
 
 
 class HeldCommitStore(MemoryStore):
@@ -191,5 +193,47 @@ def test_without_store_and_dispatch_the_publisher_waits_for_the_commit() -> None
         assert subs[0][1].deliveries == [], "persist -> acknowledge -> dispatch"
         assert completion is store.pending
         store.resolve()
+
+    run(body)
+
+
+def test_with_the_sqlite_store_only_copies_for_connected_subscribers_wait_for_acceptance(
+    tmp_path: Path,
+) -> None:
+    """An hour's acceptance window: a copy on its way to a connected subscriber is held from
+    the writer until accepted (then never written, its publisher acknowledged), while a copy
+    for an absent session is written at once (its publisher waits for that commit only)."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        present = RecordingConsumer()
+        session, _, _ = broker.connect(
+            "present", present, clean_start=False, expiry_interval=3600, window=10
+        )
+        broker.start_delivery(session)
+        broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
+        absent, _, _ = broker.connect(
+            "absent", RecordingConsumer(), clean_start=False, expiry_interval=3600, window=10
+        )
+        broker.subscribe(absent, "u", SubscriptionOptions(max_qos=1))
+        broker.disconnect(absent, publish_will=False)
+        settled = store.commit()
+        if settled is not None:
+            await asyncio.wait_for(settled, 10)
+        accepted = broker.publish(Message("t", b"a", qos=1, persistent=True))
+        assert accepted is not None
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not accepted.done(), "neither accepted nor written yet"
+        accept_all(broker, session, present)
+        await asyncio.sleep(0)
+        assert accepted.done() and accepted.exception() is None
+        stored = broker.publish(Message("u", b"b", qos=1, persistent=True))
+        assert stored is not None
+        await asyncio.wait_for(stored, 10)  # written at once: no hour's wait
+        assert store.cancelled_writes == 1
+        store.close()
 
     run(body)
