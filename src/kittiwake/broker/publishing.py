@@ -5,9 +5,13 @@ told it is safe. Knows no protocol.
 An at-least-once (QoS 1) publication is dispatched while its commit is pending
 (store-and-dispatch, DESIGN.md section 3): its stored copies go to their consumers at once, and
 a copy accepted before its batch reaches the writer is never written (the store cancels the
-insert and its delete). Its publisher is still acknowledged only after its batch is done. A
-crash may then lose a copy that was delivered but not yet committed: only ever one whose
-publisher was not acknowledged, who resends it (at-least-once allows the duplicate). With
+insert and its delete). Its publisher is acknowledged once its batch is committed or once every
+stored copy of the batch is accepted, whichever comes first (:class:`Acceptances`); while only
+such publishers wait, the store holds a batch of copies bound for connected subscribers back
+for a moment (``store.acceptance_window``) so that most are accepted before it is written. A
+crash may lose a copy that was delivered but not yet committed: only ever one whose publisher
+was not acknowledged, who resends it (at-least-once allows the duplicate), or one its
+subscriber had already accepted. With
 ``store.store_and_dispatch`` off, and always for exactly-once publications (QoS 2, JMS
 PERSISTENT), copies of a message whose commit is pending are held back (persist -> acknowledge
 -> dispatch) and dropped if the commit fails; a unit applied whole (a fenced write) holds back
@@ -48,13 +52,17 @@ def publish(broker: Broker, message: Message) -> Completion:
     early = bool(stored) and not message.retain and not broker.store.keeps_in_journal(message)
     if not message.persistent:
         commit = None
-    elif early and all(isinstance(t, Session) and t.link is not None for t in touched):
-        # Every copy is on its way to a connected subscriber: the store may hold the batch
-        # back a little for their acceptances (an absent one's copy, or a shared group's,
-        # is written at once).
-        commit = broker.store.commit_unhurried()
-    else:
+    elif not early:
         commit = broker.store.commit()
+    else:
+        # Every copy on its way to a connected subscriber: the store may hold the batch back
+        # for their acceptances. An absent session's copy (or a shared group's) is not
+        # accepted soon: its batch goes to the writer at once.
+        commit = broker.store.commit_unhurried()
+        for target in touched:
+            if not isinstance(target, Session) or target.link is None:
+                commit = broker.store.commit()
+                break
     drained = broker.flow.congested(touched) if message.qos and touched else None
     if commit is None:
         pending = broker.pumps.pending  # one pump per read: no call for a queued target

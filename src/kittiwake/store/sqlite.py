@@ -12,7 +12,9 @@ no delete is added. A turn left with nothing to write resolves without a transac
 earlier turn is done, so a commit future still means "everything before it is settled". Only
 the insert of a message numbered in its own turn is cancellable (nothing older can be on disk
 under its key); journal rows (retention, several references) and retained rows are always
-written.
+written. While only callers of :meth:`SQLiteStore.commit_unhurried` wait (QoS 1 publishers who
+also go once their copies are accepted), sealed turns holding cancellable inserts wait up to
+``acceptance_window`` for an idle writer, so that what is accepted meanwhile is never written.
 """
 
 from __future__ import annotations
