@@ -5,6 +5,7 @@ enough to compare changes on a loaded machine (CPU time, or instruction counts u
 
     python bench/inprocess.py qos1            # QoS 1 1->1: publish, route, deliver, PUBACK, settle
     python bench/inprocess.py qos1 --publishers 10   # QoS 1 fan-in 10->1
+    python bench/inprocess.py qos1 --durable  # the same to a persistent session, SQLite store
     python bench/inprocess.py connections --connections 2000   # bytes per idle connection
     python bench/inprocess.py topics --filters 10000
     python bench/inprocess.py amqp-in         # AMQP publish mapping: a JMS TextMessage to core
@@ -22,6 +23,7 @@ import asyncio
 import gc
 import socket
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -103,7 +105,7 @@ FREEZE = {"on": True}
 class Client:
     """One connection, fed reads as the asyncio shell feeds them."""
 
-    def __init__(self, broker: Broker, client_id: str) -> None:
+    def __init__(self, broker: Broker, client_id: str, clean_start: bool = True) -> None:
         self.protocol: MQTTServerProtocol | None = None
         if SHELL["on"]:
             server = SERVERS.get(broker)
@@ -120,7 +122,9 @@ class Client:
             self.transport = CountingTransport()
             self.connection = MQTTConnection(broker, self.transport, client_id)
         self.decoder = PacketDecoder(broker.config.limits.max_packet_size)
-        self.read(encode(Connect(client_id, protocol_version=VERSION, clean_start=True), VERSION))
+        self.read(
+            encode(Connect(client_id, protocol_version=VERSION, clean_start=clean_start), VERSION)
+        )
 
     def read(self, data: bytes) -> None:
         if self.protocol is not None:
@@ -140,6 +144,28 @@ def frames(packets: list[object]) -> bytes:
     return b"".join(encode(p, VERSION) for p in packets)  # type: ignore[arg-type]
 
 
+# qos1 --durable: the subscriber's session is persistent and the store is SQLite (fsync per
+# group commit) in a temporary directory, as in run.py's qos1-persistent workloads; the
+# writer thread's CPU counts (process time).
+DURABLE = {"on": False}
+
+
+def make_broker() -> Broker:
+    if not DURABLE["on"]:
+        return Broker(store=MemoryStore())
+    from kittiwake.store.sqlite import SQLiteStore
+
+    return Broker(store=SQLiteStore(tempfile.mkdtemp(prefix="kw-inprocess-")))
+
+
+async def settled(broker: Broker) -> None:
+    """Wait for the store to have written everything (durable runs)."""
+    commit = broker.store.commit()
+    while commit is not None and not commit.done():
+        await asyncio.sleep(0.001)
+        commit = broker.store.commit()
+
+
 async def qos1(messages: int, batch: int, publishers: int = 1) -> float:
     """QoS 1 1->1: batches of `batch` PUBLISHes in one read, their PUBACKs in one read.
 
@@ -148,11 +174,12 @@ async def qos1(messages: int, batch: int, publishers: int = 1) -> float:
     """
     if publishers > 1:
         return await qos1_fan_in(messages, batch, publishers)
-    broker = Broker(store=MemoryStore())
+    broker = make_broker()
     cancel = broker.schedule_ticks(asyncio.get_running_loop())
-    sub = Client(broker, "sub")
+    sub = Client(broker, "sub", clean_start=not DURABLE["on"])
     pub = Client(broker, "pub")
     sub.read(frames([Subscribe(1, [SubscriptionRequest("bench/q1", 1)])]))
+    await settled(broker)
     payload = b"x" * 64
     rounds = messages // batch
     # Packet ids 1..65535 wrap; the subscriber's ids follow the same sequence (window >= batch).
@@ -176,8 +203,10 @@ async def qos1(messages: int, batch: int, publishers: int = 1) -> float:
         await asyncio.sleep(0)
         sub.read(acks)
         await asyncio.sleep(0)
+    await settled(broker)
     elapsed = time.process_time() - start
     cancel()
+    broker.store.close()
     assert not sub.connection.session.consumer.unsettled, "deliveries left unsettled"  # type: ignore[union-attr]
     return elapsed / (rounds * batch)
 
@@ -186,11 +215,12 @@ async def qos1_fan_in(messages: int, batch: int, publishers: int) -> float:
     """QoS 1 N->1: per round every publisher reads `batch` PUBLISHes (one loop turn after
     each read), then the subscriber acknowledges its window's deliveries, one read and one
     loop turn per window, until the round is settled."""
-    broker = Broker(store=MemoryStore())
+    broker = make_broker()
     cancel = broker.schedule_ticks(asyncio.get_running_loop())
-    sub = Client(broker, "sub")
+    sub = Client(broker, "sub", clean_start=not DURABLE["on"])
     pubs = [Client(broker, f"pub{i}") for i in range(publishers)]
     sub.read(frames([Subscribe(1, [SubscriptionRequest("bench/q1", 1)])]))
+    await settled(broker)
     window = broker.config.limits.max_inflight
     payload = b"x" * 64
     per_round = batch * publishers
@@ -228,8 +258,10 @@ async def qos1_fan_in(messages: int, batch: int, publishers: int) -> float:
         while consumer.unsettled:
             sub.read(next(acks))
             await asyncio.sleep(0)
+    await settled(broker)
     elapsed = time.process_time() - start
     cancel()
+    broker.store.close()
     assert not consumer.unsettled, "deliveries left unsettled"
     assert sub.connection.session.queue.count == 0, "messages left queued"  # type: ignore[union-attr]
     return elapsed / (rounds * per_round)
@@ -454,9 +486,15 @@ def main() -> None:
     parser.add_argument(
         "--publishers", type=int, default=1, help="qos1: publishers fanning in to one subscriber"
     )
+    parser.add_argument(
+        "--durable",
+        action="store_true",
+        help="qos1: a persistent subscriber session on the SQLite store (writer thread included)",
+    )
     args = parser.parse_args()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
     SHELL["on"] = args.shell
+    DURABLE["on"] = args.durable
     FREEZE["on"] = not args.no_freeze
     if args.workload == "connections":
         size = asyncio.run(idle_connections(args.connections))

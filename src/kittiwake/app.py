@@ -325,6 +325,7 @@ def open_store(
         clock=clock,
         max_batch=config.max_batch,
         max_delay=config.max_delay,
+        acceptance_window=config.acceptance_window,
         journal_retention_seconds=journal.retention_seconds,
         journal_retention_bytes=journal.retention_bytes,
         journal_selection=journal_selection(journal),

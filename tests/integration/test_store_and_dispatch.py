@@ -8,8 +8,9 @@ dispatch (so a QoS 1 message never overtakes a QoS 2 one still being committed).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kittiwake.mqtt.packets import PubAck, Publish, PubRec, PubRel
@@ -99,3 +100,48 @@ def test_qos2_keeps_persist_acknowledge_dispatch_and_qos1_does_not_overtake_it(
     assert got == {b"exactly-once": 2, b"at-least-once": 1}
     assert pub.expect(PubAck, timeout=10.0).packet_id == 2
     pub.send(PubRel(1))
+
+
+
+@contextlib.contextmanager
+def writes_blocked(process: BrokerProcess) -> Iterator[None]:
+    """Hold SQLite's write lock on the broker's database: its writer cannot commit (it waits
+    on the lock, for up to its busy timeout of 5 s) until this ends."""
+    connection = sqlite3.connect(process.workdir / "data" / DATABASE_FILE, isolation_level=None)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        yield
+        connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+
+
+def test_a_publisher_whose_every_stored_copy_was_accepted_does_not_wait_for_the_commit(
+    broker: Callable[..., BrokerProcess], raw: Callable[..., RawClient]
+) -> None:
+    """The publisher's acknowledgement waits for the commit or for every acceptance, whichever
+    comes first (DESIGN.md section 3): while the store cannot commit at all, a message every
+    durable subscriber accepted is acknowledged, and one a subscriber has not accepted yet is
+    not."""
+    process = broker()
+    first = raw(process.address)
+    first.connect("first", clean_start=False)
+    first.subscribe("one", 1)
+    first.subscribe("both", 1)
+    second = raw(process.address)
+    second.connect("second", clean_start=False)
+    second.subscribe("both", 1)
+    pub = raw(process.address, timeout=10.0)
+    pub.connect("pub", clean_start=True)
+    with writes_blocked(process):
+        sent = pub.publish("one", b"accepted", 1, wait_ack=False)
+        got = first.expect(Publish, timeout=5.0)
+        first.send(PubAck(got.packet_id))  # type: ignore[arg-type]
+        assert pub.expect(PubAck, timeout=3.0).packet_id == sent.packet_id
+        # Two durable subscribers: the PUBACK waits for both, or for the commit.
+        sent = pub.publish("both", b"accepted by one", 1, wait_ack=False)
+        got = first.expect(Publish, timeout=5.0)
+        first.send(PubAck(got.packet_id))  # type: ignore[arg-type]
+        assert second.expect(Publish, timeout=5.0).payload == b"accepted by one"
+        pub.no_packet(0.5)
+    assert pub.expect(PubAck, timeout=10.0).packet_id == sent.packet_id  # at its commit

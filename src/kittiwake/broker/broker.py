@@ -32,7 +32,7 @@ from kittiwake.broker.fenced_writes import FencedWrites
 from kittiwake.broker.flow_control import FlowControl
 from kittiwake.broker.message import Message
 from kittiwake.broker.periodic import run_every
-from kittiwake.broker.publishing import PendingCommits
+from kittiwake.broker.publishing import Acceptances, PendingCommits
 from kittiwake.broker.queues import (
     DEFAULT_QUEUE_RULES,
     Queue,
@@ -192,6 +192,8 @@ class Broker:
         # Pump a session (or group) at the end of this loop turn.
         self.pump_soon = self.pumps.soon
         self.pending_commits = PendingCommits(self)
+        # QoS 1 publishers acknowledged once every stored copy is accepted, if before the commit.
+        self.acceptances = Acceptances()
         # QoS 1 publications are dispatched while their commit is pending (publishing.py).
         self.store_and_dispatch = self.config.store.store_and_dispatch
         # Writes from outside the protocols (the Spark sink), at most once per fence.
@@ -538,8 +540,9 @@ class Broker:
             return NOT_FOUND
         completion = None
         if delivery.entry.persistent and queue.durable:
-            # Its stored entry is removed (see _entry_removed): the answer waits for that.
-            completion = self.store.commit()  # _durable(), without a call per acknowledgement
+            # Its stored entry is removed (see _entry_removed): the answer waits for that. An
+            # at-least-once acceptance nobody waits for may let its batch wait for more.
+            completion = self.store.commit_unhurried()
         if (queue.count or self.retained_cursors) and session not in self.pumps.pending:
             self.pump_soon(session)
         return True, completion
@@ -659,7 +662,10 @@ class Broker:
             # dead-letter: they have no maximum delivery count.)
             self.stats.messages_dropped += 1
         if entry.persistent and queue.durable:
-            self.store.remove(queue.name, entry.message.message_id)
+            message_id = entry.message.message_id
+            self.store.remove(queue.name, message_id)
+            if reason is Removal.ACCEPTED:
+                self.acceptances.accepted(queue.name, message_id)
 
     def _entry_given_up(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
         """An entry left a dead-lettering session's queue for good: as any session's, and

@@ -5,9 +5,13 @@ told it is safe. Knows no protocol.
 An at-least-once (QoS 1) publication is dispatched while its commit is pending
 (store-and-dispatch, DESIGN.md section 3): its stored copies go to their consumers at once, and
 a copy accepted before its batch reaches the writer is never written (the store cancels the
-insert and its delete). Its publisher is still acknowledged only after its batch is done. A
-crash may then lose a copy that was delivered but not yet committed: only ever one whose
-publisher was not acknowledged, who resends it (at-least-once allows the duplicate). With
+insert and its delete). Its publisher is acknowledged once its batch is committed or once every
+stored copy of the batch is accepted, whichever comes first (:class:`Acceptances`); while only
+such publishers wait, the store holds a batch of copies bound for connected subscribers back
+for a moment (``store.acceptance_window``) so that most are accepted before it is written. A
+crash may lose a copy that was delivered but not yet committed: only ever one whose publisher
+was not acknowledged, who resends it (at-least-once allows the duplicate), or one its
+subscriber had already accepted. With
 ``store.store_and_dispatch`` off, and always for exactly-once publications (QoS 2, JMS
 PERSISTENT), copies of a message whose commit is pending are held back (persist -> acknowledge
 -> dispatch) and dropped if the commit fails; a unit applied whole (a fenced write) holds back
@@ -39,8 +43,26 @@ def publish(broker: Broker, message: Message) -> Completion:
     """Accept a publication; the completion says when the publisher may be told it is
     safe (its commit, and room at its congested receivers: see flow_control.py)."""
     _accept(broker, message)
-    touched = route(broker, message)
-    commit = broker.store.commit() if message.persistent else None
+    dispatch_now = message.qos == 1 and broker.store_and_dispatch
+    # The stored copies of a store-and-dispatch publication, by queue name (see Acceptances).
+    stored: list[str] | None = [] if dispatch_now and message.persistent else None
+    touched = route(broker, message, stored)
+    # Acknowledged at the commit or once every stored copy is accepted (see Acceptances):
+    # not a retained message, nor one the journal keeps (their rows are always written).
+    early = bool(stored) and not message.retain and not broker.store.keeps_in_journal(message)
+    if not message.persistent:
+        commit = None
+    elif not early:
+        commit = broker.store.commit()
+    else:
+        # Every copy on its way to a connected subscriber: the store may hold the batch back
+        # for their acceptances. An absent session's copy (or a shared group's) is not
+        # accepted soon: its batch goes to the writer at once.
+        commit = broker.store.commit_unhurried()
+        for target in touched:
+            if not isinstance(target, Session) or target.link is None:
+                commit = broker.store.commit()
+                break
     drained = broker.flow.congested(touched) if message.qos and touched else None
     if commit is None:
         pending = broker.pumps.pending  # one pump per read: no call for a queued target
@@ -49,13 +71,15 @@ def publish(broker: Broker, message: Message) -> Completion:
                 broker.pump_soon(session)
         return drained
     if touched:
-        if message.qos == 1 and broker.store_and_dispatch:
+        if dispatch_now:
             # Store-and-dispatch: a failed commit refuses the publisher, who resends; a copy
             # delivered meanwhile is then a duplicate, which QoS 1 allows.
             pending = broker.pumps.pending
             for session in touched:
                 if session not in pending:
                     broker.pump_soon(session)
+            if early and stored and not commit.done():
+                commit = broker.acceptances.watch(commit, message.message_id, stored)
         else:
             broker.pending_commits.hold(commit, message, touched)
     if drained is None:
@@ -169,18 +193,29 @@ def retain(broker: Broker, message: Message) -> None:
         broker.store.set_retained(message.topic, None)
 
 
-def route(broker: Broker, message: Message) -> list[Session | SharedGroup]:
+def route(
+    broker: Broker, message: Message, stored: list[str] | None = None
+) -> list[Session | SharedGroup]:
     """Enqueue the message on every session and group that should get it; returns those
-    that need pumping."""
+    that need pumping. ``stored``, when given, gets the name of every queue that stored a
+    copy."""
     plan = broker.routes.plan(message.topic)
     touched: list[Session | SharedGroup] = []
     for copy in plan.copies:
         entry = session_entry(copy, message)
         if entry is not None and enqueue(broker, copy.session, entry):
             touched.append(copy.session)
+            if stored is not None and entry.persistent and copy.session.queue.durable:
+                stored.append(copy.session.queue.name)
     for group in plan.groups:
         if enqueue_shared(broker, group, message):
             touched.append(group)
+            if (
+                stored is not None
+                and group.queue.durable
+                and QueuedMessage.of(message, group.max_qos).persistent
+            ):
+                stored.append(group.queue.name)
     return touched
 
 
@@ -235,3 +270,89 @@ class PendingCommits:
                     target.queue.remove_message(message)
                 else:
                     self._broker.pump_soon(target)
+
+
+class _Watch:
+    """The publications of one commit that may be acknowledged before it (see Acceptances):
+    their stored copies not accepted yet, and the future their publishers wait on."""
+
+    __slots__ = ("commit", "copies", "future", "outstanding")
+
+    def __init__(self, commit: asyncio.Future[None]) -> None:
+        self.commit = commit
+        self.future: asyncio.Future[None] = commit.get_loop().create_future()
+        self.outstanding = 0
+        self.copies: list[tuple[str, int]] = []
+
+
+class Acceptances:
+    """The publisher's side of store-and-dispatch (DESIGN.md section 3): a QoS 1 publication
+    whose copies went out while their commit is pending is acknowledged at that commit or
+    once every stored copy is accepted, whichever comes first. A copy accepted before its
+    batch reaches the writer is never written (the store cancels it), so without this its
+    publisher would still wait for a commit that no longer holds anything of its message.
+
+    Nothing is lost by the early answer: every copy the message had to survive in was taken
+    by its subscriber. A crash may leave a written copy whose removal was not committed yet;
+    it is delivered again, which QoS 1 allows. One future per commit, shared by every
+    publication of its batch (as the commit future is), never one per message: the batch goes
+    early once every stored copy of each of its publications is accepted (a batch with a copy
+    for an absent session waits for its commit).
+    """
+
+    __slots__ = ("_by_commit", "_by_copy")
+
+    def __init__(self) -> None:
+        # The watch publications of a pending commit join (None of its own once it is done).
+        self._by_commit: dict[asyncio.Future[None], _Watch] = {}
+        # Stored copies not yet accepted, by (queue name, message id).
+        self._by_copy: dict[tuple[str, int], _Watch] = {}
+
+    def watch(
+        self, commit: asyncio.Future[None], message_id: int, queues: list[str]
+    ) -> asyncio.Future[None]:
+        """What the publisher of ``message_id``, stored on ``queues`` in ``commit``'s batch,
+        waits for instead of ``commit``."""
+        watch = self._by_commit.get(commit)
+        if watch is None:
+            watch = self._by_commit[commit] = _Watch(commit)
+            commit.add_done_callback(self._committed)
+        by_copy = self._by_copy
+        for name in queues:
+            key = (name, message_id)
+            by_copy[key] = watch
+            watch.copies.append(key)
+        watch.outstanding += len(queues)
+        return watch.future
+
+    def accepted(self, queue: str, message_id: int) -> None:
+        """A stored copy was accepted (its subscriber acknowledged it)."""
+        watch = self._by_copy.pop((queue, message_id), None)
+        if watch is None:
+            return
+        watch.outstanding -= 1
+        if watch.outstanding == 0 and not watch.future.done():
+            watch.future.set_result(None)
+            # Publications of this batch that come later need a future of their own.
+            if self._by_commit.get(watch.commit) is watch:
+                del self._by_commit[watch.commit]
+
+    def _committed(self, commit: asyncio.Future[None]) -> None:
+        """The commit is done: whoever still waits goes with its outcome (a failed commit
+        refuses the publishers whose copies were not all accepted)."""
+        watch = self._by_commit.pop(commit, None)
+        # A watch resolved early left _by_commit already; its copies are all accepted.
+        if watch is None:
+            return
+        by_copy = self._by_copy
+        for key in watch.copies:
+            if by_copy.get(key) is watch:
+                del by_copy[key]
+        if watch.future.done():
+            return
+        if commit.cancelled():
+            watch.future.cancel()
+        elif (error := commit.exception()) is not None:
+            watch.future.set_exception(error)
+        else:
+            watch.future.set_result(None)

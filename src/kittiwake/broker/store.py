@@ -119,6 +119,11 @@ class Store(Protocol):
         """Whether the journal keeps non-persistent publications (QoS 0, JMS NON_PERSISTENT)
         on ``topic`` (then they must not bypass :meth:`journal`)."""
 
+    def keeps_in_journal(self, message: Message) -> bool:
+        """Whether this journalled message's row is written whatever its queues do (the
+        journal's retention keeps it): then its publisher waits for the commit, never only
+        for its copies' acceptance (DESIGN.md section 3)."""
+
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         """Add a journalled message to a queue."""
 
@@ -170,6 +175,11 @@ class Store(Protocol):
         """A barrier: None when everything so far is already durable, else the future of the
         batch that holds it (one per batch, shared by every caller: never one per call)."""
 
+    def commit_unhurried(self) -> Completion:
+        """:meth:`commit` for a caller that can wait a little longer (a QoS 1 publisher that
+        goes once its copies are accepted, an acceptance nobody waits for): the store may then
+        hold the batch back briefly, so that entries accepted meanwhile are never written."""
+
     def recover(self) -> RecoveredState: ...
 
     def close(self) -> None: ...
@@ -216,6 +226,9 @@ class MemoryStore:
         return ids
 
     def journals_qos0(self, topic: str) -> bool:
+        return False
+
+    def keeps_in_journal(self, message: Message) -> bool:
         return False
 
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
@@ -288,6 +301,9 @@ class MemoryStore:
 
     def commit(self) -> Completion:
         return None
+
+    def commit_unhurried(self) -> Completion:
+        return self.commit()
 
     def recover(self) -> RecoveredState:
         return RecoveredState(

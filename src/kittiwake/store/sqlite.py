@@ -12,7 +12,9 @@ no delete is added. A turn left with nothing to write resolves without a transac
 earlier turn is done, so a commit future still means "everything before it is settled". Only
 the insert of a message numbered in its own turn is cancellable (nothing older can be on disk
 under its key); journal rows (retention, several references) and retained rows are always
-written.
+written. While only callers of :meth:`SQLiteStore.commit_unhurried` wait (QoS 1 publishers who
+also go once their copies are accepted), sealed turns holding cancellable inserts wait up to
+``acceptance_window`` for an idle writer, so that what is accepted meanwhile is never written.
 """
 
 from __future__ import annotations
@@ -72,13 +74,10 @@ DATABASE_FILE = "kittiwake.db"
 # A run of one statement over many parameter rows: consecutive operations with the same SQL
 # share a run, so the writer thread hands each run to executemany (one C loop, not one call
 # per row).
-Operation = tuple[str, list[tuple[Any, ...]]]
+# (A run of _INSERT_ENTRY holds _EntryInsert objects until it goes to the writer.)
+Operation = tuple[str, list[Any]]
 # Journal rows as columns: (wide, the values every row shares, the per-row columns).
 _JournalBlock = tuple[bool, tuple[Any, ...], list[Any]]
-# A queue-entry insert not taken by the writer yet: its turn's operations, its run, its index.
-_PendingInsert = tuple[list[Operation], list[tuple[Any, ...]], int]
-# What a cancelled insert's row becomes until its turn is compacted (compared by identity).
-_CANCELLED: tuple[Any, ...] = (object(),)
 # How often the journal is swept of messages no queue entry needs any more (clock seconds).
 SWEEP_INTERVAL = 1.0
 # How long a lazy delivery mark waits for its acknowledgement before it is written (clock
@@ -135,8 +134,50 @@ _DELETE_SESSION = tuple(
 )
 # The message columns of a queue entry that leaves its message to the journal.
 _NO_MESSAGE: tuple[None, ...] = (None,) * (len(MESSAGE_COLUMNS) - 1)
-# The entry columns before the message columns in an _INSERT_ENTRY row.
-_ENTRY_HEAD = 6
+
+
+class _EntryInsert:
+    """A queue-entry insert not handed to the writer yet. Its row is built only when it is
+    (:meth:`row`): most at-least-once entries are accepted before that and cancelled (write
+    cancellation), and then nothing of the message is ever encoded for the disk.
+    """
+
+    __slots__ = (
+        "cancelled",
+        "delivery_count",
+        "inline",
+        "message",
+        "qos",
+        "queue",
+        "retain",
+        "subscription_ids",
+    )
+
+    def __init__(
+        self, queue: str, entry: QueuedMessage, message: Message, inline: bool
+    ) -> None:
+        self.queue = queue
+        self.message = message
+        self.qos = entry.qos
+        self.retain = 1 if entry.retain else 0
+        ids = entry.subscription_ids
+        self.subscription_ids = subscription_ids_text(ids) if ids else ""
+        self.delivery_count = entry.delivery_count
+        # Whether the entry carries the message's columns (else its journal row holds them).
+        self.inline = inline
+        self.cancelled = False
+
+    def row(self, clock_to_wall_ms: float) -> tuple[Any, ...]:
+        message = self.message
+        return (
+            self.queue,
+            message.message_id,
+            self.qos,
+            self.retain,
+            self.subscription_ids,
+            self.delivery_count,
+            *(message_columns(message, clock_to_wall_ms) if self.inline else _NO_MESSAGE),
+        )
 
 
 class StoreError(RuntimeError):
@@ -153,6 +194,7 @@ class SQLiteStore:
         clock: Clock | None = None,
         max_batch: int = 5000,
         max_delay: float = 0.0,
+        acceptance_window: float = 0.0,
         journal_retention_seconds: float = 0.0,
         journal_retention_bytes: int = 0,
         journal_selection: JournalSelection | None = None,
@@ -166,6 +208,9 @@ class SQLiteStore:
         self._clock_to_wall_ms = self._clock.wall_ms() - self._clock.now() * 1000
         self._max_batch = max_batch
         self._max_delay = max_delay
+        # How long sealed turns holding cancellable inserts may wait for an idle writer
+        # (see commit_unhurried).
+        self._acceptance_window = acceptance_window
         self._retention = journal_retention_seconds
         self._retention_bytes = journal_retention_bytes
         # With a retention, the publications the selection names are journalled (for the Spark
@@ -194,19 +239,19 @@ class SQLiteStore:
         # references any more (after the retention), once a second rather than per ack.
         self._removed = 0
         self._last_sweep = self._clock.now()
-        # Queue rows not yet handed off that carry their message inline, by message id, as
-        # (run, index) into self._ops: a second reference in the same hand-off turns the first
-        # into a plain reference and writes a journal row instead.
-        self._inline: dict[int, tuple[list[tuple[Any, ...]], int]] = {}
-        # Queue-entry inserts not taken by the writer yet, by (queue, message id): (the
-        # operations of their turn, run, index), so a removal can cancel the insert instead
-        # of adding a delete. Those of this turn, then those of sealed turns; None = another
-        # insert of the same entry is pending too, so neither may be cancelled.
-        self._open_inserts: dict[tuple[str, int], _PendingInsert | None] = {}
-        self._sealed_inserts: dict[tuple[str, int], _PendingInsert | None] = {}
-        # Turns (by id of their operations) holding a cancelled insert, to be compacted
-        # before they go to the writer.
-        self._trimmed: dict[int, list[Operation]] = {}
+        # Queue rows not yet handed off that carry their message inline, by message id: a
+        # second reference in the same hand-off turns the first into a plain reference and
+        # writes a journal row instead.
+        self._inline: dict[int, _EntryInsert] = {}
+        # Queue-entry inserts not taken by the writer yet, by (queue, message id), so a
+        # removal can cancel the insert instead of adding a delete. Those of this turn, then
+        # those of sealed turns; None = another insert of the same entry is pending too, so
+        # neither may be cancelled.
+        self._open_inserts: dict[tuple[str, int], _EntryInsert | None] = {}
+        self._sealed_inserts: dict[tuple[str, int], _EntryInsert | None] = {}
+        # An insert was cancelled since the last hand-over to the writer: sealed turns may
+        # hold empty runs (or nothing) to drop.
+        self._trimmed = False
         # Inserts cancelled so far (for tests and /metrics).
         self.cancelled_writes = 0
         # Lazy delivery marks by (queue, message id): (delivery id, state, count bump, due
@@ -224,6 +269,16 @@ class SQLiteStore:
         self._writing = False
         # Turns handed off while the writer was busy, each (operations, future); sent together.
         self._sealed: list[tuple[list[Operation], asyncio.Future[None]]] = []
+        # A commit() (not commit_unhurried) waits on the open turn: it goes to an idle writer
+        # at once. While none does, sealed turns with cancellable inserts wait up to the
+        # acceptance window for the writer (the timer), so that entries accepted meanwhile
+        # are never written.
+        self._urgent = False
+        self._held: asyncio.TimerHandle | None = None
+        # Loop time the oldest sealed turn was sealed, and whether a sealed turn has a
+        # commit() waiting on it (both for _offer).
+        self._sealed_at = 0.0
+        self._sealed_urgent = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: queue.SimpleQueue[list[tuple[list[Operation], asyncio.Future[None]]] | None]
@@ -419,6 +474,9 @@ class SQLiteStore:
         must go through :meth:`journal`."""
         return self._selection_keeps(topic, False)
 
+    def keeps_in_journal(self, message: Message) -> bool:
+        return self._keeps_journal and self._selection_keeps(message.topic, message.persistent)
+
     def enqueue(self, queue: str, entry: QueuedMessage) -> None:
         message = entry.message
         message_id = message.message_id
@@ -428,43 +486,29 @@ class SQLiteStore:
             # Numbered in an earlier turn (a retained message for a new subscriber): its
             # journal row, if it ever had one, may be swept by now and never comes back. The
             # entry carries its own copy.
-            columns = message_columns(message, self._clock_to_wall_ms)
+            inline = True
         elif message_id in self._journalled or (
             self._keeps_journal and self._selection_keeps(message.topic, message.persistent)
         ):
-            columns = _NO_MESSAGE  # its journal row is written with this turn
+            inline = False  # its journal row is written with this turn
         else:
-            inline = self._inline.pop(message_id, None)
-            if inline is None:
-                columns = message_columns(message, self._clock_to_wall_ms)
+            first = self._inline.pop(message_id, None)
+            if first is None:
+                inline = True
             else:
                 # A second reference: the message moves into a journal row both point to.
-                run, index = inline
-                run[index] = run[index][:_ENTRY_HEAD] + _NO_MESSAGE
+                first.inline = False
                 self._journal_messages.append(message)
                 self._journalled.add(message_id)
-                columns = _NO_MESSAGE
-        ids = entry.subscription_ids
-        self._add(
-            _INSERT_ENTRY,
-            (
-                queue,
-                message_id,
-                entry.qos,
-                1 if entry.retain else 0,
-                subscription_ids_text(ids) if ids else "",
-                entry.delivery_count,
-                *columns,
-            ),
-        )
-        ops = self._ops
-        run = ops[-1][1]
+                inline = False
+        insert = _EntryInsert(queue, entry, message, inline)
+        self._add(_INSERT_ENTRY, insert)
         key = (queue, message_id)
         if message_id > self._sealed_id:
-            if columns is not _NO_MESSAGE:
-                self._inline[message_id] = (run, len(run) - 1)
+            if inline:
+                self._inline[message_id] = insert
             inserts = self._open_inserts
-            inserts[key] = None if key in inserts else (ops, run, len(run) - 1)
+            inserts[key] = None if key in inserts else insert
         elif key in self._sealed_inserts or key in self._open_inserts:
             self._not_cancellable(key)
 
@@ -504,12 +548,13 @@ class SQLiteStore:
             pending = self._sealed_inserts.pop(key, None)
             if pending is None:
                 return False
-        ops, run, index = pending
-        run[index] = _CANCELLED
-        self._trimmed[id(ops)] = ops
+        pending.cancelled = True
+        self._trimmed = True
         # A second reference in this turn must not rewrite the cancelled row.
         self._inline.pop(key[1], None)
         self.cancelled_writes += 1
+        if self._held is not None and not self._sealed_inserts:
+            self._send()  # every held entry was accepted: nothing to wait for any more
         return True
 
     def _not_cancellable(self, key: tuple[str, int]) -> None:
@@ -583,6 +628,20 @@ class SQLiteStore:
 
         Lazy marks are not waited for: they are allowed to be late.
         """
+        future = self.commit_unhurried()
+        if future is not None:
+            if future is self._pending_future:
+                self._urgent = True
+            elif self._held is not None and not self._writing:
+                self._send()  # a turn held back for acceptances holds this caller: no more
+        return future
+
+    def commit_unhurried(self) -> asyncio.Future[None] | None:
+        """:meth:`commit` for a caller that does not mind waiting up to the acceptance window
+        longer (a QoS 1 publisher acknowledged once its copies are accepted, a subscriber's
+        acceptance nobody waits for): while only such callers wait, a batch with entries that
+        may still be accepted is held back from an idle writer that long, and an entry
+        accepted meanwhile is never written (write cancellation, DESIGN.md section 3)."""
         if self._ops or self._journal_messages or self._journal_blocks:
             self._schedule()
             if self._pending_future is None:
@@ -722,7 +781,7 @@ class SQLiteStore:
             self._loop = asyncio.get_running_loop()
         return self._loop
 
-    def _add(self, sql: str, params: tuple[Any, ...]) -> None:
+    def _add(self, sql: str, params: tuple[Any, ...] | _EntryInsert) -> None:
         ops = self._ops
         if ops and ops[-1][0] is sql:
             ops[-1][1].append(params)
@@ -829,18 +888,60 @@ class SQLiteStore:
         self._last_future = future
         # A turn's operations stay together: the writer commits whole turns, never a part of
         # one (a duplicate key and the message it admits are stored together or not at all).
+        if not self._sealed:
+            self._sealed_at = self._get_loop().time()
         self._sealed.append((ops, future))
-        if not self._writing or final:
+        if self._urgent:
+            self._urgent = False
+            self._sealed_urgent = True
+        if final:
+            self._send()
+        elif not self._writing:
+            self._offer()
+        # else: offered once the writer is done with its batch (_batch_written)
+
+    def _offer(self) -> None:
+        """The writer is idle: give it the sealed turns now, unless only entries that may yet
+        be accepted (and callers that can wait) are in them; then they go once the oldest has
+        waited the acceptance window, without the entries accepted meanwhile."""
+        if (
+            self._sealed_urgent
+            or not self._acceptance_window
+            or not self._sealed_inserts
+            or len(self._sealed_inserts) >= self._max_batch
+        ):
+            self._send()
+            return
+        if self._held is not None:
+            return
+        loop = self._get_loop()
+        wait = self._sealed_at + self._acceptance_window - loop.time()
+        if wait <= 0:
+            self._send()
+        else:
+            self._held = loop.call_later(wait, self._release)
+
+    def _release(self) -> None:
+        """The acceptance window of the held turns is over."""
+        self._held = None
+        if self._sealed and not self._writing and not self._closed:
             self._send()
 
     def _send(self) -> None:
         """Give the writer every sealed turn; it commits them in groups of whole turns.
 
-        Turns whose inserts were cancelled are compacted first; those left with nothing to
-        write, ahead of any that has something, are done at once (every earlier turn is).
+        The rows of their queue-entry inserts are built now, but for cancelled ones; turns
+        left with nothing to write, ahead of any that has something, are done at once (every
+        earlier turn is).
         """
+        if self._held is not None:
+            self._held.cancel()
+            self._held = None
+        self._sealed_urgent = False
         self._sealed_inserts = {}
+        self._build_rows()
         if self._trimmed:
+            self._trimmed = False
             self._compact_sealed()
             if not self._sealed:
                 return
@@ -853,17 +954,24 @@ class SQLiteStore:
         self._queue.put(self._sealed)
         self._sealed = []
 
+    def _build_rows(self) -> None:
+        """The rows of the sealed turns' queue-entry inserts that were not cancelled (a run
+        left empty stays, for :meth:`_compact_sealed`)."""
+        to_wall = self._clock_to_wall_ms
+        for ops, _future in self._sealed:
+            for index, (sql, inserts) in enumerate(ops):
+                if sql is _INSERT_ENTRY:
+                    ops[index] = (
+                        sql,
+                        [insert.row(to_wall) for insert in inserts if not insert.cancelled],
+                    )
+
     def _compact_sealed(self) -> None:
-        trimmed = self._trimmed
         idle = not self._writing
         sealed = self._sealed
         for ops, _future in sealed:
-            if trimmed.pop(id(ops), None) is not None:
-                ops[:] = [
-                    (sql, kept)
-                    for sql, rows in ops
-                    if (kept := [row for row in rows if row is not _CANCELLED])
-                ]
+            if not all(rows for _sql, rows in ops):
+                ops[:] = [(sql, rows) for sql, rows in ops if rows]
         # Leading turns with nothing left but the id counter are done now (ids no stored row
         # uses need not be kept); the first with something to write ends the run, and empty
         # turns after it go to the writer, to be resolved in order.
@@ -885,7 +993,7 @@ class SQLiteStore:
         for future, error in results:
             _resolve(future, error)
         if self._sealed and not self._closed:
-            self._send()
+            self._offer()
         elif not self._closed and self._marks and self._mark_timer is None:
             self._hand_off()  # lazy marks fell due while the writer was busy
 

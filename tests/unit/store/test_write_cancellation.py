@@ -281,3 +281,89 @@ def test_one_of_two_references_cancelled_keeps_the_other_and_the_message(
         store.close()
     assert [(r.queue, r.message_id) for r in state.queued] == [("c2", ids[0])]
     assert state.messages[ids[0]].payload == b"two queues"
+
+
+# -- the acceptance window: a batch only unhurried callers wait on, with entries that may yet
+# be accepted, waits for an idle writer that long (store.acceptance_window).
+
+
+def test_an_unhurried_batch_waits_for_its_entries_acceptance_and_writes_none_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        first, second = message(b"1"), message(b"2")
+        for m in (first, second):
+            store.journal(m)
+            store.enqueue("c", entry(m))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not turn.done() and writer.batches == 0, "held for the acceptances"
+        store.remove("c", first.message_id)
+        await asyncio.sleep(0)
+        assert not turn.done(), "one entry may still be accepted"
+        store.remove("c", second.message_id)  # the last one: nothing left to wait for
+        await asyncio.wait_for(turn, TIMEOUT)
+        assert store.cancelled_writes == 2
+        assert not writer.inserted(first.message_id) and not writer.inserted(second.message_id)
+        store.close()
+
+    run(body)
+    assert queued(tmp_path) == []
+
+
+def test_an_unhurried_batch_is_written_once_its_window_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=0.01)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"m")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        await asyncio.wait_for(turn, TIMEOUT)  # the window's timer ran on the loop's clock
+        assert writer.inserted(m.message_id)
+        store.close()
+
+    run(body)
+    assert len(queued(tmp_path)) == 1
+
+
+def test_a_commit_someone_waits_for_is_not_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """commit() (a QoS 2 publisher, a subscription, ...) on the open turn, or on a turn
+    already held: it goes to the writer at once, held entries and all."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        held = message(b"held")
+        store.journal(held)
+        store.enqueue("c", entry(held))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        await asyncio.sleep(0)
+        assert not turn.done()
+        assert store.commit() is turn  # nothing new: the held turn is what it waits for
+        await asyncio.wait_for(turn, TIMEOUT)
+        assert writer.inserted(held.message_id)
+        urgent = message(b"urgent")
+        store.journal(urgent)
+        store.enqueue("c", entry(urgent))
+        waited = store.commit()
+        assert waited is not None
+        await asyncio.wait_for(waited, TIMEOUT)
+        assert writer.inserted(urgent.message_id)
+        store.close()
+
+    run(body)
+    assert len(queued(tmp_path)) == 2
