@@ -20,7 +20,6 @@ from proton import (
     Collector,
     Condition,
     Connection,
-    Delivery,
     Event,
     Link,
     Session,
@@ -86,8 +85,9 @@ class LinkHandler(Protocol):
         """The peer detached (``closed`` False: a durable subscription stays) or closed a
         link; the connection answers in kind afterwards."""
 
-    def delivery_updated(self, delivery: Delivery) -> None:
-        """A transfer arrived, or the peer settled or changed the state of a delivery."""
+    def delivery_updated(self, delivery: Any) -> None:
+        """A transfer arrived, or the peer settled or changed the state of a delivery
+        (``delivery``: the engine's C object, unwrapped; see ``engine_calls``)."""
 
     def connection_ended(self) -> None:
         """The connection is gone: take back whatever its links held."""
@@ -367,9 +367,9 @@ class AMQPConnection:
 
     def _process_events(self) -> None:
         """Hand the engine's events over. The two that come with every message (a delivery
-        changed, a link's credit changed) are read through the C calls with only the object
-        they name wrapped; the rare ones go through proton's Event; the rest are skipped
-        unwrapped (see ``engine_calls``)."""
+        changed, a link's credit changed) are read through the C calls (a delivery handed over
+        as its C object, a link wrapped); the rare ones go through proton's Event; the rest
+        are skipped unwrapped (see ``engine_calls``)."""
         collector = self._collector_impl
         handler = self.handler
         while True:
@@ -380,9 +380,7 @@ class AMQPConnection:
                 kind = engine_calls.event_type(impl)
                 if kind == engine_calls.DELIVERY:
                     if handler is not None:
-                        handler.delivery_updated(
-                            engine_calls.wrap_delivery(engine_calls.event_delivery(impl))
-                        )
+                        handler.delivery_updated(engine_calls.event_delivery(impl))
                 elif kind == engine_calls.LINK_FLOW:
                     link_impl = engine_calls.event_link(impl)
                     if (

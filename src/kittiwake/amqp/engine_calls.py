@@ -40,6 +40,16 @@ wrap_delivery: Callable[[Any], Delivery] = Delivery.wrap
 wrap_link: Callable[[Any], Link] = Link.wrap
 wrap_event: Callable[[Any], Event] = Event.wrap
 
+connection_state: Callable[[Any], int] = _lib.pn_connection_state
+transport_pending: Callable[[Any], int] = _lib.pn_transport_pending
+transport_capacity: Callable[[Any], int] = _lib.pn_transport_capacity
+transport_closed: Callable[[Any], bool] = _lib.pn_transport_closed
+REMOTE_CLOSED: int = _lib.PN_REMOTE_CLOSED
+# Delivery states (outcomes) as the C engine numbers them.
+ACCEPTED: int = _lib.PN_ACCEPTED
+REJECTED: int = _lib.PN_REJECTED
+RELEASED: int = _lib.PN_RELEASED
+MODIFIED: int = _lib.PN_MODIFIED
 collector_peek: Callable[[Any], Any] = _lib.pn_collector_peek
 collector_pop: Callable[[Any], Any] = _lib.pn_collector_pop
 event_type: Callable[[Any], int] = _lib.pn_event_type
@@ -47,6 +57,17 @@ event_delivery: Callable[[Any], Any] = _lib.pn_event_delivery
 event_link: Callable[[Any], Any] = _lib.pn_event_link
 delivery_link: Callable[[Any], Any] = _lib.pn_delivery_link
 delivery_settle: Callable[[Any], None] = _lib.pn_delivery_settle
+delivery_update: Callable[[Any, int], None] = _lib.pn_delivery_update
+delivery_readable: Callable[[Any], bool] = _lib.pn_delivery_readable
+delivery_partial: Callable[[Any], bool] = _lib.pn_delivery_partial
+delivery_pending: Callable[[Any], int] = _lib.pn_delivery_pending
+delivery_settled: Callable[[Any], bool] = _lib.pn_delivery_settled
+delivery_remote_state: Callable[[Any], int] = _lib.pn_delivery_remote_state
+delivery_remote: Callable[[Any], Any] = _lib.pn_delivery_remote
+disposition_is_failed: Callable[[Any], bool] = _lib.pn_disposition_is_failed
+disposition_is_undeliverable: Callable[[Any], bool] = _lib.pn_disposition_is_undeliverable
+_delivery_tag = _lib.pn_delivery_tag
+_unpack = _ffi.unpack
 link_state: Callable[[Any], int] = _lib.pn_link_state
 link_advance: Callable[[Any], bool] = _lib.pn_link_advance
 link_credit: Callable[[Any], int] = _lib.pn_link_credit
@@ -64,6 +85,12 @@ _cast = _ffi.cast
 def address(impl: Any) -> int:
     """A C object's address: the key of its Python-side state (proton's wrappers hash so)."""
     return int(_cast("uint64_t", impl))
+
+
+def delivery_tag(delivery: Any) -> bytes:
+    """A delivery's tag as bytes (proton's wrapper decodes it as UTF-8 text)."""
+    tag = _delivery_tag(delivery)
+    return bytes(_unpack(tag.start, tag.size))
 
 
 def receive(link: Any, size: int) -> bytes:
