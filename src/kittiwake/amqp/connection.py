@@ -143,6 +143,7 @@ class AMQPConnection:
         if config.idle_timeout:
             self.transport.idle_timeout = config.idle_timeout
         self.engine = Connection()
+        self._engine_impl = self.engine._impl
         self.collector = Collector()
         self._collector_impl = self.collector._impl
         self.engine.collect(self.collector)
@@ -324,32 +325,46 @@ class AMQPConnection:
 
     @property
     def _engine_done(self) -> bool:
-        return self.transport.pending() < 0
+        return self._pending() < 0
+
+    # The engine's C calls for what every read and write asks (see ``engine_calls``); an
+    # engine error (below end of stream) goes through proton's wrapper, which raises it.
+
+    def _pending(self) -> int:
+        pending = engine_calls.transport_pending(self._transport_impl)
+        return pending if pending >= engine_calls.EOS else self.transport.pending()
+
+    def _capacity(self) -> int:
+        capacity = engine_calls.transport_capacity(self._transport_impl)
+        return capacity if capacity >= engine_calls.EOS else self.transport.capacity()
 
     def _push(self, data: bytes) -> None:
-        transport = self.transport
+        transport = self._transport_impl
         while data:
-            capacity = transport.capacity()
+            capacity = self._capacity()
             if capacity < 0:
                 break
             if capacity == 0:
                 # The engine holds a whole frame's worth of input; it processes it on push.
                 raise FramingError("the engine cannot take more input", RESOURCE_LIMIT_EXCEEDED)
             if capacity >= len(data):
-                transport.push(data)  # the usual case: the whole read at once, not copied
+                chunk = data  # the usual case: the whole read at once, not copied
                 data = b""
             else:
-                transport.push(data[:capacity])
+                chunk = data[:capacity]
                 data = data[capacity:]
+            taken = engine_calls.transport_push(transport, chunk)
+            if taken != len(chunk):
+                self.transport._check(taken)  # an engine error raised as proton's push does
+                raise OverflowError(f"the engine took {taken} of {len(chunk)} bytes")
             self._process_events()
         self._check_engine_state()
 
     def _check_engine_state(self) -> None:
-        transport = self.transport
         if self.closed:
             return
-        if transport.capacity() < 0 and not self._peer_closed:
-            condition = transport.condition
+        if self._capacity() < 0 and not self._peer_closed:
+            condition = self.transport.condition
             if condition is None:
                 # The engine stopped reading without naming why: the input was undecodable.
                 self.fail("amqp:decode-error", "undecodable frame")
@@ -358,12 +373,14 @@ class AMQPConnection:
             self._log.info("amqp %s: %s (%s)", self.peer, condition.name, condition.description)
             self._finish()
             return
-        if transport.closed or (self._peer_closed and transport.pending() < 0):
+        if engine_calls.transport_closed(self._transport_impl) or (
+            self._peer_closed and self._pending() < 0
+        ):
             self._finish()
 
     @property
     def _peer_closed(self) -> bool:
-        return bool(self.engine.state & Connection.REMOTE_CLOSED)
+        return bool(engine_calls.connection_state(self._engine_impl) & engine_calls.REMOTE_CLOSED)
 
     def _process_events(self) -> None:
         """Hand the engine's events over. The two that come with every message (a delivery

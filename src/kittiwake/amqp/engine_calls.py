@@ -45,6 +45,7 @@ transport_pending: Callable[[Any], int] = _lib.pn_transport_pending
 transport_capacity: Callable[[Any], int] = _lib.pn_transport_capacity
 transport_closed: Callable[[Any], bool] = _lib.pn_transport_closed
 REMOTE_CLOSED: int = _lib.PN_REMOTE_CLOSED
+EOS: int = _lib.PN_EOS
 # Delivery states (outcomes) as the C engine numbers them.
 ACCEPTED: int = _lib.PN_ACCEPTED
 REJECTED: int = _lib.PN_REJECTED
@@ -78,6 +79,7 @@ _new_delivery = _lib.pn_delivery
 _transport_pending = _lib.pn_transport_pending
 _transport_peek = _lib.pn_transport_peek
 _transport_pop = _lib.pn_transport_pop
+_transport_push = _lib.pn_transport_push
 _from_buffer = _ffi.from_buffer
 _cast = _ffi.cast
 
@@ -109,6 +111,11 @@ def send(link: Any, tag: bytes, encoded: bytes) -> Any:
     _link_send(link, _from_buffer(encoded), len(encoded))
     _lib.pn_link_advance(link)
     return delivery
+
+
+def transport_push(transport: Any, data: bytes) -> int:
+    """Hand ``data`` to the engine (not copied by Python); what it took, or an error code."""
+    return int(_transport_push(transport, _from_buffer(data), len(data)))
 
 
 def take_output(transport: Any) -> bytearray | None:
