@@ -78,8 +78,9 @@ class LinkHandler(Protocol):
     def link_opened(self, link: Link) -> None:
         """The peer attached a link: answer it (open, or refuse with a condition)."""
 
-    def link_flow(self, link: Link) -> None:
-        """The peer changed a link's credit (or drain) flag."""
+    def link_flow(self, link: Any) -> None:
+        """The peer changed a link's credit (or drain) flag (``link``: the engine's C object,
+        unwrapped)."""
 
     def link_closed(self, link: Link, *, closed: bool) -> None:
         """The peer detached (``closed`` False: a durable subscription stays) or closed a
@@ -186,7 +187,7 @@ class AMQPConnection:
 
     def data_to_send(self) -> bytes:
         """Everything ready to write, in order; empty when there is nothing."""
-        if self.phase in (Phase.OPEN, Phase.CLOSED) and not self._engine_done:
+        if self.phase in (Phase.OPEN, Phase.CLOSED) and self._pending() >= 0:
             self._pull_engine_output()
             if self.phase is Phase.OPEN and self._engine_done:
                 # Both closes exchanged (or the engine gave up): nothing more to say.
@@ -389,26 +390,31 @@ class AMQPConnection:
         are skipped unwrapped (see ``engine_calls``)."""
         collector = self._collector_impl
         handler = self.handler
+        peek = engine_calls.collector_peek
+        pop = engine_calls.collector_pop
+        event_type = engine_calls.event_type
+        delivery_kind = engine_calls.DELIVERY
+        flow_kind = engine_calls.LINK_FLOW
         while True:
-            impl = engine_calls.collector_peek(collector)
+            impl = peek(collector)
             if not impl:
                 return
             try:
-                kind = engine_calls.event_type(impl)
-                if kind == engine_calls.DELIVERY:
+                kind = event_type(impl)
+                if kind == delivery_kind:
                     if handler is not None:
                         handler.delivery_updated(engine_calls.event_delivery(impl))
-                elif kind == engine_calls.LINK_FLOW:
+                elif kind == flow_kind:
                     link_impl = engine_calls.event_link(impl)
                     if (
                         handler is not None
                         and engine_calls.link_state(link_impl) & engine_calls.LOCAL_ACTIVE
                     ):
-                        handler.link_flow(engine_calls.wrap_link(link_impl))
+                        handler.link_flow(link_impl)
                 elif kind in engine_calls.HANDLED:
                     self._on_event(engine_calls.wrap_event(impl))
             finally:
-                engine_calls.collector_pop(collector)
+                pop(collector)
 
     def _on_event(self, event: Event) -> None:
         """The rare events (see :meth:`_process_events` for the per-message ones)."""

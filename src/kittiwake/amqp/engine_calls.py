@@ -72,6 +72,7 @@ _unpack = _ffi.unpack
 link_state: Callable[[Any], int] = _lib.pn_link_state
 link_advance: Callable[[Any], bool] = _lib.pn_link_advance
 link_credit: Callable[[Any], int] = _lib.pn_link_credit
+link_get_drain: Callable[[Any], bool] = _lib.pn_link_get_drain
 link_flow: Callable[[Any, int], None] = _lib.pn_link_flow
 _link_recv = _lib.pn_link_recv
 _link_send = _lib.pn_link_send

@@ -114,10 +114,11 @@ class LinkLayer:
         self.id = f"$amqp/{next(_connection_ids)}"
         # AMQP's message counts (/metrics): one increment per transfer each way.
         self.traffic = broker.stats.protocol("amqp")
-        # By their link's C object address (``link_key``): a transfer finds its link without
+        # By their link's C object (``link_key``; cffi pointers hash and compare by address):
+        # a transfer or a credit change finds its link without
         # proton wrapping the link first.
-        self.producers: dict[int, ProducerLink] = {}
-        self.consumers: dict[int, ConsumerLink] = {}
+        self.producers: dict[Any, ProducerLink] = {}
+        self.consumers: dict[Any, ConsumerLink] = {}
         # Temporary destinations made by a dynamic attach, deleted when that link closes.
         self.dynamic: dict[Link, Destination] = {}
         self.coordinator = Coordinator(self)
@@ -189,8 +190,9 @@ class LinkLayer:
         except TerminusError as exc:
             self._refuse(link, exc.condition, str(exc))
 
-    def link_flow(self, link: Link) -> None:
-        consumer = self.consumers.get(link_key(link))
+    def link_flow(self, link: Any) -> None:
+        """``link``: the engine's C object."""
+        consumer = self.consumers.get(link)
         if consumer is not None:
             consumer.flow()
 
@@ -209,7 +211,7 @@ class LinkLayer:
     def delivery_updated(self, delivery: Any) -> None:
         """``delivery``: the engine's C object; wrapped in proton's Delivery only off the
         per-message paths (a rejection, a transaction, an answer that waits for the store)."""
-        key = engine_calls.address(engine_calls.delivery_link(delivery))
+        key = engine_calls.delivery_link(delivery)
         producer = self.producers.get(key)
         if producer is not None:
             producer.transfer(delivery)
@@ -468,9 +470,9 @@ def wrap(delivery: Any) -> ProtonDelivery:
     return engine_calls.wrap_delivery(delivery)
 
 
-def link_key(link: Link) -> int:
-    """How the link layer finds a link's state: its C object's address."""
-    return engine_calls.address(link._impl)
+def link_key(link: Link) -> Any:
+    """How the link layer finds a link's state: its C object (hashed by address)."""
+    return link._impl
 
 
 def _temporary_kind(request: NodeRequest) -> bool:
@@ -669,6 +671,7 @@ class ConsumerLink:
         self.consumer: Consumer | None = None
         self.closed = False
         self._settled_tags = 0
+        self._impl = link._impl
 
     def start(self) -> bool:
         raise NotImplementedError
@@ -687,11 +690,11 @@ class ConsumerLink:
         consumer = self.consumer
         if consumer is None:
             return
-        link = self.link
-        consumer.credit.available = max(0, link.credit)
-        if link.credit <= 0:
+        credit = engine_calls.link_credit(self._impl)
+        consumer.credit.available = max(0, credit)
+        if credit <= 0:
             return
-        if not link.drain_mode:
+        if not engine_calls.link_get_drain(self._impl):
             self.pump()
             return
         # Drain: send what waits now, then the rest of the credit is used up.
