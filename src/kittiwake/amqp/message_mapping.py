@@ -248,52 +248,87 @@ class _Read:
     creation_ms: int | None = None
     group_id: object = None
     properties: dict[Any, Any] | None = None
-    # The body when it is one amqp-value section: (has_value, value) as proton gives it, or
-    # ENCODED_BODY when it is some other value (kept as its encoding).
+    # The body when it is one amqp-value section: its value when a string, binary or null,
+    # else ENCODED_BODY (kept as its encoding).
     body: object = None
+    values: int = 0
+    # The binaries of the data sections, when the fast path read them.
+    data: list[bytes] | None = None
 
 
 # A body value that is neither a string, a binary nor null: the mapping keeps its encoding.
 ENCODED_BODY = object()
 
 
+def _scan_fast(encoded: bytes) -> tuple[list[tuple[int, bytes]], _Read]:
+    """The sections and the fields in one pass over the bytes (what split_sections and
+    _read_fast do in two); Unsupported for a section whose descriptor is not the small code
+    (the caller then takes the two-pass way)."""
+    sections: list[tuple[int, bytes]] = []
+    read = _Read()
+    decode = values_codec.decode
+    position = 0
+    end = len(encoded)
+    while position < end:
+        if position + 3 > end or encoded[position] != 0x00 or encoded[position + 1] != 0x53:
+            raise values_codec.Unsupported("not a section with a small descriptor")
+        code = encoded[position + 2]
+        value, stop = decode(encoded, position + 3)
+        sections.append((code, encoded[position:stop]))
+        _read_section(read, code, value)
+        position = stop
+    if not sections:
+        raise values_codec.Unsupported("no sections")
+    return sections, read
+
+
 def _read_fast(sections: list[tuple[int, bytes]]) -> _Read:
     """The fields through kittiwake.amqp.values; Unsupported when a section needs proton."""
     read = _Read()
-    values = 0
     for code, section in sections:
-        if code == HEADER:
-            fields = _typed(_section_list(section), _HEADER_TYPES)
-            n = len(fields)
-            read.durable = bool(fields[0]) if n > 0 and fields[0] is not None else False
-            if n > 1 and fields[1] is not None:
-                read.priority = int(fields[1])
-            if n > 2 and fields[2] is not None:
-                read.ttl_ms = int(fields[2])
-        elif code == MESSAGE_ANNOTATIONS:
-            annotations = _section_map(section)
-            read.annotations = annotations
-        elif code == PROPERTIES:
-            fields = _typed(_section_list(section), _PROPERTIES_TYPES)
-            n = len(fields)
-            read.to = fields[2] if n > 2 else None
-            if n > 8 and fields[8] is not None:
-                read.expiry_ms = int(fields[8])
-            if n > 9 and fields[9] is not None:
-                read.creation_ms = int(fields[9])
-            read.group_id = fields[10] if n > 10 else None
-        elif code == APPLICATION_PROPERTIES:
-            read.properties = _section_map(section)
-        elif code == AMQP_VALUE:
-            values += 1
-            read.body = _body_value(section)
-        elif code == AMQP_SEQUENCE:
-            raise values_codec.Unsupported("an amqp-sequence body")
-        elif code in (DELIVERY_ANNOTATIONS, FOOTER):
-            _section_map(section)  # read, not used: malformed is refused as proton does
-    if values > 1:
-        raise values_codec.Unsupported("more than one amqp-value")
+        _, value = values_codec.decode_described(section)
+        _read_section(read, code, value)
     return read
+
+
+def _read_section(read: _Read, code: int, value: Any) -> None:
+    """Take what the mapping uses from one decoded section into ``read``."""
+    if code == HEADER:
+        fields = _typed(_as_list(value), _HEADER_TYPES)
+        n = len(fields)
+        read.durable = bool(fields[0]) if n > 0 and fields[0] is not None else False
+        if n > 1 and fields[1] is not None:
+            read.priority = int(fields[1])
+        if n > 2 and fields[2] is not None:
+            read.ttl_ms = int(fields[2])
+    elif code == MESSAGE_ANNOTATIONS:
+        read.annotations = _as_map(value)
+    elif code == PROPERTIES:
+        fields = _typed(_as_list(value), _PROPERTIES_TYPES)
+        n = len(fields)
+        read.to = fields[2] if n > 2 else None
+        if n > 8 and fields[8] is not None:
+            read.expiry_ms = int(fields[8])
+        if n > 9 and fields[9] is not None:
+            read.creation_ms = int(fields[9])
+        read.group_id = fields[10] if n > 10 else None
+    elif code == APPLICATION_PROPERTIES:
+        read.properties = _as_map(value)
+    elif code == DATA:
+        if not isinstance(value, bytes):
+            raise values_codec.Unsupported("a data section that is not a binary")
+        if read.data is None:
+            read.data = []
+        read.data.append(value)
+    elif code == AMQP_VALUE:
+        if read.values:
+            raise values_codec.Unsupported("more than one amqp-value")
+        read.values += 1
+        read.body = value if value is None or isinstance(value, (str, bytes)) else ENCODED_BODY
+    elif code in (DELIVERY_ANNOTATIONS, FOOTER):
+        _as_map(value)  # read, not used: malformed is refused as proton does
+    else:  # an amqp-sequence, or not a section
+        raise values_codec.Unsupported(f"section 0x{code:02x}")
 
 
 def _typed(fields: list[Any], types: tuple[type | tuple[type, ...], ...]) -> list[Any]:
@@ -322,28 +357,18 @@ _PROPERTIES_TYPES: tuple[type | tuple[type, ...], ...] = (
 )
 
 
-def _section_list(section: bytes) -> list[Any]:
-    _, value = values_codec.decode_described(section)
+def _as_list(value: Any) -> list[Any]:
     if not isinstance(value, list):
         raise values_codec.Unsupported("a section that is not a list")
     return value
 
 
-def _section_map(section: bytes) -> dict[Any, Any]:
-    _, value = values_codec.decode_described(section)
+def _as_map(value: Any) -> dict[Any, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise values_codec.Unsupported("a section that is not a map")
     return value
-
-
-def _body_value(section: bytes) -> object:
-    """An amqp-value's value when it is a string, binary or null; else ENCODED_BODY."""
-    _, value = values_codec.decode_described(section)
-    if value is None or isinstance(value, (str, bytes)):
-        return value
-    return ENCODED_BODY
 
 
 def _read_proton(encoded: bytes) -> _Read:
@@ -376,13 +401,16 @@ def _read_proton(encoded: bytes) -> _Read:
 def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None) -> Incoming:
     """The core message for an AMQP message received on a link to ``topic`` (the link's
     address; the caller replaces it with ``to`` for an anonymous relay)."""
-    sections = split_sections(encoded)
     read: _Read | None = None
-    if sections:
-        try:
-            read = _read_fast(sections)
-        except (values_codec.Unsupported, ValueError, TypeError):
-            read = None
+    try:
+        sections, read = _scan_fast(encoded)
+    except (values_codec.Unsupported, ValueError, TypeError):
+        sections = split_sections(encoded)
+        if sections:
+            try:
+                read = _read_fast(sections)
+            except (values_codec.Unsupported, ValueError, TypeError):
+                read = None
     if read is None:
         read = _read_proton(encoded)
     annotations: dict[Any, Any] = read.annotations or {}
@@ -405,7 +433,10 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
     properties = typed_properties(read.properties)
     retain = properties is not None and properties.get(RETAIN_PROPERTY) == 1
     kept = b"".join(s for code, s in sections if code not in (HEADER, DELIVERY_ANNOTATIONS))
-    payload, kind = body_bytes(read.body, sections)
+    if read.data is not None:
+        payload, kind = b"".join(read.data), BodyKind.DATA
+    else:
+        payload, kind = body_bytes(read.body, sections)
     group = read.group_id
     message = Message(
         topic=topic,

@@ -121,10 +121,15 @@ def _compound(
         position += 2
     if stop > end or count > size:
         raise Unsupported("cut off")
-    items = []
+    items: list[Any] = []
+    append = items.append
     for _ in range(count):
+        if position < stop and data[position] == 0x40:  # null, read here: no call
+            append(None)
+            position += 1
+            continue
         value, position = decode(data, position, depth)
-        items.append(value)
+        append(value)
     if position != stop:
         raise Unsupported("size and items disagree")
     if code & 0x01:  # map

@@ -202,8 +202,15 @@ def test_the_mapping_is_the_same_through_either_decoder(
     def unsupported(sections: Any) -> Any:
         raise Unsupported("forced")
 
+    monkeypatch.setattr(message_mapping, "_scan_fast", unsupported)
+    two_pass = from_amqp(raw, topic="t", clocks=clocks, origin="o")
     monkeypatch.setattr(message_mapping, "_read_fast", unsupported)
     slow = from_amqp(raw, topic="t", clocks=clocks, origin="o")
+    assert_same_mapping(fast, slow)
+    assert_same_mapping(two_pass, slow)
+
+
+def assert_same_mapping(fast: Any, slow: Any) -> None:
     assert fast.to == slow.to
     assert fast.to_type == slow.to_type
     assert fast.durable == slow.durable
