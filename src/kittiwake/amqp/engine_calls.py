@@ -10,6 +10,7 @@ call the C functions here directly; everything else keeps using proton's classes
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,7 @@ _transport_peek = _lib.pn_transport_peek
 _transport_pop = _lib.pn_transport_pop
 _transport_push = _lib.pn_transport_push
 _from_buffer = _ffi.from_buffer
+_new = _ffi.new
 _cast = _ffi.cast
 
 
@@ -96,37 +98,57 @@ def delivery_tag(delivery: Any) -> bytes:
     return bytes(_unpack(tag.start, tag.size))
 
 
+class _Scratch(threading.local):
+    """A C buffer the engine copies into (a transfer's bytes, its output), reused: one per
+    thread (C calls release the GIL, so threads cannot share one; each use is a copy in and
+    a copy out with nothing in between). Passing a new bytearray through ``ffi.from_buffer``
+    instead cost more than the copy itself on every call."""
+
+    def __init__(self) -> None:
+        self.size = 64 * 1024
+        self.buffer: Any = _new("char[]", self.size)
+
+    def at_least(self, size: int) -> Any:
+        if size > self.size:
+            self.size = max(size, 2 * self.size)
+            self.buffer = _new("char[]", self.size)
+        return self.buffer
+
+
+_scratch = _Scratch()
+
+
 def receive(link: Any, size: int) -> bytes:
     """The current incoming delivery's bytes (``size``: what it has pending)."""
-    buffer = bytearray(size)
-    got = _link_recv(link, _from_buffer(buffer), size)
+    buffer = _scratch.at_least(size)
+    got = _link_recv(link, buffer, size)
     if got < 0:
         return b""
-    return bytes(buffer) if got == size else bytes(buffer[:got])
+    return bytes(_unpack(buffer, got))
 
 
 def send(link: Any, tag: bytes, encoded: bytes) -> Any:
     """A new outgoing delivery with ``tag`` holding ``encoded``, the link advanced past it;
-    returns the delivery's C object."""
+    returns the delivery's C object. (A bytes argument is passed to C as it is.)"""
     delivery = _new_delivery(link, (len(tag), _from_buffer(tag)))
-    _link_send(link, _from_buffer(encoded), len(encoded))
+    _link_send(link, encoded, len(encoded))
     _lib.pn_link_advance(link)
     return delivery
 
 
 def transport_push(transport: Any, data: bytes) -> int:
     """Hand ``data`` to the engine (not copied by Python); what it took, or an error code."""
-    return int(_transport_push(transport, _from_buffer(data), len(data)))
+    return int(_transport_push(transport, data, len(data)))
 
 
-def take_output(transport: Any) -> bytearray | None:
+def take_output(transport: Any) -> bytes | None:
     """The bytes the engine has ready to write, taken out of it; None when there are none."""
     pending = _transport_pending(transport)
     if pending <= 0:
         return None
-    buffer = bytearray(pending)
-    got = _transport_peek(transport, _from_buffer(buffer), pending)
+    buffer = _scratch.at_least(pending)
+    got = _transport_peek(transport, buffer, pending)
     if got < 0:
         return None
     _transport_pop(transport, got)
-    return buffer if got == pending else buffer[:got]
+    return bytes(_unpack(buffer, got))
