@@ -131,14 +131,20 @@ def send(link: Any, tag: bytes, encoded: bytes) -> Any:
     """A new outgoing delivery with ``tag`` holding ``encoded``, the link advanced past it;
     returns the delivery's C object. (A bytes argument is passed to C as it is.)"""
     delivery = _new_delivery(link, (len(tag), _from_buffer(tag)))
-    _link_send(link, encoded, len(encoded))
+    _link_send(link, _c_bytes(encoded), len(encoded))
     _lib.pn_link_advance(link)
     return delivery
 
 
-def transport_push(transport: Any, data: bytes) -> int:
+def transport_push(transport: Any, data: bytes | bytearray | memoryview) -> int:
     """Hand ``data`` to the engine (not copied by Python); what it took, or an error code."""
-    return int(_transport_push(transport, data, len(data)))
+    return int(_transport_push(transport, _c_bytes(data), len(data)))
+
+
+def _c_bytes(data: bytes | bytearray | memoryview) -> Any:
+    """``data`` as a C call takes it: a bytes object as it is (cffi passes its own buffer),
+    any other buffer (a bytearray, a view) through ``ffi.from_buffer``."""
+    return data if type(data) is bytes else _from_buffer(data)
 
 
 def take_output(transport: Any) -> bytes | None:
