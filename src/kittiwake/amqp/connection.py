@@ -192,11 +192,12 @@ class AMQPConnection:
             if self.phase is Phase.OPEN and self._engine_done:
                 # Both closes exchanged (or the engine gave up): nothing more to say.
                 self._finish()
-        if not self._output:
+        output = self._output
+        if not output:
             return b""
-        out = b"".join(self._output)
-        self._output.clear()
-        return out
+        out = output[0] if len(output) == 1 else b"".join(output)
+        output.clear()
+        return out if type(out) is bytes else bytes(out)
 
     @property
     def opened(self) -> bool:

@@ -435,6 +435,8 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
     kept = b"".join(s for code, s in sections if code not in (HEADER, DELIVERY_ANNOTATIONS))
     if read.data is not None:
         payload, kind = b"".join(read.data), BodyKind.DATA
+    elif read.values and isinstance(read.body, str):  # one amqp-value: a TextMessage
+        payload, kind = read.body.encode("utf-8"), BodyKind.STRING
     else:
         payload, kind = body_bytes(read.body, sections)
     group = read.group_id
