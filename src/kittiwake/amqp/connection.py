@@ -20,7 +20,6 @@ from proton import (
     Collector,
     Condition,
     Connection,
-    Delivery,
     Event,
     Link,
     Session,
@@ -79,15 +78,17 @@ class LinkHandler(Protocol):
     def link_opened(self, link: Link) -> None:
         """The peer attached a link: answer it (open, or refuse with a condition)."""
 
-    def link_flow(self, link: Link) -> None:
-        """The peer changed a link's credit (or drain) flag."""
+    def link_flow(self, link: Any) -> None:
+        """The peer changed a link's credit (or drain) flag (``link``: the engine's C object,
+        unwrapped)."""
 
     def link_closed(self, link: Link, *, closed: bool) -> None:
         """The peer detached (``closed`` False: a durable subscription stays) or closed a
         link; the connection answers in kind afterwards."""
 
-    def delivery_updated(self, delivery: Delivery) -> None:
-        """A transfer arrived, or the peer settled or changed the state of a delivery."""
+    def delivery_updated(self, delivery: Any) -> None:
+        """A transfer arrived, or the peer settled or changed the state of a delivery
+        (``delivery``: the engine's C object, unwrapped; see ``engine_calls``)."""
 
     def connection_ended(self) -> None:
         """The connection is gone: take back whatever its links held."""
@@ -143,6 +144,7 @@ class AMQPConnection:
         if config.idle_timeout:
             self.transport.idle_timeout = config.idle_timeout
         self.engine = Connection()
+        self._engine_impl = self.engine._impl
         self.collector = Collector()
         self._collector_impl = self.collector._impl
         self.engine.collect(self.collector)
@@ -185,16 +187,17 @@ class AMQPConnection:
 
     def data_to_send(self) -> bytes:
         """Everything ready to write, in order; empty when there is nothing."""
-        if self.phase in (Phase.OPEN, Phase.CLOSED) and not self._engine_done:
+        if self.phase in (Phase.OPEN, Phase.CLOSED) and self._pending() >= 0:
             self._pull_engine_output()
             if self.phase is Phase.OPEN and self._engine_done:
                 # Both closes exchanged (or the engine gave up): nothing more to say.
                 self._finish()
-        if not self._output:
+        output = self._output
+        if not output:
             return b""
-        out = b"".join(self._output)
-        self._output.clear()
-        return out
+        out = output[0] if len(output) == 1 else b"".join(output)
+        output.clear()
+        return out if type(out) is bytes else bytes(out)
 
     @property
     def opened(self) -> bool:
@@ -324,32 +327,46 @@ class AMQPConnection:
 
     @property
     def _engine_done(self) -> bool:
-        return self.transport.pending() < 0
+        return self._pending() < 0
+
+    # The engine's C calls for what every read and write asks (see ``engine_calls``); an
+    # engine error (below end of stream) goes through proton's wrapper, which raises it.
+
+    def _pending(self) -> int:
+        pending = engine_calls.transport_pending(self._transport_impl)
+        return pending if pending >= engine_calls.EOS else self.transport.pending()
+
+    def _capacity(self) -> int:
+        capacity = engine_calls.transport_capacity(self._transport_impl)
+        return capacity if capacity >= engine_calls.EOS else self.transport.capacity()
 
     def _push(self, data: bytes) -> None:
-        transport = self.transport
+        transport = self._transport_impl
         while data:
-            capacity = transport.capacity()
+            capacity = self._capacity()
             if capacity < 0:
                 break
             if capacity == 0:
                 # The engine holds a whole frame's worth of input; it processes it on push.
                 raise FramingError("the engine cannot take more input", RESOURCE_LIMIT_EXCEEDED)
             if capacity >= len(data):
-                transport.push(data)  # the usual case: the whole read at once, not copied
+                chunk = data  # the usual case: the whole read at once, not copied
                 data = b""
             else:
-                transport.push(data[:capacity])
+                chunk = data[:capacity]
                 data = data[capacity:]
+            taken = engine_calls.transport_push(transport, chunk)
+            if taken != len(chunk):
+                self.transport._check(taken)  # an engine error raised as proton's push does
+                raise OverflowError(f"the engine took {taken} of {len(chunk)} bytes")
             self._process_events()
         self._check_engine_state()
 
     def _check_engine_state(self) -> None:
-        transport = self.transport
         if self.closed:
             return
-        if transport.capacity() < 0 and not self._peer_closed:
-            condition = transport.condition
+        if self._capacity() < 0 and not self._peer_closed:
+            condition = self.transport.condition
             if condition is None:
                 # The engine stopped reading without naming why: the input was undecodable.
                 self.fail("amqp:decode-error", "undecodable frame")
@@ -358,42 +375,47 @@ class AMQPConnection:
             self._log.info("amqp %s: %s (%s)", self.peer, condition.name, condition.description)
             self._finish()
             return
-        if transport.closed or (self._peer_closed and transport.pending() < 0):
+        if engine_calls.transport_closed(self._transport_impl) or (
+            self._peer_closed and self._pending() < 0
+        ):
             self._finish()
 
     @property
     def _peer_closed(self) -> bool:
-        return bool(self.engine.state & Connection.REMOTE_CLOSED)
+        return bool(engine_calls.connection_state(self._engine_impl) & engine_calls.REMOTE_CLOSED)
 
     def _process_events(self) -> None:
         """Hand the engine's events over. The two that come with every message (a delivery
-        changed, a link's credit changed) are read through the C calls with only the object
-        they name wrapped; the rare ones go through proton's Event; the rest are skipped
-        unwrapped (see ``engine_calls``)."""
+        changed, a link's credit changed) are read through the C calls (a delivery handed over
+        as its C object, a link wrapped); the rare ones go through proton's Event; the rest
+        are skipped unwrapped (see ``engine_calls``)."""
         collector = self._collector_impl
         handler = self.handler
+        peek = engine_calls.collector_peek
+        pop = engine_calls.collector_pop
+        event_type = engine_calls.event_type
+        delivery_kind = engine_calls.DELIVERY
+        flow_kind = engine_calls.LINK_FLOW
         while True:
-            impl = engine_calls.collector_peek(collector)
+            impl = peek(collector)
             if not impl:
                 return
             try:
-                kind = engine_calls.event_type(impl)
-                if kind == engine_calls.DELIVERY:
+                kind = event_type(impl)
+                if kind == delivery_kind:
                     if handler is not None:
-                        handler.delivery_updated(
-                            engine_calls.wrap_delivery(engine_calls.event_delivery(impl))
-                        )
-                elif kind == engine_calls.LINK_FLOW:
+                        handler.delivery_updated(engine_calls.event_delivery(impl))
+                elif kind == flow_kind:
                     link_impl = engine_calls.event_link(impl)
                     if (
                         handler is not None
                         and engine_calls.link_state(link_impl) & engine_calls.LOCAL_ACTIVE
                     ):
-                        handler.link_flow(engine_calls.wrap_link(link_impl))
+                        handler.link_flow(link_impl)
                 elif kind in engine_calls.HANDLED:
                     self._on_event(engine_calls.wrap_event(impl))
             finally:
-                engine_calls.collector_pop(collector)
+                pop(collector)
 
     def _on_event(self, event: Event) -> None:
         """The rare events (see :meth:`_process_events` for the per-message ones)."""

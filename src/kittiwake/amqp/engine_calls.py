@@ -10,6 +10,7 @@ call the C functions here directly; everything else keeps using proton's classes
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,17 @@ wrap_delivery: Callable[[Any], Delivery] = Delivery.wrap
 wrap_link: Callable[[Any], Link] = Link.wrap
 wrap_event: Callable[[Any], Event] = Event.wrap
 
+connection_state: Callable[[Any], int] = _lib.pn_connection_state
+transport_pending: Callable[[Any], int] = _lib.pn_transport_pending
+transport_capacity: Callable[[Any], int] = _lib.pn_transport_capacity
+transport_closed: Callable[[Any], bool] = _lib.pn_transport_closed
+REMOTE_CLOSED: int = _lib.PN_REMOTE_CLOSED
+EOS: int = _lib.PN_EOS
+# Delivery states (outcomes) as the C engine numbers them.
+ACCEPTED: int = _lib.PN_ACCEPTED
+REJECTED: int = _lib.PN_REJECTED
+RELEASED: int = _lib.PN_RELEASED
+MODIFIED: int = _lib.PN_MODIFIED
 collector_peek: Callable[[Any], Any] = _lib.pn_collector_peek
 collector_pop: Callable[[Any], Any] = _lib.pn_collector_pop
 event_type: Callable[[Any], int] = _lib.pn_event_type
@@ -47,9 +59,21 @@ event_delivery: Callable[[Any], Any] = _lib.pn_event_delivery
 event_link: Callable[[Any], Any] = _lib.pn_event_link
 delivery_link: Callable[[Any], Any] = _lib.pn_delivery_link
 delivery_settle: Callable[[Any], None] = _lib.pn_delivery_settle
+delivery_update: Callable[[Any, int], None] = _lib.pn_delivery_update
+delivery_readable: Callable[[Any], bool] = _lib.pn_delivery_readable
+delivery_partial: Callable[[Any], bool] = _lib.pn_delivery_partial
+delivery_pending: Callable[[Any], int] = _lib.pn_delivery_pending
+delivery_settled: Callable[[Any], bool] = _lib.pn_delivery_settled
+delivery_remote_state: Callable[[Any], int] = _lib.pn_delivery_remote_state
+delivery_remote: Callable[[Any], Any] = _lib.pn_delivery_remote
+disposition_is_failed: Callable[[Any], bool] = _lib.pn_disposition_is_failed
+disposition_is_undeliverable: Callable[[Any], bool] = _lib.pn_disposition_is_undeliverable
+_delivery_tag = _lib.pn_delivery_tag
+_unpack = _ffi.unpack
 link_state: Callable[[Any], int] = _lib.pn_link_state
 link_advance: Callable[[Any], bool] = _lib.pn_link_advance
 link_credit: Callable[[Any], int] = _lib.pn_link_credit
+link_get_drain: Callable[[Any], bool] = _lib.pn_link_get_drain
 link_flow: Callable[[Any, int], None] = _lib.pn_link_flow
 _link_recv = _lib.pn_link_recv
 _link_send = _lib.pn_link_send
@@ -57,7 +81,9 @@ _new_delivery = _lib.pn_delivery
 _transport_pending = _lib.pn_transport_pending
 _transport_peek = _lib.pn_transport_peek
 _transport_pop = _lib.pn_transport_pop
+_transport_push = _lib.pn_transport_push
 _from_buffer = _ffi.from_buffer
+_new = _ffi.new
 _cast = _ffi.cast
 
 
@@ -66,32 +92,69 @@ def address(impl: Any) -> int:
     return int(_cast("uint64_t", impl))
 
 
+def delivery_tag(delivery: Any) -> bytes:
+    """A delivery's tag as bytes (proton's wrapper decodes it as UTF-8 text)."""
+    tag = _delivery_tag(delivery)
+    return bytes(_unpack(tag.start, tag.size))
+
+
+class _Scratch(threading.local):
+    """A C buffer the engine copies into (a transfer's bytes, its output), reused: one per
+    thread (C calls release the GIL, so threads cannot share one; each use is a copy in and
+    a copy out with nothing in between). Passing a new bytearray through ``ffi.from_buffer``
+    instead cost more than the copy itself on every call."""
+
+    def __init__(self) -> None:
+        self.size = 64 * 1024
+        self.buffer: Any = _new("char[]", self.size)
+
+    def at_least(self, size: int) -> Any:
+        if size > self.size:
+            self.size = max(size, 2 * self.size)
+            self.buffer = _new("char[]", self.size)
+        return self.buffer
+
+
+_scratch = _Scratch()
+
+
 def receive(link: Any, size: int) -> bytes:
     """The current incoming delivery's bytes (``size``: what it has pending)."""
-    buffer = bytearray(size)
-    got = _link_recv(link, _from_buffer(buffer), size)
+    buffer = _scratch.at_least(size)
+    got = _link_recv(link, buffer, size)
     if got < 0:
         return b""
-    return bytes(buffer) if got == size else bytes(buffer[:got])
+    return bytes(_unpack(buffer, got))
 
 
 def send(link: Any, tag: bytes, encoded: bytes) -> Any:
     """A new outgoing delivery with ``tag`` holding ``encoded``, the link advanced past it;
-    returns the delivery's C object."""
+    returns the delivery's C object. (A bytes argument is passed to C as it is.)"""
     delivery = _new_delivery(link, (len(tag), _from_buffer(tag)))
-    _link_send(link, _from_buffer(encoded), len(encoded))
+    _link_send(link, _c_bytes(encoded), len(encoded))
     _lib.pn_link_advance(link)
     return delivery
 
 
-def take_output(transport: Any) -> bytearray | None:
+def transport_push(transport: Any, data: bytes | bytearray | memoryview) -> int:
+    """Hand ``data`` to the engine (not copied by Python); what it took, or an error code."""
+    return int(_transport_push(transport, _c_bytes(data), len(data)))
+
+
+def _c_bytes(data: bytes | bytearray | memoryview) -> Any:
+    """``data`` as a C call takes it: a bytes object as it is (cffi passes its own buffer),
+    any other buffer (a bytearray, a view) through ``ffi.from_buffer``."""
+    return data if type(data) is bytes else _from_buffer(data)
+
+
+def take_output(transport: Any) -> bytes | None:
     """The bytes the engine has ready to write, taken out of it; None when there are none."""
     pending = _transport_pending(transport)
     if pending <= 0:
         return None
-    buffer = bytearray(pending)
-    got = _transport_peek(transport, _from_buffer(buffer), pending)
+    buffer = _scratch.at_least(pending)
+    got = _transport_peek(transport, buffer, pending)
     if got < 0:
         return None
     _transport_pop(transport, got)
-    return buffer if got == pending else buffer[:got]
+    return bytes(_unpack(buffer, got))

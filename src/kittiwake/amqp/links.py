@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proton import Condition, Link, Terminus
 from proton import Delivery as ProtonDelivery
@@ -114,10 +114,11 @@ class LinkLayer:
         self.id = f"$amqp/{next(_connection_ids)}"
         # AMQP's message counts (/metrics): one increment per transfer each way.
         self.traffic = broker.stats.protocol("amqp")
-        # By their link's C object address (``link_key``): a transfer finds its link without
+        # By their link's C object (``link_key``; cffi pointers hash and compare by address):
+        # a transfer or a credit change finds its link without
         # proton wrapping the link first.
-        self.producers: dict[int, ProducerLink] = {}
-        self.consumers: dict[int, ConsumerLink] = {}
+        self.producers: dict[Any, ProducerLink] = {}
+        self.consumers: dict[Any, ConsumerLink] = {}
         # Temporary destinations made by a dynamic attach, deleted when that link closes.
         self.dynamic: dict[Link, Destination] = {}
         self.coordinator = Coordinator(self)
@@ -189,8 +190,9 @@ class LinkLayer:
         except TerminusError as exc:
             self._refuse(link, exc.condition, str(exc))
 
-    def link_flow(self, link: Link) -> None:
-        consumer = self.consumers.get(link_key(link))
+    def link_flow(self, link: Any) -> None:
+        """``link``: the engine's C object."""
+        consumer = self.consumers.get(link)
         if consumer is not None:
             consumer.flow()
 
@@ -206,8 +208,10 @@ class LinkLayer:
         if consumer is not None:
             consumer.close(remove=closed)
 
-    def delivery_updated(self, delivery: ProtonDelivery) -> None:
-        key = engine_calls.address(engine_calls.delivery_link(delivery._impl))
+    def delivery_updated(self, delivery: Any) -> None:
+        """``delivery``: the engine's C object; wrapped in proton's Delivery only off the
+        per-message paths (a rejection, a transaction, an answer that waits for the store)."""
+        key = engine_calls.delivery_link(delivery)
         producer = self.producers.get(key)
         if producer is not None:
             producer.transfer(delivery)
@@ -461,9 +465,14 @@ class LinkLayer:
         self.consumers[link_key(link)] = consumer
 
 
-def link_key(link: Link) -> int:
-    """How the link layer finds a link's state: its C object's address."""
-    return engine_calls.address(link._impl)
+def wrap(delivery: Any) -> ProtonDelivery:
+    """proton's Delivery for an engine C object, for the paths that need its fields."""
+    return engine_calls.wrap_delivery(delivery)
+
+
+def link_key(link: Link) -> Any:
+    """How the link layer finds a link's state: its C object (hashed by address)."""
+    return link._impl
 
 
 def _temporary_kind(request: NodeRequest) -> bool:
@@ -498,28 +507,30 @@ class ProducerLink:
         # Credit is topped up to this once it falls to half of it.
         self.credit = layer.connection.config.link_credit
 
-    def transfer(self, delivery: ProtonDelivery) -> None:
-        if not delivery.readable or delivery.partial:
-            if delivery.pending > self.layer.connection.config.max_message_size:
-                self._reject(delivery, RESOURCE_LIMIT_EXCEEDED, "message too large")
+    def transfer(self, delivery: Any) -> None:
+        """A transfer arrived (``delivery``: the engine's C object)."""
+        pending = engine_calls.delivery_pending(delivery)
+        if not engine_calls.delivery_readable(delivery) or engine_calls.delivery_partial(delivery):
+            if pending > self.layer.connection.config.max_message_size:
+                self._reject(wrap(delivery), RESOURCE_LIMIT_EXCEEDED, "message too large")
             return
         link = self._impl
-        data = engine_calls.receive(link, delivery.pending)
+        data = engine_calls.receive(link, pending)
         engine_calls.link_advance(link)
         credit = engine_calls.link_credit(link)
         if credit <= self.credit // 2:
             engine_calls.link_flow(link, self.credit - credit)
         if self.request.coordinator:
-            self.layer.coordinator.control(delivery, data)
+            self.layer.coordinator.control(wrap(delivery), data)
             self.layer.connection.wake()
             return
         self.layer.traffic.messages_received += 1
         try:
             self._publish(delivery, data)
         except MappingError as exc:
-            self._reject(delivery, exc.condition, str(exc))
+            self._reject(wrap(delivery), exc.condition, str(exc))
 
-    def _publish(self, delivery: ProtonDelivery, data: bytes) -> None:
+    def _publish(self, delivery: Any, data: bytes) -> None:
         layer = self.layer
         request = self.request
         incoming = from_amqp(
@@ -530,16 +541,18 @@ class ProducerLink:
         if name is None:
             # An anonymous relay: the message names its destination.
             if not incoming.to:
-                self._reject(delivery, "amqp:invalid-field", "the message names no destination")
+                self._reject(
+                    wrap(delivery), "amqp:invalid-field", "the message names no destination"
+                )
                 return
             name = incoming.to
             kind = NodeKind.TOPIC if incoming.to_type in _TOPIC_TYPES else NodeKind.QUEUE
             message.topic = name
-        presettled = delivery.settled  # settled by the client already
+        presettled = engine_calls.delivery_settled(delivery)  # by the client already
         try:
             layer.check_destination(kind, name, consuming=False)
         except TerminusError as exc:
-            self._reject(delivery, exc.condition, str(exc))
+            self._reject(wrap(delivery), exc.condition, str(exc))
             return
         if presettled and not message.persistent:
             message.qos = 0  # acknowledgements disabled: at most once (DESIGN.md section 2)
@@ -548,47 +561,58 @@ class ProducerLink:
                 validate_topic_name(name)
             except TopicError as exc:
                 self._reject(
-                    delivery, "amqp:invalid-field", f"not a valid topic name: {exc}", to=name
+                    wrap(delivery), "amqp:invalid-field", f"not a valid topic name: {exc}", to=name
                 )
                 return
             if not layer.permissions.may_publish(name):
                 self._reject(
-                    delivery, UNAUTHORIZED_ACCESS, f"may not publish to {name}", to=name
+                    wrap(delivery), UNAUTHORIZED_ACCESS, f"may not publish to {name}", to=name
                 )
                 return
         elif request.name is None:  # an anonymous relay's queue: checked per transfer
             try:
                 layer.check_queue_access("send", name)
             except TerminusError as exc:
-                self._reject(delivery, exc.condition, str(exc), to=name)
+                self._reject(wrap(delivery), exc.condition, str(exc), to=name)
                 return
-        if delivery.remote_state == TRANSACTIONAL_STATE:
-            staged = layer.coordinator.find(delivery.remote.data)
+        if engine_calls.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+            wrapped = wrap(delivery)
+            staged = layer.coordinator.find(wrapped.remote.data)
             if staged is None:
-                self._reject(delivery, UNKNOWN_ID, "the transfer names no declared transaction")
+                self._reject(wrapped, UNKNOWN_ID, "the transfer names no declared transaction")
                 return
             destination = (
                 Destination.topic(name) if kind is NodeKind.TOPIC else Destination.queue(name)
             )
-            layer.coordinator.stage_send(delivery, staged, destination, message)
+            layer.coordinator.stage_send(wrapped, staged, destination, message)
             return
         if kind is NodeKind.TOPIC:
             completion = layer.broker.publish(message)
         else:
             accepted, completion = layer.queues.send(name, message)
             if not accepted:
-                self._reject(delivery, RESOURCE_LIMIT_EXCEEDED, f"queue {name} is full")
+                self._reject(wrap(delivery), RESOURCE_LIMIT_EXCEEDED, f"queue {name} is full")
                 return
         if presettled:
-            delivery.settle()
+            engine_calls.delivery_settle(delivery)
             return
         self._accept_when(delivery, completion)
 
-    def _accept_when(self, delivery: ProtonDelivery, completion: Completion) -> None:
+    def _accept_when(self, delivery: Any, completion: Completion) -> None:
         if completion is None or completion.done():
-            self._answer(delivery, completion)
+            if completion is None or not (
+                completion.cancelled() or completion.exception() is not None
+            ):
+                # The usual answer, at once: through the C calls (no wrapper).
+                engine_calls.delivery_update(delivery, engine_calls.ACCEPTED)
+                engine_calls.delivery_settle(delivery)
+                self.layer.connection.wake()
+                return
+            self._answer(wrap(delivery), completion)
             return
-        completion.add_done_callback(lambda done: self._answer(delivery, done))
+        # Answered later: the wrapper holds a reference to the delivery meanwhile.
+        wrapped = wrap(delivery)
+        completion.add_done_callback(lambda done: self._answer(wrapped, done))
 
     def _answer(self, delivery: ProtonDelivery, completion: Completion) -> None:
         if self.closed or self.layer.ended:
@@ -643,10 +667,11 @@ class ConsumerLink:
         self.name = name
         self.presettled = presettled
         # Core deliveries in flight on this link, by their wire tag.
-        self.unsettled: dict[str, Delivery] = {}
+        self.unsettled: dict[bytes, Delivery] = {}
         self.consumer: Consumer | None = None
         self.closed = False
         self._settled_tags = 0
+        self._impl = link._impl
 
     def start(self) -> bool:
         raise NotImplementedError
@@ -665,11 +690,11 @@ class ConsumerLink:
         consumer = self.consumer
         if consumer is None:
             return
-        link = self.link
-        consumer.credit.available = max(0, link.credit)
-        if link.credit <= 0:
+        credit = engine_calls.link_credit(self._impl)
+        consumer.credit.available = max(0, credit)
+        if credit <= 0:
             return
-        if not link.drain_mode:
+        if not engine_calls.link_get_drain(self._impl):
             self.pump()
             return
         # Drain: send what waits now, then the rest of the credit is used up.
@@ -697,7 +722,7 @@ class ConsumerLink:
     def deliver(self, delivery: Delivery) -> None:
         """Send one attempt (the core spent one credit on it)."""
         entry = delivery.entry
-        tag = str(delivery.id)
+        tag = str(delivery.id).encode()
         self._send(tag, delivery.view, entry.delivery_count)
         if self.presettled:
             # At most once: done as soon as it is sent.
@@ -710,9 +735,9 @@ class ConsumerLink:
         if self.link.credit <= 0:
             return  # the client gave no credit: at most once means it is dropped
         self._settled_tags += 1
-        self._send(f"s{self._settled_tags}", entry, entry.delivery_count)
+        self._send(b"s%d" % self._settled_tags, entry, entry.delivery_count)
 
-    def _send(self, tag: str, entry: QueuedMessage, delivery_count: int) -> None:
+    def _send(self, tag: bytes, entry: QueuedMessage, delivery_count: int) -> None:
         link = self.link
         encoded = to_amqp(
             entry.message,
@@ -722,7 +747,7 @@ class ConsumerLink:
             destination_type=self.destination_type,
             retained=entry.retain,
         )
-        wire = engine_calls.send(link._impl, tag.encode(), encoded)
+        wire = engine_calls.send(link._impl, tag, encoded)
         self.layer.traffic.messages_sent += 1
         if self.presettled or entry.qos == 0:
             engine_calls.delivery_settle(wire)
@@ -730,32 +755,37 @@ class ConsumerLink:
 
     # -- the client's side -------------------------------------------------------------------
 
-    def disposition(self, wire: ProtonDelivery) -> None:
-        """The client settled, or gave an outcome for, a delivery."""
-        state = wire.remote_state
+    def disposition(self, wire: Any) -> None:
+        """The client settled, or gave an outcome for, a delivery (``wire``: the engine's C
+        object)."""
+        state = engine_calls.delivery_remote_state(wire)
         if state == TRANSACTIONAL_STATE:
-            self._transactional(wire)
+            self._transactional(wrap(wire))
             return
-        if not wire.settled and state not in _TERMINAL:
+        if not engine_calls.delivery_settled(wire) and state not in _TERMINAL:
             return  # only a received state, or nothing yet
-        delivery = self.unsettled.pop(wire.tag, None)
-        wire.settle()
+        delivery = self.unsettled.pop(engine_calls.delivery_tag(wire), None)
         if delivery is None:
+            engine_calls.delivery_settle(wire)
             return
-        remote = wire.remote
-        if state == ProtonDelivery.ACCEPTED:
+        if state == engine_calls.ACCEPTED:
             settlement = Settlement.ACCEPTED
-        elif state == ProtonDelivery.REJECTED:
-            settlement = Settlement.REJECTED
-        elif state == ProtonDelivery.MODIFIED and remote.failed:
-            settlement = Settlement.MODIFIED
-        elif state == ProtonDelivery.MODIFIED or state == ProtonDelivery.RELEASED:
-            settlement = Settlement.RELEASED
+            undeliverable = False
         else:
-            # Settled with no outcome: the client leaves it to the broker (the source's
-            # default outcome, which is modified: it may have been seen).
-            settlement = Settlement.MODIFIED
-        undeliverable = state == ProtonDelivery.MODIFIED and bool(remote.undeliverable)
+            remote = engine_calls.delivery_remote(wire)
+            modified = state == engine_calls.MODIFIED
+            if state == engine_calls.REJECTED:
+                settlement = Settlement.REJECTED
+            elif modified and engine_calls.disposition_is_failed(remote):
+                settlement = Settlement.MODIFIED
+            elif modified or state == engine_calls.RELEASED:
+                settlement = Settlement.RELEASED
+            else:
+                # Settled with no outcome: the client leaves it to the broker (the source's
+                # default outcome, which is modified: it may have been seen).
+                settlement = Settlement.MODIFIED
+            undeliverable = modified and bool(engine_calls.disposition_is_undeliverable(remote))
+        engine_calls.delivery_settle(wire)  # after the last look at its state
         self._settle_core(delivery, settlement, undeliverable)
 
     def _transactional(self, wire: ProtonDelivery) -> None:
@@ -766,7 +796,7 @@ class ConsumerLink:
         settlement = transactional_outcome(data)
         if staged is None or settlement is None:
             return  # not (yet) an outcome of a transaction we know: wait for one
-        delivery = self.unsettled.pop(wire.tag, None)
+        delivery = self.unsettled.pop(engine_calls.delivery_tag(wire._impl), None)
         wire.settle()
         if delivery is not None:
             coordinator.stage_settlement(staged, delivery, settlement)
@@ -777,11 +807,8 @@ class ConsumerLink:
         raise NotImplementedError
 
 
-_TERMINAL = (
-    ProtonDelivery.ACCEPTED,
-    ProtonDelivery.REJECTED,
-    ProtonDelivery.RELEASED,
-    ProtonDelivery.MODIFIED,
+_TERMINAL = frozenset(
+    (engine_calls.ACCEPTED, engine_calls.REJECTED, engine_calls.RELEASED, engine_calls.MODIFIED)
 )
 
 
@@ -874,10 +901,10 @@ class BrowserLink(ConsumerLink):
         while link.credit > 0 and self.position < len(self.snapshot):
             entry = self.snapshot[self.position]
             self.position += 1
-            self._send(f"b{self.position}", entry, entry.delivery_count)
+            self._send(b"b%d" % self.position, entry, entry.delivery_count)
 
-    def disposition(self, wire: ProtonDelivery) -> None:
-        wire.settle()  # a browsed message stays where it is, whatever the outcome
+    def disposition(self, wire: Any) -> None:
+        engine_calls.delivery_settle(wire)  # a browsed message stays, whatever the outcome
 
     def close(self, *, remove: bool) -> None:
         self.closed = True

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from proton import (
     Data,
@@ -32,6 +32,7 @@ from proton import (
 )
 from proton import Message as ProtonMessage
 
+from kittiwake.amqp import values as values_codec
 from kittiwake.broker.message import (
     DEFAULT_PRIORITY,
     AMQPFields,
@@ -129,10 +130,11 @@ class Incoming:
     durable: bool
 
 
-@dataclass(slots=True, frozen=True)
-class Clocks:
+class Clocks(NamedTuple):
     """The two readings a translation needs: the core clock (expiry and delivery times are
-    clock times) and the wall clock (AMQP times are milliseconds since the epoch)."""
+    clock times) and the wall clock (AMQP times are milliseconds since the epoch). A named
+    tuple: one is made per message each way, and a frozen dataclass costs several times more
+    to make."""
 
     now: float
     wall_ms: int
@@ -233,24 +235,193 @@ _SYMBOLIC_SECTIONS = {
 }
 
 
-def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None) -> Incoming:
-    """The core message for an AMQP message received on a link to ``topic`` (the link's
-    address; the caller replaces it with ``to`` for an anonymous relay)."""
-    sections = split_sections(encoded)
+@dataclass(slots=True)
+class _Read:
+    """The fields of an incoming message the mapping uses, however they were decoded."""
+
+    durable: bool = False
+    priority: int = DEFAULT_PRIORITY
+    ttl_ms: int | None = None
+    annotations: dict[Any, Any] | None = None
+    to: str | None = None
+    expiry_ms: int | None = None
+    creation_ms: int | None = None
+    group_id: object = None
+    properties: dict[Any, Any] | None = None
+    # The body when it is one amqp-value section: its value when a string, binary or null,
+    # else ENCODED_BODY (kept as its encoding).
+    body: object = None
+    values: int = 0
+    # The binaries of the data sections, when the fast path read them.
+    data: list[bytes] | None = None
+
+
+# A body value that is neither a string, a binary nor null: the mapping keeps its encoding.
+ENCODED_BODY = object()
+
+
+def _scan_fast(encoded: bytes) -> tuple[list[tuple[int, bytes]], _Read]:
+    """The sections and the fields in one pass over the bytes (what split_sections and
+    _read_fast do in two); Unsupported for a section whose descriptor is not the small code
+    (the caller then takes the two-pass way)."""
+    sections: list[tuple[int, bytes]] = []
+    read = _Read()
+    decode = values_codec.decode
+    position = 0
+    end = len(encoded)
+    while position < end:
+        if position + 3 > end or encoded[position] != 0x00 or encoded[position + 1] != 0x53:
+            raise values_codec.Unsupported("not a section with a small descriptor")
+        code = encoded[position + 2]
+        value, stop = decode(encoded, position + 3)
+        sections.append((code, encoded[position:stop]))
+        _read_section(read, code, value)
+        position = stop
+    if not sections:
+        raise values_codec.Unsupported("no sections")
+    return sections, read
+
+
+def _read_fast(sections: list[tuple[int, bytes]]) -> _Read:
+    """The fields through kittiwake.amqp.values; Unsupported when a section needs proton."""
+    read = _Read()
+    for code, section in sections:
+        _, value = values_codec.decode_described(section)
+        _read_section(read, code, value)
+    return read
+
+
+def _read_section(read: _Read, code: int, value: Any) -> None:
+    """Take what the mapping uses from one decoded section into ``read``."""
+    if code == HEADER:
+        fields = _typed(_as_list(value), _HEADER_TYPES)
+        n = len(fields)
+        read.durable = bool(fields[0]) if n > 0 and fields[0] is not None else False
+        if n > 1 and fields[1] is not None:
+            read.priority = int(fields[1])
+        if n > 2 and fields[2] is not None:
+            read.ttl_ms = int(fields[2])
+    elif code == MESSAGE_ANNOTATIONS:
+        read.annotations = _as_map(value)
+    elif code == PROPERTIES:
+        fields = _typed(_as_list(value), _PROPERTIES_TYPES)
+        n = len(fields)
+        read.to = fields[2] if n > 2 else None
+        if n > 8 and fields[8] is not None:
+            read.expiry_ms = int(fields[8])
+        if n > 9 and fields[9] is not None:
+            read.creation_ms = int(fields[9])
+        read.group_id = fields[10] if n > 10 else None
+    elif code == APPLICATION_PROPERTIES:
+        read.properties = _as_map(value)
+    elif code == DATA:
+        if not isinstance(value, bytes):
+            raise values_codec.Unsupported("a data section that is not a binary")
+        if read.data is None:
+            read.data = []
+        read.data.append(value)
+    elif code == AMQP_VALUE:
+        if read.values:
+            raise values_codec.Unsupported("more than one amqp-value")
+        read.values += 1
+        read.body = value if value is None or isinstance(value, (str, bytes)) else ENCODED_BODY
+    elif code in (DELIVERY_ANNOTATIONS, FOOTER):
+        _as_map(value)  # read, not used: malformed is refused as proton does
+    else:  # an amqp-sequence, or not a section
+        raise values_codec.Unsupported(f"section 0x{code:02x}")
+
+
+def _typed(fields: list[Any], types: tuple[type | tuple[type, ...], ...]) -> list[Any]:
+    """``fields`` when each one the mapping reads is null or of its type in the spec."""
+    for value, expected in zip(fields, types, strict=False):
+        if value is not None and not isinstance(value, expected):
+            raise values_codec.Unsupported("a field of another type")
+    return fields
+
+
+# The header's and properties' fields up to the last one read, as the spec types them
+# (object: not read here, any type).
+_HEADER_TYPES: tuple[type | tuple[type, ...], ...] = (bool, ubyte, uint)
+_PROPERTIES_TYPES: tuple[type | tuple[type, ...], ...] = (
+    object,
+    object,
+    str,
+    object,
+    object,
+    object,
+    object,
+    object,
+    timestamp,
+    timestamp,
+    str,
+)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise values_codec.Unsupported("a section that is not a list")
+    return value
+
+
+def _as_map(value: Any) -> dict[Any, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise values_codec.Unsupported("a section that is not a map")
+    return value
+
+
+def _read_proton(encoded: bytes) -> _Read:
+    """The fields through proton's Message (what the fast path does not read)."""
     decoded = ProtonMessage()
     try:
         decoded.decode(encoded)
     except Exception as exc:
         raise MappingError(f"undecodable message: {exc}") from None
-    annotations: dict[Any, Any] = dict(decoded.annotations or {})
-    durable = bool(decoded.durable)
+    body: object = decoded.body
+    if isinstance(body, memoryview):
+        body = bytes(body)  # a view into the decoder's memory, which goes with it
+    elif not (body is None or isinstance(body, (str, bytes))):
+        body = ENCODED_BODY
+    return _Read(
+        durable=bool(decoded.durable),
+        priority=int(decoded.priority if decoded.priority is not None else DEFAULT_PRIORITY),
+        # proton gives seconds; the wire has milliseconds.
+        ttl_ms=round(decoded.ttl * 1000) if decoded.ttl else None,
+        annotations=decoded.annotations,
+        to=decoded.address,
+        expiry_ms=round(decoded.expiry_time * 1000) if decoded.expiry_time else None,
+        creation_ms=round(decoded.creation_time * 1000) if decoded.creation_time else None,
+        group_id=decoded.group_id,
+        properties=decoded.properties,
+        body=body,
+    )
+
+
+def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None) -> Incoming:
+    """The core message for an AMQP message received on a link to ``topic`` (the link's
+    address; the caller replaces it with ``to`` for an anonymous relay)."""
+    read: _Read | None = None
+    try:
+        sections, read = _scan_fast(encoded)
+    except (values_codec.Unsupported, ValueError, TypeError):
+        sections = split_sections(encoded)
+        if sections:
+            try:
+                read = _read_fast(sections)
+            except (values_codec.Unsupported, ValueError, TypeError):
+                read = None
+    if read is None:
+        read = _read_proton(encoded)
+    annotations: dict[Any, Any] = read.annotations or {}
+    durable = read.durable
     # AMQP's default priority is JMS's (4); AMQP allows 0-255, JMS 0-9.
-    priority = min(int(decoded.priority if decoded.priority is not None else DEFAULT_PRIORITY), 9)
+    priority = min(read.priority, 9)
     expiry: float | None = None
-    if decoded.expiry_time:
-        expiry = clocks.to_clock(decoded.expiry_time * 1000.0)
-    elif decoded.ttl:
-        expiry = clocks.now + float(decoded.ttl)
+    if read.expiry_ms:
+        expiry = clocks.to_clock(float(read.expiry_ms))
+    elif read.ttl_ms:
+        expiry = clocks.now + read.ttl_ms / 1000.0
     delivery_time: float | None = None
     at = annotations.get(DELIVERY_TIME)
     delay = annotations.get(DELIVERY_DELAY)
@@ -259,11 +430,16 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
             delivery_time = clocks.to_clock(float(at))
     elif isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay > 0:
         delivery_time = clocks.now + delay / 1000.0
-    properties = typed_properties(decoded.properties)
+    properties = typed_properties(read.properties)
     retain = properties is not None and properties.get(RETAIN_PROPERTY) == 1
     kept = b"".join(s for code, s in sections if code not in (HEADER, DELIVERY_ANNOTATIONS))
-    payload, kind = body_bytes(decoded, sections)
-    group = decoded.group_id
+    if read.data is not None:
+        payload, kind = b"".join(read.data), BodyKind.DATA
+    elif read.values and isinstance(read.body, str):  # one amqp-value: a TextMessage
+        payload, kind = read.body.encode("utf-8"), BodyKind.STRING
+    else:
+        payload, kind = body_bytes(read.body, sections)
+    group = read.group_id
     message = Message(
         topic=topic,
         payload=payload,
@@ -274,7 +450,7 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
         expiry=expiry,
         delivery_time=delivery_time,
         created=clocks.now,
-        timestamp=round(decoded.creation_time * 1000) if decoded.creation_time else 0,
+        timestamp=read.creation_ms or 0,
         origin=origin,
         properties=properties,
         encoded={SECTIONS_KEY: kept},
@@ -288,7 +464,7 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
     to_type = annotations.get(JMS_DEST)
     return Incoming(
         message,
-        to=decoded.address or None,
+        to=read.to or None,
         to_type=_destination_type(to_type),
         durable=durable,
     )
@@ -359,24 +535,14 @@ def _property(value: object) -> tuple[PropertyValue, PropertyType] | None:
 _HEAD_SECTIONS = (MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES)
 
 
-def body_bytes(decoded: ProtonMessage, sections: list[tuple[int, bytes]]) -> tuple[bytes, BodyKind]:
+def body_bytes(body: object, sections: list[tuple[int, bytes]]) -> tuple[bytes, BodyKind]:
     """The body as bytes for the core (and so for MQTT subscribers): data sections as they
     are, a string value as UTF-8, a binary value as it is, anything else (a map, a list, a
-    sequence) as its AMQP encoding; and how to make the body section from them again."""
+    sequence) as its AMQP encoding; and how to make the body section from them again.
+    ``body``: the amqp-value's value when it is a string, binary or null (see ``_Read``)."""
     data = [s for code, s in sections if code == DATA]
     if data:
-        chunks = []
-        for section in data:
-            holder = Data()
-            holder.decode(section)
-            holder.rewind()
-            holder.next()
-            holder.enter()
-            holder.next()
-            holder.next()
-            chunks.append(bytes(holder.get_binary()))
-        return b"".join(chunks), BodyKind.DATA
-    body = decoded.body
+        return b"".join(_data_bytes(section) for section in data), BodyKind.DATA
     has_value = any(code == AMQP_VALUE for code, _ in sections)
     if has_value and isinstance(body, str):
         return body.encode("utf-8"), BodyKind.STRING
@@ -386,6 +552,27 @@ def body_bytes(decoded: ProtonMessage, sections: list[tuple[int, bytes]]) -> tup
         return b"", BodyKind.NULL if has_value else BodyKind.NONE
     values = [s for code, s in sections if code in (AMQP_VALUE, AMQP_SEQUENCE)]
     return b"".join(values), BodyKind.ENCODED
+
+
+def _data_bytes(section: bytes) -> bytes:
+    """A data section's binary (read in place when its descriptor is the small code)."""
+    try:
+        _, value = values_codec.decode_described(section)
+    except values_codec.Unsupported:
+        value = None
+    if isinstance(value, bytes):
+        return value
+    holder = Data()
+    try:
+        holder.decode(section)
+        holder.rewind()
+        holder.next()
+        holder.enter()
+        holder.next()
+        holder.next()
+        return bytes(holder.get_binary())
+    except Exception as exc:  # proton raises DataException and friends
+        raise MappingError(f"undecodable data section: {exc}") from None
 
 
 def restored_sections(message: Message, amqp: AMQPFields) -> bytes:

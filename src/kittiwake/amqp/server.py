@@ -97,8 +97,13 @@ class AMQPServerProtocol(asyncio.Protocol):
         if connection is None or connection.closed:
             return
         self._server.traffic.bytes_received += len(data)
-        connection.receive(data)
-        self._flush()
+        # Output made during the read (a transfer's outcome, credit) goes out with the
+        # read's own flush below, not in a flush of its own on the next loop turn.
+        self._flush_scheduled = True
+        try:
+            connection.receive(data)
+        finally:
+            self._flush()
 
     def eof_received(self) -> bool | None:
         if self.connection is not None:

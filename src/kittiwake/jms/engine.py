@@ -11,6 +11,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cproton_ffi import lib as _lib  # type: ignore[import-not-found]
 from proton import (
     SASL,
     UNDESCRIBED,
@@ -38,6 +39,27 @@ from kittiwake.jms.exceptions import (
     JMSException,
     JMSSecurityException,
     from_condition,
+)
+
+# The engine's collector read through python-qpid-proton's C calls (see flush).
+_collector_peek: Callable[[Any], Any] = _lib.pn_collector_peek
+_collector_pop: Callable[[Any], Any] = _lib.pn_collector_pop
+_event_type: Callable[[Any], int] = _lib.pn_event_type
+_wrap_event: Callable[[Any], Event] = Event.wrap
+_TRANSPORT: int = _lib.PN_TRANSPORT
+# The event types _dispatch acts on (PN_TRANSPORT only before the open: see flush).
+_DISPATCHED: frozenset[int] = frozenset(
+    (
+        _lib.PN_CONNECTION_REMOTE_OPEN,
+        _lib.PN_CONNECTION_REMOTE_CLOSE,
+        _lib.PN_LINK_REMOTE_OPEN,
+        _lib.PN_LINK_REMOTE_CLOSE,
+        _lib.PN_LINK_REMOTE_DETACH,
+        _lib.PN_LINK_FLOW,
+        _lib.PN_DELIVERY,
+        _lib.PN_TRANSPORT_ERROR,
+        _lib.PN_TRANSPORT_CLOSED,
+    )
 )
 
 SOLE_CONNECTION = "sole-connection-for-container"
@@ -116,6 +138,7 @@ class EngineConnection:
         self.connection = Connection()
         self.transport = Transport()
         self.collector = Collector()
+        self._collector_impl = self.collector._impl
         self.connection.collect(self.collector)
         # By link (proton's wrappers compare by the engine object), not by name: links of
         # several sessions may share a name (a durable subscription's, while a second attach
@@ -219,15 +242,21 @@ class EngineConnection:
             return  # called back from an event: the outer flush finishes the work
         self._flushing = True
         try:
-            collector = self.collector
+            collector = self._collector_impl
             while True:
-                event = collector.peek()
-                if event is None:
+                impl = _collector_peek(collector)
+                if not impl:
                     break
                 try:
-                    self._dispatch(event)
+                    kind = _event_type(impl)
+                    # Only the events _dispatch reads are wrapped in proton's Event (which
+                    # wraps its connection, session, link, delivery and transport too):
+                    # the engine's own (a transport event per output, local opens...) go
+                    # unwrapped, as do transport events once the connection is open.
+                    if kind in _DISPATCHED or (kind == _TRANSPORT and not self.opened.done()):
+                        self._dispatch(_wrap_event(impl))
                 finally:
-                    collector.pop()
+                    _collector_pop(collector)
             self._settle_opens()
         finally:
             self._flushing = False

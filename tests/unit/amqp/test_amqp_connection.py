@@ -245,3 +245,24 @@ def test_an_open_whose_container_id_is_not_utf8_is_a_decode_error(caplog) -> Non
     assert server.error is not None and server.error[0] == "amqp:decode-error"
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
     assert handler.containers == []
+
+
+def test_input_as_any_buffer_is_taken_as_bytes_are() -> None:
+    """A read may come as a bytearray or a view (an in-memory transport, a shell that
+    slices): the engine gets it the same, not only bytes objects."""
+    for kind in (bytearray, memoryview):
+        server = server_connection()
+        client = ClientEnd(server, mechanisms=None)
+        client.connection.open()
+        session = client.connection.session()
+        session.open()
+        pending = client.transport.pending()
+        data = bytes(client.transport.peek(pending))
+        client.transport.pop(pending)
+        server.receive(kind(data))  # type: ignore[arg-type]
+        assert not server.closed, server.error
+        client.transport.push(server.data_to_send())
+        client.pump()
+        assert server.phase is Phase.OPEN
+        assert client.connection.state & Connection.REMOTE_ACTIVE
+        assert session.state & session.REMOTE_ACTIVE

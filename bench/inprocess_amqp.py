@@ -1,0 +1,244 @@
+"""In-process broker CPU per AMQP message: the broker's AMQP shell (amqp/server.py) fed by
+python-qpid-proton client engines in the same process, no socket. Broker CPU = process time of
+the whole exchange minus the time spent in the client engines (measured around each of their
+calls), so the figure holds on a loaded machine and compares two versions of the code.
+
+    python bench/inprocess_amqp.py                     # queue NON_PERSISTENT 1 -> 1, batch 1
+    python bench/inprocess_amqp.py --batch 20 --runs 5
+    python bench/inprocess_amqp.py --body jms          # a TextMessage as kittiwake.jms encodes it
+
+``--batch``: messages the producer writes per read of the broker (the consumer's
+acknowledgements and flow of one batch are one read too). In the socket benchmark the
+broker usually outruns the Python clients and sees about one message per read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from proton import Collector, Connection, Delivery, Event, Message, Transport
+
+from kittiwake.amqp.links import link_layer_factory
+from kittiwake.amqp.server import AMQPServer, AMQPServerProtocol
+from kittiwake.app import GC_YOUNG_THRESHOLD
+from kittiwake.broker.broker import Broker
+from kittiwake.broker.queue_destinations import QueueDestinations
+from kittiwake.broker.store import MemoryStore
+from kittiwake.broker.temporary_destinations import TemporaryDestinations
+from kittiwake.config import Config
+
+CLIENT = [0.0]  # process time spent in the client engines
+
+
+class Pipe:
+    """The broker's side of a socket: keeps what the broker writes for the client."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 5672) if name == "peername" else default
+
+    def write(self, data: bytes) -> None:
+        self.out.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def take(self) -> bytes:
+        data = b"".join(self.out)
+        self.out.clear()
+        return data
+
+
+class Client:
+    """A proton client engine on one broker connection."""
+
+    def __init__(self, server: AMQPServer, name: str) -> None:
+        self.pipe = Pipe()
+        self.protocol = AMQPServerProtocol(server)
+        self.protocol.connection_made(self.pipe)  # type: ignore[arg-type]
+        started = time.process_time()
+        self.connection = Connection()
+        self.connection.container = name
+        self.transport = Transport()
+        self.transport.bind(self.connection)
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        self.connection.open()
+        self.session = self.connection.session()
+        self.session.open()
+        CLIENT[0] += time.process_time() - started
+
+    def to_broker(self) -> None:
+        started = time.process_time()
+        pending = self.transport.pending()
+        data = self.transport.peek(pending) if pending > 0 else b""
+        if pending > 0:
+            self.transport.pop(pending)
+        CLIENT[0] += time.process_time() - started
+        if data:
+            self.protocol.data_received(data)
+
+    def from_broker(self) -> None:
+        data = self.pipe.take()
+        started = time.process_time()
+        if data:
+            self.transport.push(data)
+        CLIENT[0] += time.process_time() - started
+
+    def events(self) -> list[Any]:
+        started = time.process_time()
+        out = []
+        while True:
+            event = self.collector.peek()
+            if event is None:
+                break
+            out.append((event.type, event.delivery))
+            self.collector.pop()
+        CLIENT[0] += time.process_time() - started
+        return out
+
+
+async def turns(count: int = 2) -> None:
+    """Let the loop run what a read scheduled (a pump, then the flush it wakes)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def idle_turns(rounds: int) -> float:
+    """Process time of the loop turns one round takes with nothing to do (subtracted: a
+    socket's loop turns are not these)."""
+    started = time.process_time()
+    for _ in range(rounds):
+        await turns()
+        await turns()
+    return (time.process_time() - started) / rounds
+
+
+def encoded_body(kind: str) -> bytes:
+    text = "x" * 100
+    if kind == "jms":
+        from kittiwake.jms import Queue, TextMessage
+        from kittiwake.jms import messages as jms_codec
+
+        message = TextMessage(text)
+        message.jms_message_id = jms_codec.new_message_id()
+        message.jms_timestamp = jms_codec.now_ms()
+        return bytes(jms_codec.encode(message, address="q", destination=Queue("q"),
+                                      delivery_delay_ms=0, allow_pickle=False))
+    return bytes(Message(body=text, durable=False).encode())
+
+
+async def queue_run(messages: int, batch: int, body: bytes, credit: int) -> float:
+    config = Config()
+    broker = Broker(config, store=MemoryStore())
+    queues = QueueDestinations(broker)
+    server = AMQPServer(broker, link_layer_factory(broker, queues, TemporaryDestinations(queues)))
+    producer = Client(server, "producer")
+    consumer = Client(server, "consumer")
+    sender = producer.session.sender("p")
+    sender.target.address = "q"
+    sender.open()
+    receiver = consumer.session.receiver("c")
+    receiver.source.address = "q"
+    receiver.open()
+    receiver.flow(credit)
+    for client in (producer, consumer):
+        client.to_broker()
+        await turns()
+        client.from_broker()
+        client.to_broker()
+        await turns()
+        client.from_broker()
+        client.events()
+    assert sender.credit > 0, "the broker gave the producer no credit"
+    sent = received = settled = 0
+    CLIENT[0] = 0.0
+    tag = 0
+    gc.collect()
+    started = time.process_time()
+    rounds = 0
+    while received < messages:
+        rounds += 1
+        assert rounds < 10 * messages, "no progress"
+        t0 = time.process_time()
+        for _ in range(min(batch, messages - sent, sender.credit)):
+            tag += 1
+            sender.delivery(str(tag).encode())
+            sender.send(body)
+            sender.advance()
+            sent += 1
+        CLIENT[0] += time.process_time() - t0
+        producer.to_broker()
+        await turns()
+        producer.from_broker()
+        consumer.from_broker()
+        for kind, delivery in consumer.events():
+            if kind is Event.DELIVERY and delivery is not None and delivery.readable:
+                t0 = time.process_time()
+                receiver.recv(delivery.pending)
+                receiver.advance()
+                delivery.update(Delivery.ACCEPTED)
+                delivery.settle()
+                received += 1
+                if receiver.credit < credit // 2:
+                    receiver.flow(credit - receiver.credit)
+                CLIENT[0] += time.process_time() - t0
+        consumer.to_broker()
+        await turns()
+        consumer.from_broker()
+        producer.from_broker()
+        for kind, delivery in producer.events():
+            if kind is Event.DELIVERY and delivery is not None and delivery.settled:
+                t0 = time.process_time()
+                delivery.settle()
+                settled += 1
+                CLIENT[0] += time.process_time() - t0
+        producer.to_broker()
+    await turns()
+    total = time.process_time() - started - rounds * await idle_turns(rounds)
+    assert settled >= messages - batch, (settled, messages)
+    await server.close()
+    return (total - CLIENT[0]) / messages
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--credit", type=int, default=1000)
+    parser.add_argument("--body", choices=("proton", "jms"), default="proton")
+    args = parser.parse_args()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
+    try:
+        import uvloop
+
+        run: Any = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    body = encoded_body(args.body)
+    costs = [run(queue_run(args.messages, args.batch, body, args.credit))
+             for _ in range(args.runs)]
+    costs_us = sorted(c * 1e6 for c in costs)
+    print(f"amqp queue 1->1 batch {args.batch} ({args.body} body): broker "
+          f"{statistics.median(costs_us):.1f} us CPU per message (median of {args.runs}; "
+          f"min {costs_us[0]:.1f}, max {costs_us[-1]:.1f})")
+
+
+if __name__ == "__main__":
+    main()
