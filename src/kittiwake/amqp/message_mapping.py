@@ -378,6 +378,14 @@ def _read_proton(encoded: bytes) -> _Read:
         decoded.decode(encoded)
     except Exception as exc:
         raise MappingError(f"undecodable message: {exc}") from None
+    # A section of the wrong type (annotations sent as a list, say) is the sender's error:
+    # refused with this transfer, never let through to code that reads it as a map.
+    for name, section in (
+        ("message-annotations", decoded.annotations),
+        ("application-properties", decoded.properties),
+    ):
+        if section is not None and not isinstance(section, dict):
+            raise MappingError(f"undecodable message: {name} is not a map")
     body: object = decoded.body
     if isinstance(body, memoryview):
         body = bytes(body)  # a view into the decoder's memory, which goes with it

@@ -165,7 +165,7 @@ def decode_described(data: bytes) -> tuple[int, Any]:
 def _char(data: bytes, position: int) -> char:
     try:
         return char(chr(_U32(data, position)[0]))
-    except ValueError:
+    except (ValueError, OverflowError):  # past 0x10FFFF, or past what chr() takes at all
         raise Unsupported("not a code point") from None
 
 

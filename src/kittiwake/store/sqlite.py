@@ -634,6 +634,8 @@ class SQLiteStore:
                 self._urgent = True
             elif self._held is not None and not self._writing:
                 self._send()  # a turn held back for acceptances holds this caller: no more
+            elif self._sealed:
+                self._sealed_urgent = True  # offered whole once the busy writer is done
         return future
 
     def commit_unhurried(self) -> asyncio.Future[None] | None:
@@ -763,6 +765,10 @@ class SQLiteStore:
             or self._marks
         ):
             self._hand_off(final=True)
+        if self._sealed:
+            # Turns held back for acceptances (or waiting for a busy writer) are written too:
+            # their callers wait for them and their rows are what a restart recovers.
+            self._send()
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join(timeout=30)

@@ -237,3 +237,46 @@ def typed(properties: Any) -> dict[str, Any] | None:
     if properties is None:
         return None
     return {name: (value, kind) for name, value, kind in properties.typed_items()}
+
+
+def test_a_mutated_message_is_mapped_or_refused_as_undecodable_never_an_internal_error() -> None:
+    """Bytes a peer got wrong come out of from_amqp as a core message or as MappingError (the
+    transfer is rejected); a UnicodeDecodeError closes the connection as a decode error. Any
+    other exception would close it as an internal error, with a traceback in the log."""
+    rng = random.Random(17)
+    clocks = Clocks(now=100.0, wall_ms=1_800_000_000_000)
+    originals = [bytes(m.encode()) for m in messages()]
+    refused = 0
+    for _ in range(6000):
+        raw = bytearray(rng.choice(originals))
+        for _ in range(rng.randint(1, 3)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        try:
+            from_amqp(bytes(raw), topic="t", clocks=clocks, origin="o")
+        except (message_mapping.MappingError, UnicodeDecodeError):
+            refused += 1
+    assert refused, "the mutations reached the refusals"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x73\xff\xff\xff\xff",  # a char past what chr() takes at all
+        b"\x73\x00\x11\x00\x00",  # a char past 0x10FFFF
+    ],
+)
+def test_a_char_that_is_no_code_point_is_unsupported(raw: bytes) -> None:
+    with pytest.raises(Unsupported):
+        decode(raw, 0)
+
+
+def test_annotations_sent_as_a_list_are_refused_as_undecodable() -> None:
+    raw = bytes(Message(body="x", annotations={symbol("a"): 1}).encode())
+    # The message-annotations section (descriptor 0x72) with its map code (0xd1) turned into
+    # a list's (0xd0): proton reads it, as a list.
+    at = raw.index(b"\x00\x53\x72") + 3
+    assert raw[at] in (0xC1, 0xD1)
+    bad = raw[:at] + bytes([0xC0 if raw[at] == 0xC1 else 0xD0]) + raw[at + 1 :]
+    clocks = Clocks(now=100.0, wall_ms=1_800_000_000_000)
+    with pytest.raises(message_mapping.MappingError):
+        from_amqp(bad, topic="t", clocks=clocks, origin="o")

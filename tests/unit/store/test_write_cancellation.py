@@ -367,3 +367,55 @@ def test_a_commit_someone_waits_for_is_not_held(
 
     run(body)
     assert len(queued(tmp_path)) == 2
+
+
+def test_a_graceful_stop_writes_a_turn_held_for_acceptances(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() within the acceptance window: the held turn is written and its waiters are
+    answered, not dropped with the writer (a restart recovers the copy)."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"held at stop")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        await asyncio.sleep(0)
+        assert not turn.done(), "held for the acceptance"
+        store.close()
+        await asyncio.wait_for(turn, TIMEOUT)
+        assert writer.inserted(m.message_id)
+
+    run(body)
+    assert len(queued(tmp_path)) == 1
+
+
+def test_a_commit_on_a_turn_waiting_for_a_busy_writer_is_not_held_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unhurried turn sealed while the writer is busy, then commit() with nothing new:
+    once the writer is free the turn goes at once, not after the acceptance window."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        first = await busy_writer(store)
+        m = message(b"waits for the writer")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        await asyncio.sleep(0)  # sealed, behind the busy writer
+        assert store.commit() is turn
+        writer.gate.set()
+        await asyncio.wait_for(first, TIMEOUT)
+        await asyncio.wait_for(turn, TIMEOUT)  # within the test's timeout, not the hour
+        assert writer.inserted(m.message_id)
+        store.close()
+
+    run(body)
+    assert len(queued(tmp_path)) == 1
