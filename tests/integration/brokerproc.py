@@ -161,10 +161,21 @@ class BrokerProcess:
                     raise RuntimeError(f"no free port after {attempts} attempts") from None
         raise AssertionError("unreachable")
 
-    def restart(self) -> BrokerProcess:
+    def restart(self, attempts: int = 5) -> BrokerProcess:
         """Start again after :meth:`stop` or :meth:`kill`, on the same ports and data (clients
-        that were told the address find the broker again)."""
-        return self._start_once(same_ports=True)
+        that were told the address find the broker again). A port briefly held by someone
+        else (another test worker's free_port() probe binds and closes it) is tried again."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(same_ports=True)
+            except _PortTaken:
+                if attempt == attempts - 1:
+                    raise RuntimeError(
+                        f"port {self.port} (or another of this broker's) still taken after "
+                        f"{attempts} attempts"
+                    ) from None
+                time.sleep(0.2)
+        raise AssertionError("unreachable")
 
     def _config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"log_level": "debug"}
@@ -217,6 +228,9 @@ class BrokerProcess:
             p for p in (str(SRC_DIR), env.get("PYTHONPATH", "")) if p
         )
         env["PYTHONUNBUFFERED"] = "1"
+        # Where this start's log begins: the file keeps every start's, and only this one's
+        # can say that its port was taken.
+        started_at = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kittiwake", "serve", "--config", str(self.config_path)],
@@ -231,8 +245,10 @@ class BrokerProcess:
             if self.proc.poll() is not None:
                 self._log.close()
                 text = self.log_text()
-                if "in use" in text.lower():
-                    raise _PortTaken
+                with open(self.log_path, "rb") as log:
+                    log.seek(started_at)
+                    if b"in use" in log.read().lower():
+                        raise _PortTaken
                 raise RuntimeError(
                     f"broker exited with {self.proc.returncode} during start-up:\n{text}"
                 )
