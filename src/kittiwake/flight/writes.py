@@ -12,7 +12,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kittiwake.broker.message import Message
 from kittiwake.broker.publication_rows import PublicationRows
 from kittiwake.broker.topics import TopicError, validate_topic_name
 from kittiwake.flight.protocol import DEFAULT_WRITE_QOS, RequestError, check_write_schema
@@ -61,27 +60,6 @@ def read_rows(
             _add_rows(unit, batch, may_publish, max_topic_levels, allowed)
     unit.distinct_topics = list(allowed)
     return unit
-
-
-def read_messages(
-    batches: Iterable[pa.RecordBatch],
-    schema: pa.Schema,
-    may_publish: Callable[[str], bool],
-    max_rows: int,
-    max_bytes: int,
-    max_topic_levels: int | None = None,
-) -> list[Message]:
-    """:func:`read_rows` as one message per row."""
-    return read_rows(batches, schema, may_publish, max_rows, max_bytes, max_topic_levels).messages()
-
-
-def messages_of(
-    batch: pa.RecordBatch,
-    may_publish: Callable[[str], bool],
-    max_topic_levels: int | None = None,
-) -> list[Message]:
-    """The rows of one batch as messages, in order (:func:`rows_of`)."""
-    return rows_of(batch, may_publish, max_topic_levels).messages()
 
 
 def rows_of(

@@ -21,9 +21,8 @@ from kittiwake.flight.protocol import (  # noqa: E402
 from kittiwake.flight.writes import (  # noqa: E402
     WriteRefused,
     WriteTooLarge,
-    messages_of,
-    read_messages,
     read_rows,
+    rows_of,
 )
 
 
@@ -66,7 +65,7 @@ def test_a_malformed_descriptor_is_refused(command: bytes, message: str) -> None
 
 def test_rows_become_messages_with_defaults() -> None:
     rows = batch(topic=["a/1", "a/2"], payload=[b"x", None])
-    got = messages_of(rows, allow_all)
+    got = rows_of(rows, allow_all).messages()
     assert [(m.topic, m.payload, m.qos, m.retain, m.persistent, m.mqtt5) for m in got] == [
         ("a/1", b"x", 1, False, True, None),
         ("a/2", b"", 1, False, True, None),
@@ -84,7 +83,7 @@ def test_qos_retain_and_properties_are_taken_per_row() -> None:
         ],
         names=["topic", "payload", "qos", "retain", "properties"],
     )
-    got = messages_of(rows, allow_all)
+    got = rows_of(rows, allow_all).messages()
     assert [(m.payload, m.qos, m.persistent, m.retain) for m in got] == [
         (b"text", 0, False, True),
         ("é".encode(), 2, True, False),
@@ -110,7 +109,7 @@ def test_a_schema_a_write_cannot_take_is_refused(
     with pytest.raises(RequestError, match=message):
         check_write_schema(batch(**columns).schema)
     with pytest.raises(RequestError, match=message):
-        read_messages([], batch(**columns).schema, allow_all, max_rows=10, max_bytes=10_000)
+        read_rows([], batch(**columns).schema, allow_all, max_rows=10, max_bytes=10_000)
 
 
 @pytest.mark.parametrize(
@@ -124,13 +123,13 @@ def test_a_schema_a_write_cannot_take_is_refused(
 )
 def test_bad_rows_are_refused(rows: pa.RecordBatch, message: str) -> None:
     with pytest.raises(RequestError, match=message):
-        messages_of(rows, allow_all)
+        rows_of(rows, allow_all).messages()
 
 
 def test_a_topic_the_caller_may_not_publish_to_is_refused() -> None:
     rows = batch(topic=["open/1", "secret/1"], payload=[b"x", b"y"])
     with pytest.raises(WriteRefused, match="'secret/1' is not authorised"):
-        messages_of(rows, lambda topic: not topic.startswith("secret/"))
+        rows_of(rows, lambda topic: not topic.startswith("secret/"))
 
 
 def test_a_put_is_read_whole_and_past_its_bounds_refused_with_what_to_do() -> None:
@@ -141,13 +140,13 @@ def test_a_put_is_read_whole_and_past_its_bounds_refused_with_what_to_do() -> No
         checked.append(topic)
         return True
 
-    got = read_messages([rows, rows], rows.schema, may_publish, max_rows=20, max_bytes=10_000)
-    assert [m.topic for m in got] == ["a/1", "a/2"] * 10
+    got = read_rows([rows, rows], rows.schema, may_publish, max_rows=20, max_bytes=10_000)
+    assert got.topics == ["a/1", "a/2"] * 10
     assert sorted(checked) == ["a/1", "a/2"], "each topic is checked once per put"
     with pytest.raises(WriteTooLarge, match=r"at most 15 rows.*repartition"):
-        read_messages([rows, rows], rows.schema, allow_all, max_rows=15, max_bytes=10_000)
+        read_rows([rows, rows], rows.schema, allow_all, max_rows=15, max_bytes=10_000)
     with pytest.raises(WriteTooLarge, match="max_put_bytes"):
-        read_messages(
+        read_rows(
             [rows, rows], rows.schema, allow_all, max_rows=100, max_bytes=rows.nbytes + 1
         )
 
@@ -162,7 +161,7 @@ def test_the_bound_stops_reading_at_the_first_batch_past_it() -> None:
             yield rows
 
     with pytest.raises(WriteTooLarge):
-        read_messages(stream(), rows.schema, allow_all, max_rows=25, max_bytes=10**9)  # type: ignore[arg-type]
+        read_rows(stream(), rows.schema, allow_all, max_rows=25, max_bytes=10**9)  # type: ignore[arg-type]
     assert taken == [0, 1, 2]
 
 
