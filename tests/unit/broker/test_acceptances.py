@@ -10,62 +10,16 @@ and "every copy accepted" is chosen by the test.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from held_commits import HeldCommitStore, RecordingConsumer, run
+
 from kittiwake.broker.broker import Broker, SubscriptionOptions
-from kittiwake.broker.consumers import Delivery
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
-from kittiwake.broker.store import MemoryStore
 from kittiwake.clock import ManualClock
 from kittiwake.config import config_from_dict
 from kittiwake.store.sqlite import SQLiteStore
-
-
-class HeldCommitStore(MemoryStore):
-    """Every commit() until resolve()/fail() returns the same unresolved future."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending: asyncio.Future[None] | None = None
-
-    def commit(self) -> asyncio.Future[None]:  # type: ignore[override]
-        if self.pending is None:
-            self.pending = asyncio.get_running_loop().create_future()
-        return self.pending
-
-    def resolve(self) -> None:
-        assert self.pending is not None
-        self.pending.set_result(None)
-        self.pending = None
-
-    def fail(self) -> None:
-        assert self.pending is not None
-        self.pending.set_exception(OSError("disk full"))
-        self.pending = None
-
-
-class RecordingConsumer:
-    def __init__(self) -> None:
-        self.deliveries: list[Delivery] = []
-
-    def tag(self, delivery: Delivery) -> int:
-        return delivery.id
-
-    def deliver(self, delivery: Delivery) -> None:
-        self.deliveries.append(delivery)
-
-    def deliver_settled(self, entry: QueuedMessage) -> None:
-        pass
-
-    def taken_over(self) -> None:
-        pass
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 10))
 
 
 def durable_broker(

@@ -10,63 +10,19 @@ The store is a MemoryStore whose commit() hands out a future the test resolves, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import pytest
+from held_commits import HeldCommitStore, RecordingConsumer, run
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
-from kittiwake.broker.consumers import Consumer, Delivery
+from kittiwake.broker.consumers import Consumer
 from kittiwake.broker.message import Message
 from kittiwake.broker.queue_destinations import QueueDestinations
-from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
-from kittiwake.broker.store import MemoryStore
 from kittiwake.clock import ManualClock
 from kittiwake.config import config_from_dict
 
 DEPTH = 4
-
-
-class HeldCommitStore(MemoryStore):
-    """Every commit() until release() returns the same unresolved future."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending: asyncio.Future[None] | None = None
-
-    def commit(self) -> asyncio.Future[None]:  # type: ignore[override]
-        if self.pending is None:
-            self.pending = asyncio.get_running_loop().create_future()
-        return self.pending
-
-    def resolve(self) -> None:
-        """The pending commit is durable; the next commit() starts a new one."""
-        assert self.pending is not None
-        self.pending.set_result(None)
-        self.pending = None
-
-
-class RecordingConsumer:
-    """Remembers the deliveries the broker sent, for the test to acknowledge."""
-
-    def __init__(self) -> None:
-        self.deliveries: list[Delivery] = []
-
-    def tag(self, delivery: Delivery) -> int:
-        return delivery.id
-
-    def deliver(self, delivery: Delivery) -> None:
-        self.deliveries.append(delivery)
-
-    def deliver_settled(self, entry: QueuedMessage) -> None:
-        pass
-
-    def taken_over(self) -> None:
-        pass
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 10))
 
 
 def buried_subscriber() -> tuple[Broker, HeldCommitStore, Session, RecordingConsumer]:
