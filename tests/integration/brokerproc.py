@@ -25,6 +25,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses connections for as long as the block runs: bound but not
+    listening, so no other test worker's broker can take it meanwhile (a port from
+    :func:`free_port` may be listening again by the time a test connects to it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        yield int(s.getsockname()[1])
+
+
 def listening_socket_owned(pid: int, port: int) -> bool | None:
     """Whether process ``pid`` holds a TCP socket listening on ``port``; None when /proc
     cannot tell (not Linux, or not allowed to read the process's descriptors)."""

@@ -18,7 +18,7 @@ from proton.utils import BlockingConnection
 
 from kittiwake.broker.authentication import PasswordHash, format_password_file
 
-from .brokerproc import SRC_DIR, BrokerProcess, free_port
+from .brokerproc import SRC_DIR, BrokerProcess, refusing_port
 from .clients import unique
 
 
@@ -117,8 +117,9 @@ def test_a_refused_login_and_an_unknown_queue_are_explained(secured: BrokerProce
 
 
 def test_an_unreachable_broker_is_explained() -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    result = kittiwake("queues", "--url", url)
+    with refusing_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        result = kittiwake("queues", "--url", url)
     assert result.returncode == 1
     assert f"cannot reach the broker at {url}" in result.stderr
     assert "Traceback" not in result.stderr

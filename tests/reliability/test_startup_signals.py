@@ -52,29 +52,37 @@ _CHILD = textwrap.dedent(
 )
 
 
-def run_serve_signalled(tmp_path: Path, step: str, signum: int, *, uvloop: bool) -> str:
-    """Run the child until it exits; fail unless it exited 0. Returns its log."""
+def run_serve_signalled(
+    tmp_path: Path, step: str, signum: int, *, uvloop: bool, attempts: int = 3
+) -> str:
+    """Run the child until it exits; fail unless it exited 0. Returns its log. A port taken
+    by another test worker between our probe and the child's bind is tried again, fresh."""
     data = tmp_path / "data"
     config = tmp_path / "kittiwake.toml"
-    config.write_text(
-        to_toml(
-            {
-                "log_level": "info",
-                "uvloop": uvloop,
-                "store": {"data_dir": str(data)},
-                "listeners": [{"protocol": "mqtt", "host": "127.0.0.1", "port": free_port()}],
-            }
-        )
-    )
     env = dict(os.environ, PYTHONPATH=str(SRC_DIR))
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(config), step, str(signum)],
-        capture_output=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=30,
-    )
-    log = proc.stderr.decode(errors="replace")
+    for _attempt in range(attempts):
+        config.write_text(
+            to_toml(
+                {
+                    "log_level": "info",
+                    "uvloop": uvloop,
+                    "store": {"data_dir": str(data)},
+                    "listeners": [
+                        {"protocol": "mqtt", "host": "127.0.0.1", "port": free_port()}
+                    ],
+                }
+            )
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(config), step, str(signum)],
+            capture_output=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=30,
+        )
+        log = proc.stderr.decode(errors="replace")
+        if proc.returncode == 0 or "in use" not in log.lower():
+            break
     assert proc.returncode == 0, (
         f"signal {signal.Signals(signum).name} while {step}: exit status {proc.returncode}\n{log}"
     )

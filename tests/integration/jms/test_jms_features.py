@@ -400,10 +400,10 @@ def test_jms_context_bodies_and_message_factories(jms_url: str) -> None:
 
 
 def test_connection_refused_port_raises_jms_exception() -> None:
-    from ..brokerproc import free_port
+    from ..brokerproc import refusing_port
 
-    with pytest.raises(JMSException):
-        ConnectionFactory(f"amqp://127.0.0.1:{free_port()}", timeout=2).create_connection()
+    with refusing_port() as port, pytest.raises(JMSException):
+        ConnectionFactory(f"amqp://127.0.0.1:{port}", timeout=2).create_connection()
 
 
 def test_asyncio_api(jms_url: str) -> None:
