@@ -289,11 +289,12 @@ class StoreConfig:
     # Without it a group is whatever gathered while the writer was busy with the last one.
     max_delay: float = 0.0
     # How long a batch of QoS 1 queue entries, every one on its way to a connected
-    # subscriber, may wait for their acceptances before an idle writer takes it (seconds; 0 =
-    # never held): an entry accepted meanwhile is never written, and its publisher was
-    # acknowledged at the acceptance. Only a publisher whose copies are not all accepted that
-    # soon (a slow subscriber's) waits up to this long more; an absent subscriber's copy is
-    # written at once.
+    # subscriber (or a JMS PERSISTENT send to a queue whose consumer has credit), may wait
+    # for their acceptances before an idle writer takes it (seconds; 0 = never held): an
+    # entry accepted meanwhile is never written, and its publisher was acknowledged at the
+    # acceptance. Only a publisher whose copies are not all accepted that soon (a slow
+    # subscriber's) waits up to this long more; an absent subscriber's copy is written at
+    # once.
     acceptance_window: float = 0.05
     # WAL pages after which SQLite checkpoints the WAL into the database (bounds the WAL file).
     wal_autocheckpoint: int = 1000

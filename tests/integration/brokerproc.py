@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -12,9 +13,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from kittiwake.store.sqlite import DATABASE_FILE
+
 SRC_DIR = Path(__file__).resolve().parents[2] / "src"
 HOST = "127.0.0.1"
-START_TIMEOUT = 10.0
+START_TIMEOUT = 30.0  # a generous bound: the suite runs beside other work (two workers, Spark)
 STOP_TIMEOUT = 15.0
 
 
@@ -98,6 +101,19 @@ def to_toml(config: dict[str, Any]) -> str:
             for k, v in entry.items():
                 lines.append(f"{k} = {_toml_value(v)}")
     return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def writes_blocked(process: BrokerProcess) -> Iterator[None]:
+    """Hold SQLite's write lock on the broker's database: its writer cannot commit (it waits
+    on the lock, for up to its busy timeout of 5 s) until this ends."""
+    connection = sqlite3.connect(process.workdir / "data" / DATABASE_FILE, isolation_level=None)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        yield
+        connection.execute("ROLLBACK")
+    finally:
+        connection.close()
 
 
 class _PortTaken(Exception):

@@ -8,15 +8,14 @@ dispatch (so a QoS 1 message never overtakes a QoS 2 one still being committed).
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from kittiwake.mqtt.packets import PubAck, Publish, PubRec, PubRel
 from kittiwake.store.sqlite import DATABASE_FILE
 
-from .brokerproc import BrokerProcess
+from .brokerproc import BrokerProcess, writes_blocked
 from .clients import PahoClient
 from .rawclient import RawClient
 
@@ -101,19 +100,6 @@ def test_qos2_keeps_persist_acknowledge_dispatch_and_qos1_does_not_overtake_it(
     assert pub.expect(PubAck, timeout=10.0).packet_id == 2
     pub.send(PubRel(1))
 
-
-
-@contextlib.contextmanager
-def writes_blocked(process: BrokerProcess) -> Iterator[None]:
-    """Hold SQLite's write lock on the broker's database: its writer cannot commit (it waits
-    on the lock, for up to its busy timeout of 5 s) until this ends."""
-    connection = sqlite3.connect(process.workdir / "data" / DATABASE_FILE, isolation_level=None)
-    try:
-        connection.execute("BEGIN IMMEDIATE")
-        yield
-        connection.execute("ROLLBACK")
-    finally:
-        connection.close()
 
 
 def test_a_publisher_whose_every_stored_copy_was_accepted_does_not_wait_for_the_commit(

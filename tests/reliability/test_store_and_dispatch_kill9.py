@@ -12,9 +12,12 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from proton import Message, Timeout
+from proton.utils import BlockingConnection
 from reliability_harness import BrokerCtl
 
 from kittiwake.mqtt.packets import PubAck, Publish
+from tests.integration.amqp.blocking import accept_one_in_background, grant_credit
 from tests.integration.rawclient import RawClient
 
 # Commits wait this long to gather a group: far longer than a delivery over loopback.
@@ -133,5 +136,45 @@ def test_a_publisher_acknowledged_on_acceptance_loses_nothing_to_a_kill(tmp_path
         # come once more (at least once), never anything else.
         assert all(isinstance(p, Publish) and p.payload == b"m" for p in extra)
         assert len(extra) <= 1
+    finally:
+        ctl.shutdown()
+
+
+def test_a_queue_sender_answered_on_acceptance_loses_nothing_to_a_kill(tmp_path: Path) -> None:
+    """The same for a JMS queue (AMQP): a PERSISTENT send answered because its consumer
+    accepted the entry before any commit; the broker is killed before the commit. After the
+    restart the queue owes nothing: an entry written but whose removal was not may come once
+    more (at least once), never anything else."""
+    ctl = BrokerCtl(tmp_path, amqp=True, store={"acceptance_window": 60.0})  # type: ignore[arg-type]
+    try:
+        proc = ctl.start()
+        consumer_side = BlockingConnection(proc.amqp_url, timeout=10)
+        receiver = consumer_side.create_receiver("q", credit=0)  # see test_amqp_persistence
+        sender = BlockingConnection(proc.amqp_url, timeout=10).create_sender("q")
+        sender.send(Message(body="first", durable=True))  # stores the queue's in-flight window
+        assert receiver.receive(timeout=10).body == "first"
+        receiver.accept()
+        got: list[object] = []
+        blocker = sqlite3.connect(ctl.data_dir / "kittiwake.db", isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # no commit can happen from here on
+            grant_credit(receiver, 1)
+            consumer = accept_one_in_background(receiver, got)
+            sender.send(Message(body="m", durable=True), timeout=5)
+            consumer.join(10)
+            assert got == ["m"]
+            ctl.kill9()
+        finally:
+            blocker.close()
+        proc = ctl.start()
+        again = BlockingConnection(proc.amqp_url, timeout=10).create_receiver("q", credit=10)
+        extra = []
+        while True:
+            try:
+                extra.append(again.receive(timeout=0.5).body)
+            except Timeout:
+                break
+            again.accept()
+        assert set(extra) <= {"first", "m"} and len(extra) == len(set(extra)), extra
     finally:
         ctl.shutdown()

@@ -177,7 +177,8 @@ class QueueDestinations:
 
     def send(self, name: str, message: Message) -> tuple[bool, Completion]:
         """Put a message on a queue: (accepted, completion). Refused when the queue is full
-        (its policy said so); the completion is the commit that stores a persistent one."""
+        (its policy said so); the completion says when a persistent one is safe: its commit, or
+        (store-and-dispatch) a consumer's acceptance."""
         if not message.created:
             message.created = self.clock.now()
         stats = self.broker.stats
@@ -191,14 +192,9 @@ class QueueDestinations:
             if not message.message_id:
                 self.store.journal(message)
             self.store.enqueue(queue.name, entry)
+            if self.broker.store_and_dispatch:
+                return True, self._send_dispatching(queue, message)
             commit = self.store.commit()
-            if commit is not None and self.broker.store_and_dispatch:
-                # Store-and-dispatch (outside a transaction, DESIGN.md section 3): consumers
-                # may have it before its commit, and an acceptance before the writer takes it
-                # spares the write. A failed commit refuses the sender, who may send again:
-                # a copy delivered meanwhile is then a duplicate.
-                self.pump_soon(queue)
-                return True, commit
             if commit is not None:
                 # Persist -> acknowledge -> dispatch: the entry waits for its commit.
                 message.awaiting_commit = True
@@ -206,6 +202,24 @@ class QueueDestinations:
                 return True, commit
         self.pump_soon(queue)
         return True, None
+
+    def _send_dispatching(self, queue: Queue, message: Message) -> Completion:
+        """Store-and-dispatch (outside a transaction, DESIGN.md section 3): consumers may have
+        the entry before its commit, and an acceptance before the writer takes it spares the
+        write. The sender is answered at the commit or once a consumer accepted the entry,
+        whichever comes first (as an MQTT QoS 1 publisher is: broker.publishing.Acceptances);
+        while a consumer has credit for it, the store may hold the batch back for that
+        acceptance (``store.acceptance_window``). A failed commit refuses a sender not answered
+        yet, who may send again: a copy delivered meanwhile is then a duplicate."""
+        store = self.store
+        early = not store.keeps_in_journal(message) and any(
+            consumer.credit.available > 0 for consumer in queue.consumers
+        )
+        commit = store.commit_unhurried() if early else store.commit()
+        self.pump_soon(queue)
+        if early and commit is not None and not commit.done():
+            return self.broker.acceptances.watch(commit, message.message_id, [queue.name])
+        return commit
 
     def _after(self, queue: Queue, message: Message, done: asyncio.Future[None]) -> None:
         self._committed(done, queue, message)
@@ -249,6 +263,11 @@ class QueueDestinations:
         if queue.count:
             self.pump_soon(queue)
         if delivery.entry.persistent and settlement is not Settlement.RELEASED:
+            # Nobody waits for an acceptance's removal to be durable (a crash before it
+            # delivers the entry again, as the crash rule allows): the store may hold it back
+            # with the entries still awaiting acceptance (see _send_dispatching).
+            if settlement is Settlement.ACCEPTED:
+                return self.store.commit_unhurried()
             return self.store.commit()
         return None
 
@@ -258,6 +277,8 @@ class QueueDestinations:
         if reason is not Removal.ACCEPTED:
             self.broker.stats.messages_dropped += 1
         self._forget(queue, entry)
+        if reason is Removal.ACCEPTED and entry.persistent:
+            self.broker.acceptances.accepted(queue.name, entry.message.message_id)
         if self.router.queues.get(queue.name) is not queue:
             return  # a deleted queue's entries go nowhere
         self._move(queue, entry, reason)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from proton import Message
+import pytest
+from proton import Message, Timeout
 from proton.reactor import DurableSubscription
 from proton.utils import BlockingConnection, BlockingReceiver
 
-from ..brokerproc import BrokerProcess
+from ..brokerproc import BrokerProcess, writes_blocked
 from ..clients import PahoClient, unique
+from .blocking import accept_one_in_background, grant_credit
 
 
 def test_accepted_persistent_survives_a_crash_non_persistent_does_not(
@@ -98,3 +100,42 @@ def test_a_drain_on_a_durable_subscription_gets_what_it_collected(
         assert got == ["1", "2"]
     finally:
         connection.close()
+
+
+def test_a_persistent_queue_send_is_answered_once_its_consumer_accepted_it(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    """Store-and-dispatch for a queue (DESIGN.md section 3): a PERSISTENT send outside a
+    transaction is answered at its commit or once a consumer accepted the entry, whichever
+    comes first. While the store cannot commit at all, a send to a queue with a consumer is
+    accepted after that consumer accepted it; a send to a queue nobody consumes waits for the
+    commit."""
+    process = broker(amqp=True)
+    consumed, idle = unique("consumed"), unique("idle")
+    consumer_side = BlockingConnection(process.amqp_url, timeout=10)
+    # Credit 0: one message at a time, each asked for after the acceptance of the one before
+    # (frames keep their order on a connection), so the queue's in-flight window stays 1.
+    receiver = consumer_side.create_receiver(consumed, credit=0)
+    producer_side = BlockingConnection(process.amqp_url, timeout=10)
+    to_consumed = producer_side.create_sender(consumed)
+    to_idle = producer_side.create_sender(idle)
+    # A first message while the store works: the queue's in-flight window is stored before
+    # anything goes out, and that commit must not be the blocked one.
+    to_consumed.send(Message(body="first", durable=True))
+    assert receiver.receive(timeout=10).body == "first"
+    receiver.accept()
+    got: list[object] = []
+    with writes_blocked(process):
+        grant_credit(receiver, 1)  # the consumer can take it the moment it comes
+        consumer = accept_one_in_background(receiver, got)
+        to_consumed.send(Message(body="taken", durable=True), timeout=4)
+        consumer.join(10)
+        assert got == ["taken"]
+        with pytest.raises(Timeout):  # nobody accepts it: the commit it waits for cannot come
+            to_idle.send(Message(body="kept", durable=True), timeout=0.5)
+    # The lock is gone: the idle queue's message is committed, and it waits there.
+    idle_receiver = consumer_side.create_receiver(idle, credit=10)
+    assert idle_receiver.receive(timeout=10).body == "kept"
+    idle_receiver.accept()
+    consumer_side.close()
+    producer_side.close()
