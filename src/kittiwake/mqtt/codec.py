@@ -109,7 +109,7 @@ class PacketDecoder:
     :meth:`feed` raises, the connection is dead and the decoder must not be used again.
     """
 
-    __slots__ = ("_buf", "max_packet_size", "protocol_version")
+    __slots__ = ("_buf", "_last_topic", "max_packet_size", "protocol_version")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
         self.max_packet_size = max_packet_size
@@ -117,6 +117,11 @@ class PacketDecoder:
         # The partial tail of the last read; None while there is none (an idle connection's
         # usual state), so it holds no buffer, nor a drained one's leftover capacity.
         self._buf: bytearray | None = None
+        # The last PUBLISH topic decoded: its wire form (length and UTF-8) and the checked
+        # string. A publisher repeats its topic, so the next one is one comparison, not a
+        # decode and three scans, and is the same str (its hash computed once, for every
+        # dict the topic is looked up in). None until the first PUBLISH.
+        self._last_topic: tuple[bytes, str] | None = None
 
     def feed(self, data: bytes) -> list[Packet]:
         """Consume ``data`` and return every packet it completes, oldest first.
@@ -343,6 +348,11 @@ def _decode_connack(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
     return ConnAck(session_present, body[1], props)
 
 
+# A longer topic is not remembered as the decoder's last (see PacketDecoder._last_topic): an
+# idle publisher of huge topics keeps no copy of one (as the broker's per-topic caches).
+_REMEMBERED_TOPIC_BYTES: Final = 1026
+
+
 # Every 3.1/3.1.1 PUBLISH, SUBSCRIBE and UNSUBSCRIBE shares this one empty object instead of
 # allocating its own; decoded packets are read, never modified, by the server.
 _NO_PROPERTIES = Properties()
@@ -374,21 +384,13 @@ def _decode_publish_at(
     version = dec.protocol_version
     if dup and not qos and version != 3:
         raise MalformedPacketError("PUBLISH with DUP set at QoS 0 (MQTT-3.3.1-2)")
-    if end - start < 2:
-        raise MalformedPacketError("PUBLISH too short for a topic")
-    pos = start + 2 + ((src[start] << 8) | src[start + 1])
-    if pos > end:
-        raise MalformedPacketError("PUBLISH topic runs past the end of the packet")
-    try:
-        topic = src[start + 2 : pos].decode("utf-8")
-    except UnicodeDecodeError:
-        raise MalformedPacketError("PUBLISH topic is not valid UTF-8") from None
-    if "\x00" in topic:
-        raise MalformedPacketError("PUBLISH topic contains U+0000")
-    if "+" in topic or "#" in topic:
-        raise MQTTProtocolError(
-            ReasonCode.TOPIC_NAME_INVALID, f"topic {quoted(topic)} has a wildcard"
-        )
+    last = dec._last_topic
+    if last is not None and src.startswith(last[0], start, end):
+        # The topic of the last PUBLISH, checked then (the checks depend on its bytes alone).
+        topic = last[1]
+        pos = start + len(last[0])
+    else:
+        topic, pos = _decode_topic(dec, src, start, end)
     packet_id = None
     if qos:
         if pos + 2 > end:
@@ -415,6 +417,31 @@ def _decode_publish_at(
     if type(payload) is not bytes:
         payload = bytes(payload)
     return Publish(topic, payload, qos, bool(flags & 0x01), dup, packet_id, props)
+
+
+def _decode_topic(
+    dec: PacketDecoder, src: bytes | bytearray, start: int, end: int
+) -> tuple[str, int]:
+    """The topic of the PUBLISH whose body starts at ``start``, checked, and the offset after
+    it; remembered as the decoder's last topic."""
+    if end - start < 2:
+        raise MalformedPacketError("PUBLISH too short for a topic")
+    pos = start + 2 + ((src[start] << 8) | src[start + 1])
+    if pos > end:
+        raise MalformedPacketError("PUBLISH topic runs past the end of the packet")
+    try:
+        topic = src[start + 2 : pos].decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedPacketError("PUBLISH topic is not valid UTF-8") from None
+    if "\x00" in topic:
+        raise MalformedPacketError("PUBLISH topic contains U+0000")
+    if "+" in topic or "#" in topic:
+        raise MQTTProtocolError(
+            ReasonCode.TOPIC_NAME_INVALID, f"topic {quoted(topic)} has a wildcard"
+        )
+    if pos - start <= _REMEMBERED_TOPIC_BYTES:
+        dec._last_topic = (bytes(src[start:pos]), topic)
+    return topic, pos
 
 
 def _ack_decoder(
