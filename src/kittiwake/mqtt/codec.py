@@ -6,6 +6,7 @@ applies broker policy (authorisation, topic filter syntax, quotas belong to the 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -727,7 +728,12 @@ def encode_ack(first_byte: int, packet_id: int) -> bytes:
 
     ``first_byte`` is 0x40 (PUBACK), 0x50 (PUBREC), 0x62 (PUBREL) or 0x70 (PUBCOMP).
     """
-    return bytes((first_byte, 2, packet_id >> 8, packet_id & 0xFF))
+    return _ACK_FRAME(first_byte, 2, packet_id)
+
+
+# encode_ack's bytes: one precompiled pack (every QoS 1 publication's PUBACK) is about half
+# the cost of building them from a tuple of four ints.
+_ACK_FRAME: Final = struct.Struct(">BBH").pack
 
 
 def _encode_ack(p: PubAck | PubRec | PubRel | PubComp, version: int) -> bytes:
