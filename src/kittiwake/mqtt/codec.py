@@ -143,10 +143,20 @@ class PacketDecoder:
         pos = 0
         packets: list[Packet] = []
         mv = memoryview(src)
+        max_size = self.max_packet_size
+        # A plain PUBACK (what _ack_decoder makes of it) needs none of the checks below but
+        # its packet id's: a subscriber's reads are runs of them.
+        plain_acks = max_size >= 4
         try:
             while n - pos >= 2:
                 first = src[pos]
                 length = src[pos + 1]
+                if first == 0x40 and length == 2 and plain_acks and pos + 4 <= n:
+                    packet_id = (src[pos + 2] << 8) | src[pos + 3]
+                    if packet_id:
+                        packets.append(PubAck(packet_id, 0, _NO_PROPERTIES))
+                        pos += 4
+                        continue
                 if length < 0x80:
                     body = pos + 2
                 else:
@@ -155,9 +165,9 @@ class PacketDecoder:
                         break
                     length, body = header
                 end = body + length
-                if end - pos > self.max_packet_size:
+                if end - pos > max_size:
                     raise PacketTooLargeError(
-                        f"packet of {end - pos} bytes exceeds the maximum of {self.max_packet_size}"
+                        f"packet of {end - pos} bytes exceeds the maximum of {max_size}"
                     )
                 if end > n:
                     break
@@ -175,9 +185,6 @@ class PacketDecoder:
                     ):
                         publish.raw = _bytes_of(src, pos, end)
                     packets.append(publish)
-                elif first == 0x40 and length == 2 and (src[body] or src[body + 1]):
-                    # The other hot packet: a plain PUBACK (what _ack_decoder makes of it).
-                    packets.append(PubAck((src[body] << 8) | src[body + 1], 0, _NO_PROPERTIES))
                 else:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
                 pos = end
