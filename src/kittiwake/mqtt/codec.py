@@ -388,7 +388,7 @@ def _decode_publish_at(
     qos = (flags >> 1) & 0x03
     if qos == 3:
         raise MalformedPacketError("PUBLISH with QoS 3")
-    dup = bool(flags & 0x08)
+    dup = (flags & 0x08) != 0  # not bool(): a comparison costs no call
     version = dec.protocol_version
     if dup and not qos and version != 3:
         raise MalformedPacketError("PUBLISH with DUP set at QoS 0 (MQTT-3.3.1-2)")
@@ -424,7 +424,7 @@ def _decode_publish_at(
     payload = src[pos:end]  # _bytes_of, inlined: every publication's path
     if type(payload) is not bytes:
         payload = bytes(payload)
-    return Publish(topic, payload, qos, bool(flags & 0x01), dup, packet_id, props)
+    return Publish(topic, payload, qos, (flags & 0x01) != 0, dup, packet_id, props)
 
 
 def _decode_topic(

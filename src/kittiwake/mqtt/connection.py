@@ -264,11 +264,19 @@ class MQTTConnection:
         """Act on the packets of one read in order, until one closes the connection:
         :meth:`handle`'s dispatch written out for a session's packets, a call less per packet
         (PUBLISH and PUBACK are every message's path)."""
+        if self.session is None:
+            # Before CONNECT (which may come in this read): :meth:`handle` decides each.
+            for packet in packets:
+                self.handle(packet)
+                if self.closed:
+                    return
+            return
+        # Connected: the session goes only with the connection (taken over, closed).
         handlers = self._handlers
         for packet in packets:
-            handler = handlers.get(type(packet)) if self.session is not None else None
+            handler = handlers.get(type(packet))
             if handler is None:
-                self.handle(packet)  # before CONNECT, or a packet a client may not send
+                self.handle(packet)  # a packet a client may not send
             else:
                 handler(self, packet)
             if self.closed:
