@@ -5,6 +5,7 @@ enough to compare changes on a loaded machine (CPU time, or instruction counts u
 
     python bench/inprocess.py qos1            # QoS 1 1->1: publish, route, deliver, PUBACK, settle
     python bench/inprocess.py qos1 --publishers 10   # QoS 1 fan-in 10->1
+    python bench/inprocess.py qos1 --subscribers 50  # QoS 1 fan-out 1->50 (CPU per delivery)
     python bench/inprocess.py qos1 --durable  # the same to a persistent session, SQLite store
     python bench/inprocess.py connections --connections 2000   # bytes per idle connection
     python bench/inprocess.py topics --filters 10000
@@ -166,19 +167,26 @@ async def settled(broker: Broker) -> None:
         commit = broker.store.commit()
 
 
-async def qos1(messages: int, batch: int, publishers: int = 1) -> float:
+async def qos1(messages: int, batch: int, publishers: int = 1, subscribers: int = 1) -> float:
     """QoS 1 1->1: batches of `batch` PUBLISHes in one read, their PUBACKs in one read.
 
     With `publishers` > 1 (fan-in), each publisher reads a batch in turn, then the subscriber
     acknowledges what it was sent, a window at a time, until every message is settled.
+    With `subscribers` > 1 (fan-out), every subscriber acknowledges each batch in a read of
+    its own; `messages` then counts deliveries, and the cost is per delivery.
     """
     if publishers > 1:
         return await qos1_fan_in(messages, batch, publishers)
     broker = make_broker()
     cancel = broker.schedule_ticks(asyncio.get_running_loop())
-    sub = Client(broker, "sub", clean_start=not DURABLE["on"])
+    subs = [
+        Client(broker, f"sub{i}" if subscribers > 1 else "sub", clean_start=not DURABLE["on"])
+        for i in range(subscribers)
+    ]
     pub = Client(broker, "pub")
-    sub.read(frames([Subscribe(1, [SubscriptionRequest("bench/q1", 1)])]))
+    for sub in subs:
+        sub.read(frames([Subscribe(1, [SubscriptionRequest("bench/q1", 1)])]))
+    messages //= subscribers
     await settled(broker)
     payload = b"x" * 64
     rounds = messages // batch
@@ -201,14 +209,17 @@ async def qos1(messages: int, batch: int, publishers: int = 1) -> float:
     for publishes, acks in zip(publish_reads, ack_reads, strict=True):
         pub.read(publishes)
         await asyncio.sleep(0)
-        sub.read(acks)
+        for sub in subs:
+            sub.read(acks)
         await asyncio.sleep(0)
     await settled(broker)
     elapsed = time.process_time() - start
     cancel()
     broker.store.close()
-    assert not sub.connection.session.consumer.unsettled, "deliveries left unsettled"  # type: ignore[union-attr]
-    return elapsed / (rounds * batch)
+    for sub in subs:
+        assert not sub.connection.session.consumer.unsettled, "deliveries left unsettled"  # type: ignore[union-attr]
+        assert sub.connection.session.queue.count == 0, "messages left queued"  # type: ignore[union-attr]
+    return elapsed / (rounds * batch * subscribers)
 
 
 async def qos1_fan_in(messages: int, batch: int, publishers: int) -> float:
@@ -487,6 +498,12 @@ def main() -> None:
         "--publishers", type=int, default=1, help="qos1: publishers fanning in to one subscriber"
     )
     parser.add_argument(
+        "--subscribers",
+        type=int,
+        default=1,
+        help="qos1: subscribers one publisher fans out to (--messages counts deliveries)",
+    )
+    parser.add_argument(
         "--durable",
         action="store_true",
         help="qos1: a persistent subscriber session on the SQLite store (writer thread included)",
@@ -500,10 +517,18 @@ def main() -> None:
         size = asyncio.run(idle_connections(args.connections))
         print(f"idle connections: {size:,.0f} bytes allocated per connection")
     elif args.workload == "qos1":
+        if args.publishers > 1 and args.subscribers > 1:
+            parser.error("qos1: --publishers and --subscribers do not combine")
         cost = best(
-            args.runs, lambda: asyncio.run(qos1(args.messages, args.batch, args.publishers))
+            args.runs,
+            lambda: asyncio.run(
+                qos1(args.messages, args.batch, args.publishers, args.subscribers)
+            ),
         )
-        print(f"qos1 {args.publishers}->1: {cost * 1e6:.2f} us CPU per message")
+        unit = "delivery" if args.subscribers > 1 else "message"
+        print(
+            f"qos1 {args.publishers}->{args.subscribers}: {cost * 1e6:.2f} us CPU per {unit}"
+        )
     elif args.workload == "amqp-in":
         cost = best(args.runs, lambda: amqp_in(args.messages))
         print(f"amqp-in: {cost * 1e6:.2f} us CPU per message")

@@ -25,6 +25,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.completion import Completion
+from kittiwake.broker.delivery import LEVELS
 from kittiwake.broker.dispatch import enqueue, enqueue_shared
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
@@ -201,12 +202,32 @@ def route(
     copy."""
     plan = broker.routes.plan(message.topic)
     touched: list[Session | SharedGroup] = []
+    # The delivery rule's row for this message (what QueuedMessage.of looks up), once, not
+    # once per copy: a fan-out makes every copy here.
+    levels = LEVELS[message.qos][message.persistent]
+    retain = message.retain
     for copy in plan.copies:
-        entry = session_entry(copy, message)
-        if entry is not None and enqueue(broker, copy.session, entry):
-            touched.append(copy.session)
-            if stored is not None and entry.persistent and copy.session.queue.durable:
-                stored.append(copy.session.queue.name)
+        options = copy.options
+        if copy.own is options:
+            # session_entry without noLocal subscriptions (nearly every copy), inlined.
+            qos, persistent = levels[options.max_qos]
+            entry = QueuedMessage(
+                message,
+                qos,
+                persistent,
+                retain and options.retain_as_published,
+                options.subscription_ids,
+            )
+        else:
+            own = session_entry(copy, message)
+            if own is None:
+                continue
+            entry = own
+        session = copy.session
+        if enqueue(broker, session, entry):
+            touched.append(session)
+            if stored is not None and entry.persistent and session.queue.durable:
+                stored.append(session.queue.name)
     for group in plan.groups:
         if enqueue_shared(broker, group, message):
             touched.append(group)

@@ -64,7 +64,8 @@ class QueuedMessage:
         subscription_ids: tuple[int, ...] = (),
     ) -> QueuedMessage:
         """The one way to make a queue's copy of a message: the delivery rule (the lower level
-        wins, DESIGN.md section 2) decides its level and whether it is stored."""
+        wins, DESIGN.md section 2) decides its level and whether it is stored. (The publish
+        path's route() looks the same table up once per message, for every copy.)"""
         qos, persistent = _LEVELS[message.qos][message.persistent][max_qos]
         return cls(message, qos, persistent, retain, subscription_ids)
 
@@ -589,9 +590,26 @@ class Queue:
                 receiver = consumer.receiver
                 if receiver is None:
                     break
-                entry = self.pop(now)
-                if entry is None:
-                    break
+                ready = self._ready
+                if (
+                    ready
+                    and not self._returned
+                    and not self._delayed
+                    and ready[0].message.expiry is None
+                ):
+                    # pop's usual case, inlined: the next FIFO entry, nothing ahead of it and
+                    # nothing to expire (every queued delivery's path).
+                    entry = ready.popleft()
+                    message = entry.message
+                    size = len(message.payload) + len(message.topic)
+                    self.bytes -= size
+                    self.totals.bytes -= size
+                    self.count -= 1
+                else:
+                    popped = self.pop(now)
+                    if popped is None:
+                        break
+                    entry = popped
                 if entry.message.awaiting_commit and self._waits_for_commit(entry):
                     self.push_front(entry)
                     break

@@ -1,0 +1,81 @@
+"""The decoder remembers the last PUBLISH topic it checked: a repeat is one comparison and the
+same string; anything else is decoded and checked as if it had never seen a topic."""
+
+from __future__ import annotations
+
+import pytest
+
+from kittiwake.mqtt.codec import PacketDecoder, encode
+from kittiwake.mqtt.errors import MalformedPacketError, MQTTProtocolError
+from kittiwake.mqtt.packets import Publish
+
+
+def _publishes(decoder: PacketDecoder, data: bytes) -> list[Publish]:
+    packets = decoder.feed(data)
+    assert all(isinstance(p, Publish) for p in packets)
+    return packets  # type: ignore[return-value]
+
+
+def _frame(topic: str, payload: bytes = b"p", packet_id: int = 1, version: int = 4) -> bytes:
+    return encode(Publish(topic, payload, 1, False, False, packet_id), version)
+
+
+def test_a_repeated_topic_is_the_same_string() -> None:
+    decoder = PacketDecoder()
+    first, second = _publishes(decoder, _frame("a/b", b"1", 1) + _frame("a/b", b"2", 2))
+    assert (first.topic, first.payload, first.packet_id) == ("a/b", b"1", 1)
+    assert (second.topic, second.payload, second.packet_id) == ("a/b", b"2", 2)
+    assert second.topic is first.topic
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_topics_that_share_a_start_are_told_apart(version: int) -> None:
+    """A longer or shorter topic has another length prefix; one of the same length, other
+    bytes: each is decoded for what it is."""
+    decoder = PacketDecoder()
+    decoder.protocol_version = version
+    topics = ["a/b", "a/bc", "a/b", "a/c", "b/c", "a/c"]
+    data = b"".join(_frame(t, b"x%d" % i, i, version) for i, t in enumerate(topics, start=1))
+    decoded = _publishes(decoder, data)
+    assert [p.topic for p in decoded] == topics
+    assert [p.payload for p in decoded] == [b"x%d" % i for i in range(1, len(topics) + 1)]
+
+
+def test_a_repeat_split_across_reads_is_decoded_whole() -> None:
+    """A PUBLISH completed by a later read (the decoder's buffered tail) is read as well."""
+    decoder = PacketDecoder()
+    frame = _frame("sensors/1", b"payload", 7)
+    [first] = _publishes(decoder, frame)
+    assert _publishes(decoder, frame[:5]) == []
+    [second] = _publishes(decoder, frame[5:])
+    assert (second.topic, second.payload, second.packet_id) == ("sensors/1", b"payload", 7)
+    assert second.topic is first.topic
+
+
+def test_a_wildcard_after_a_valid_topic_of_the_same_length_is_refused() -> None:
+    decoder = PacketDecoder()
+    _publishes(decoder, _frame("a/b"))
+    bad = bytearray(_frame("a/b"))
+    bad[bad.index(b"a/b") + 2] = ord("+")
+    with pytest.raises(MQTTProtocolError, match="wildcard"):
+        decoder.feed(bytes(bad))
+
+
+def test_a_remembered_topic_that_runs_past_the_packet_is_malformed() -> None:
+    """The bytes after the packet's end may repeat the topic (the next packet's); the topic
+    of this one still ends inside it or it is malformed."""
+    decoder = PacketDecoder()
+    _publishes(decoder, _frame("abcd"))
+    # Remaining length 4: the topic length (4) and two of its bytes, then a frame starting
+    # with "cd" would complete the remembered topic.
+    truncated = b"\x32\x04\x00\x04ab" + b"cd" + _frame("x")
+    with pytest.raises(MalformedPacketError, match="past the end"):
+        decoder.feed(truncated)
+
+
+def test_a_long_topic_is_not_remembered() -> None:
+    decoder = PacketDecoder()
+    topic = "t" * 2000
+    first, second = _publishes(decoder, _frame(topic, b"1", 1) + _frame(topic, b"2", 2))
+    assert first.topic == second.topic == topic
+    assert second.topic is not first.topic
