@@ -705,9 +705,10 @@ class MQTTConnection:
         """
         broker = self.broker
         routes = broker.routes
-        try:
-            plan = routes.by_topic[topic]  # the plan cache's hit, without a call
-        except KeyError:
+        # .get, not a subscript in try: a hit costs about the same, and a miss (every
+        # publication of a fleet wider than the cache) saves raising a KeyError (~1 us).
+        plan = routes.by_topic.get(topic)
+        if plan is None:
             plan = routes.missed(topic)
         receivers = plan.memo
         if receivers is None:
