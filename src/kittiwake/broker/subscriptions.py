@@ -97,7 +97,7 @@ def subscribe(
         existing.subscription_id = options.subscription_id
         existing.copy = None
         subscription = existing
-        broker.routes.changed()
+        broker.routes.subscription_changed(existing)
         member = session.members.get(full_filter)
         if member is not None:
             member.group.refresh()
@@ -163,7 +163,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
     """Bind a subscription (its filter validated): into the topic tree, or, for a shared one,
     into its group (made on first use), whose queue the session then consumes from with its
     own credit."""
-    broker.routes.changed()
+    broker.routes.subscription_changed(subscription)
     if subscription.share_group is None:
         broker.tree.insert_valid(subscription.topic_filter, subscription)
         return
@@ -200,7 +200,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
 
 def remove_subscription(broker: Broker, subscription: Subscription) -> None:
     """Unbind a subscription; a group's last member leaving ends the group and its queue."""
-    broker.routes.changed()
+    broker.routes.subscription_changed(subscription)
     if subscription.share_group is None:
         broker.tree.remove(subscription.topic_filter, subscription)
         if broker.retained_cursors:

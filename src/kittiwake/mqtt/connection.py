@@ -423,9 +423,10 @@ class MQTTConnection:
         # Logged in for good: the login (and the shell's password check it holds) can go.
         self._login = None
         if session.permissions is not self.permissions:
-            # Delivery is filtered by what this principal may read (route plans).
+            # Delivery is filtered by what this principal may read (route plans): only the
+            # plans of this session's filters hold its copies.
             session.permissions = self.permissions
-            broker.routes.changed()
+            broker.routes.session_changed(session)
         self._log.info(
             "client %s connected from %s (user %s, MQTT %s, clean=%s, keepalive=%ss, present=%s)",
             client_id,
