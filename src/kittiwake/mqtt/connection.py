@@ -865,9 +865,10 @@ class MQTTConnection:
                 )
                 codes.append(_REFUSAL_REASON[outcome] if version == 5 else SUBACK_FAILURE_V3)
             else:
-                codes.append(outcome.granted_qos)
+                codes.append(outcome.subscription.max_qos)  # granted_qos without its call
                 accepted.append(outcome)
-                completion = all_of(completion, outcome.completion)
+                if outcome.completion is not None:  # a persistent session's: else no call
+                    completion = all_of(completion, outcome.completion)
 
         def send_retained() -> None:
             # After the SUBACK, never before it.
