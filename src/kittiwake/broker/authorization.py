@@ -34,7 +34,7 @@ _MAX_CACHED: Final = 4096
 # Publish verdicts kept by the Permissions every principal shares while no ACL rule exists: a
 # fleet's topics (one or more per device) should all fit. A principal of its own (ACL rules)
 # is one connection's, and keeps _MAX_CACHED.
-SHARED_VERDICTS: Final = 65536
+SHARED_VERDICTS: Final = 16384
 
 
 class QueueRules:

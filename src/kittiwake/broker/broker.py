@@ -469,6 +469,7 @@ class Broker:
     subscribe = subscriptions.subscribe
     unsubscribe = subscriptions.unsubscribe
     send_retained = subscriptions.send_retained
+    may_send_retained = subscriptions.may_send_retained
     feed_retained = subscriptions.feed_retained
 
     def replace_authorization(self, auth: AuthConfig) -> RenewPermissions:

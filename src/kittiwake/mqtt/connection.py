@@ -99,9 +99,9 @@ class MQTTConnection:
 
     Slotted, and what an idle connection never uses is not made for it: a 5.0 client's topic
     alias maps are made by its CONNECT, the packet-id map by the first QoS 1/2 delivery, the
-    publish-verdict cache by the first publication, the held input by a password check; the
-    login is dropped once the CONNECT is accepted. Ten thousand idle connections then carry
-    none of these.
+    held input by a password check; the login is dropped once the CONNECT is accepted (and
+    publish verdicts live on the principal's shared Permissions). Ten thousand idle
+    connections then carry none of these.
     """
 
     __slots__ = (
@@ -870,17 +870,25 @@ class MQTTConnection:
                 if outcome.completion is not None:  # a persistent session's: else no call
                     completion = all_of(completion, outcome.completion)
 
-        def send_retained() -> None:
-            # After the SUBACK, never before it.
-            for subscribed in accepted:
-                self.broker.send_retained(subscribed)
+        then: Callable[[], None] | None = None
+        # A SUBACK written at once while nothing is retained has nothing to send after it
+        # (no closure made per SUBSCRIBE of a fleet).
+        if accepted and (
+            completion is not None or self._answers or self.broker.may_send_retained()
+        ):
 
+            def send_retained() -> None:
+                # After the SUBACK, never before it.
+                for subscribed in accepted:
+                    self.broker.send_retained(subscribed)
+
+            then = send_retained
         self._answer(
             completion,
             self._encode(SubAck(packet.packet_id, codes, Properties()), version)
             if version == 5
             else encode_suback_v3(packet.packet_id, codes),
-            then=send_retained if accepted else None,
+            then=then,
         )
 
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
