@@ -131,6 +131,7 @@ class RoutePlans:
             self.by_topic.pop(topic_filter, None)
         if self._older:
             self._older.pop(topic_filter, None)
+        self._limit = -1  # the tree's size changed: the bound follows it (_bound)
 
     def plan(self, topic: str) -> RoutePlan:
         plan = self.by_topic.get(topic)  # not a subscript in try: raising costs a miss ~1 us

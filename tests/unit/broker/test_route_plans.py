@@ -84,6 +84,23 @@ def test_a_cache_bound_grows_with_the_filters_up_to_the_cap(
     assert capped._bound() == MAX_PLANS
 
 
+def test_the_cache_bound_follows_filters_added_without_wildcards(
+    make_harness: Callable[..., Any],
+) -> None:
+    """Filters without wildcards forget one plan each, not the cache: its bound (two plans per
+    filter) must still grow with them, or a fleet that subscribes after the first
+    publication would be served from a cache sized for the fleet as it was."""
+    harness = small_cache(make_harness, 4)
+    session, _, _ = harness.connect("sub")
+    routes = harness.broker.routes
+    routes.plan("d/0")
+    for i in range(10):
+        harness.subscribe(session, f"d/{i}", 0)
+    for i in range(10):
+        routes.plan(f"d/{i}")
+    assert sorted(routes.cached_topics()) == sorted(f"d/{i}" for i in range(10))
+
+
 def test_a_routing_change_empties_both_generations(make_harness: Callable[..., Any]) -> None:
     harness = small_cache(make_harness, 2)
     session, _, _ = harness.connect("sub")
