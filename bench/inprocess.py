@@ -9,6 +9,7 @@ enough to compare changes on a loaded machine (CPU time, or instruction counts u
     python bench/inprocess.py qos1 --durable  # the same to a persistent session, SQLite store
     python bench/inprocess.py connections --connections 2000   # bytes per idle connection
     python bench/inprocess.py topics --filters 10000
+    python bench/inprocess.py topics --filters 10000 --churn 1000   # a device joins per 1,000
     python bench/inprocess.py amqp-in         # AMQP publish mapping: a JMS TextMessage to core
     python bench/inprocess.py amqp-out        # AMQP delivery mapping: that message to a consumer
 
@@ -350,9 +351,13 @@ async def subscribe_fleet(broker: Broker, filters: list[str], per_connection: in
     return time.process_time() - start
 
 
-async def topics(filters: int, messages: int, batch: int) -> tuple[float, float]:
+async def topics(
+    filters: int, messages: int, batch: int, churn: int = 0
+) -> tuple[float, float]:
     """QoS 0 over `filters` distinct topics: (subscribe s per filter, publish s per message).
 
+    With `churn`, a new device connects and subscribes to a topic of its own (no wildcard)
+    after every `churn` messages, as in a fleet that never stands still; its cost counts.
     The collector policy runs as in a serving broker (kittiwake.app), unless --no-freeze."""
     broker = Broker(store=MemoryStore())
     loop = asyncio.get_running_loop()
@@ -374,10 +379,18 @@ async def topics(filters: int, messages: int, batch: int) -> tuple[float, float]
                 ]
             )
         )
+    every = max(1, churn // batch) if churn else 0
+    devices = [
+        frames([Subscribe(1, [SubscriptionRequest(f"dev/{k}/in", 0)])])
+        for k in range(len(reads) // every if every else 0)
+    ]
     PAUSES.collect()
     start = time.process_time()
-    for data in reads:
+    for k, data in enumerate(reads):
         pub.read(data)
+        if every and k % every == every - 1:
+            device = k // every
+            Client(broker, f"dev{device}").read(devices[device])
         await asyncio.sleep(0)
     elapsed = time.process_time() - start
     cancel()
@@ -485,6 +498,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument(
+        "--churn",
+        type=int,
+        default=0,
+        help="topics: a new device connects and subscribes (one filter) every N messages",
+    )
+    parser.add_argument(
         "--no-freeze",
         action="store_true",
         help="topics: without kittiwake.collector's policy (freezing long-lived objects)",
@@ -537,7 +556,8 @@ def main() -> None:
         print(f"amqp-out: {cost * 1e6:.2f} us CPU per delivery")
     else:
         results = [
-            asyncio.run(topics(args.filters, args.messages, args.batch)) for _ in range(args.runs)
+            asyncio.run(topics(args.filters, args.messages, args.batch, args.churn))
+            for _ in range(args.runs)
         ]
         sub = min(r[0] for r in results)
         pub = min(r[1] for r in results)

@@ -31,6 +31,10 @@ from kittiwake.config import AuthConfig
 
 # Per-connection caches are bounded; topics repeat, so a cleared cache refills quickly.
 _MAX_CACHED: Final = 4096
+# Publish verdicts kept by the Permissions every principal shares while no ACL rule exists: a
+# fleet's topics (one or more per device) should all fit. A principal of its own (ACL rules)
+# is one connection's, and keeps _MAX_CACHED.
+SHARED_VERDICTS: Final = 16384
 
 
 class QueueRules:
@@ -56,8 +60,10 @@ class Permissions:
 
     __slots__ = (
         "_read_cache",
+        "_verdict_limit",
         "publish_allow",
         "publish_deny",
+        "publish_verdicts",
         "queues",
         "read_allow",
         "read_deny",
@@ -72,6 +78,7 @@ class Permissions:
         read_allow: tuple[str, ...] | None,
         read_deny: tuple[str, ...],
         queues: QueueRules = OPEN_QUEUES,
+        verdict_limit: int = _MAX_CACHED,
     ) -> None:
         # None: everything is allowed (no allow list, no ACL); () allows nothing.
         self.publish_allow = publish_allow
@@ -83,6 +90,13 @@ class Permissions:
         # False when only $SYS is closed to this principal's publications.
         self.restricts_publishing = publish_allow is not None or bool(publish_deny)
         self._read_cache: dict[str, bool] = {}
+        # A front end's verdicts on the topics this principal's clients published to: present
+        # when the topic name is valid under the broker's limits, True when may_publish. Kept
+        # here, shared by every connection of the principal (all of them while no ACL rule
+        # exists), not per connection: a device publishing on its own topics, or a gateway on
+        # thousands, would otherwise be checked again on nearly every message.
+        self.publish_verdicts: dict[str, bool] = {}
+        self._verdict_limit = verdict_limit
         self.queues = queues
 
     def may_send(self, queue: str) -> bool:
@@ -101,6 +115,16 @@ class Permissions:
         if not self.restricts_publishing:
             return True
         return _allowed(topic, self.publish_allow, self.publish_deny)
+
+    def remember_publish_verdict(self, topic: str, allowed: bool) -> None:
+        """Keep a verdict in :attr:`publish_verdicts` (the caller validated the topic): cleared
+        when full rather than evicted one by one, as the broker's other per-topic caches."""
+        if len(topic) > MAX_CACHED_TOPIC_CHARS:
+            return
+        verdicts = self.publish_verdicts
+        if len(verdicts) >= self._verdict_limit:
+            verdicts.clear()
+        verdicts[topic] = allowed
 
     def may_subscribe(self, topic_filter: str) -> bool:
         """Refused only when the filter lies wholly inside a deny rule or wholly outside every
@@ -165,8 +189,9 @@ class Authorizer:
                 groups.setdefault(user, set()).add(group.name)
         self._groups = groups
         # The principal-free answers (the broker-wide lists alone): wills of sessions whose
-        # principal is unknown, readers without a user.
-        self._everyone = self._rules_for(None, "")
+        # principal is unknown, readers without a user. Every connection's while no ACL rule
+        # exists, so its publish verdicts hold a fleet's topics.
+        self._everyone = self._rules_for(None, "", SHARED_VERDICTS)
 
     @property
     def acl_configured(self) -> bool:
@@ -209,7 +234,9 @@ class Authorizer:
             return self._everyone
         return self._rules_for(user, client_id)
 
-    def _rules_for(self, user: str | None, client_id: str) -> Permissions:
+    def _rules_for(
+        self, user: str | None, client_id: str, verdict_limit: int = _MAX_CACHED
+    ) -> Permissions:
         config = self._config
         publish_allow = list(config.publish_allow)
         publish_deny = list(config.publish_deny)
@@ -259,6 +286,7 @@ class Authorizer:
             tuple(read_allow) if read_allow or default_deny else None,
             tuple(read_deny),
             queues,
+            verdict_limit,
         )
 
     # Principal-free checks (the broker-wide lists and, for ACLs, the rules naming no one).

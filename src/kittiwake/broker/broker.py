@@ -281,7 +281,7 @@ class Broker:
         session.link = link
         if self.unattended:
             self.unattended.pop(session, None)
-        self.routes.changed()
+        self.routes.session_changed(session)
         self.stats.clients_connected += 1
         if session.persistent:
             self._save_session(session)
@@ -389,7 +389,7 @@ class Broker:
             if member.group.queue.recall(member.consumer, received_too=True):
                 self.pump_soon(member.group)
         self.flow.release(session)
-        self.routes.changed()
+        self.routes.session_changed(session)
         self.stats.clients_connected -= 1
         if keep_will and session.persistent:
             self.timers.detach(session)
@@ -469,6 +469,7 @@ class Broker:
     subscribe = subscriptions.subscribe
     unsubscribe = subscriptions.unsubscribe
     send_retained = subscriptions.send_retained
+    may_send_retained = subscriptions.may_send_retained
     feed_retained = subscriptions.feed_retained
 
     def replace_authorization(self, auth: AuthConfig) -> RenewPermissions:

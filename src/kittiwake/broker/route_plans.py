@@ -1,12 +1,16 @@
 """Who gets a publication on a topic, worked out once per topic and kept until a subscription,
 a connection or a disconnection may change the answer: the publish path's one per-topic cache.
+A change forgets only the plans it can alter where it can tell them apart: a filter without
+wildcards matches one topic, so subscribing, unsubscribing, connecting and disconnecting with
+such filters (a fleet's devices) forget one plan each; a wildcard filter forgets every plan.
 
 The chain is: the topic tree's uncached walk under it (no second per-topic cache, which would
 only be filled and cleared under a fleet's many topics), and, on each plan, a slot where a
 front end keeps what it derives from the plan (the MQTT front end: the connections one encoded
 QoS 0 frame goes to), dropped with the plan. A topic that matches one subscription alone (a
-fleet's device topics) gets that subscription's plan, kept on the subscription for the routing
-generation: a topic never published before costs a tree walk, not a plan. Never enqueues anything.
+fleet's device topics) gets that subscription's plan, kept on the subscription until its
+options or its session's connection change: a topic never published before, or forgotten by a
+change elsewhere, costs a tree walk, not a plan. Never enqueues anything.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from kittiwake.broker.mqtt_subscriptions import SessionCopy, session_copies, sol
 from kittiwake.broker.sessions import Session, Subscription
 from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.topic_tree import TopicTree
-from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS
+from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, is_wildcard
 
 # Plans kept in each of the cache's two generations (see RoutePlans): two per filter in the
 # tree (a fleet's devices each publish on their own topic), at least the configured minimum
@@ -31,14 +35,13 @@ MAX_PLANS = 16384
 class RoutePlan:
     """The receivers of one topic's publications."""
 
-    __slots__ = ("copies", "direct", "generation", "groups", "memo")
+    __slots__ = ("copies", "direct", "groups", "memo")
 
     def __init__(
         self,
         copies: tuple[SessionCopy, ...],
         groups: tuple[SharedGroup, ...],
         direct: tuple[Session, ...] | None,
-        generation: int = 0,
     ) -> None:
         # One per session with a matching subscription (MQTT's overlap rule applied).
         self.copies = copies
@@ -47,15 +50,13 @@ class RoutePlan:
         # published: every match a plain subscription (no shared group, no noLocal, no
         # subscription identifier). None when some match needs the full publish path.
         self.direct = direct
-        # A front end's data derived from this plan; None until it sets some.
+        # A front end's data derived from this plan (from its sessions' connections); None
+        # until it sets some.
         self.memo: object = None
-        # The routing generation it was worked out in: a plan kept on a subscription serves
-        # only within it.
-        self.generation = generation
 
 
 class RoutePlans:
-    """Plans by topic, valid for one routing generation.
+    """Plans by topic, each kept until a change that may alter it (see the module's note).
 
     Two generations of cached plans, so a full cache evicts its coldest half instead of
     forgetting every topic: when ``by_topic`` is full it becomes ``_older`` (the previous older
@@ -71,7 +72,6 @@ class RoutePlans:
         "_min_plans",
         "_older",
         "by_topic",
-        "generation",
         "tree",
     )
 
@@ -85,13 +85,9 @@ class RoutePlans:
         # Whether the journal keeps QoS 0 publications on a topic (None: on none); such a
         # publication must take the full publish path, which writes it.
         self._journals_qos0 = journals_qos0
-        # Bumped by every change that can alter who receives a publication (subscribe,
-        # unsubscribe, connect, disconnect).
-        self.generation = 0
-        # The plans of this generation, emptied by every change: a hit is one subscript, which
-        # a front end's hot path may take itself, calling missed() on a KeyError. A plain dict,
-        # so the subscript is the interpreter's specialised one (a subclass with __missing__
-        # would save the miss its exception but cost every hit about 100 instructions).
+        # The plans of this generation, emptied by a change that cannot be narrowed: a hit is
+        # one .get, which a front end's hot path may take itself, calling missed() on None. A
+        # plain dict (a subclass with __missing__ would cost every hit about 100 instructions).
         self.by_topic: dict[str, RoutePlan] = {}
         self._older: dict[str, RoutePlan] = {}
         # 0: no plan is kept (every publication works its plan out).
@@ -99,7 +95,10 @@ class RoutePlans:
         self._limit = -1  # worked out by the first miss (_bound)
 
     def changed(self) -> None:
-        self.generation += 1
+        """Anything may have changed (a wildcard filter, rules reloaded): forget every plan.
+        Plans kept on subscriptions stay: what they say changes only with their subscription's
+        options or connection, and those changes drop them (subscription_changed,
+        session_changed)."""
         if self.by_topic:
             self.by_topic.clear()
         if self._older:
@@ -107,11 +106,38 @@ class RoutePlans:
         # Worked out again by the first miss (_bound): a burst of subscriptions pays nothing.
         self._limit = -1
 
+    def subscription_changed(self, subscription: Subscription) -> None:
+        """A subscription (or a shared group's member) came, went or changed its options: the
+        plans of the topics its filter matches are forgotten, and its own plan."""
+        subscription.plan = None
+        self._filter_changed(subscription.topic_filter)
+
+    def session_changed(self, session: Session) -> None:
+        """A session connected or disconnected: its subscriptions' plans say who is connected
+        (``direct``, and a front end's memo of the connections), so they are forgotten, with
+        the plans of the topics their filters match; nobody else's."""
+        if session.members:
+            # A shared group's members are not in the plans; any doubt forgets everything.
+            self.changed()
+        for subscription in session.subscriptions.values():
+            self.subscription_changed(subscription)
+
+    def _filter_changed(self, topic_filter: str) -> None:
+        if is_wildcard(topic_filter):
+            self.changed()
+            return
+        # A filter without wildcards matches the topic spelled like it, and no other.
+        if self.by_topic:
+            self.by_topic.pop(topic_filter, None)
+        if self._older:
+            self._older.pop(topic_filter, None)
+        self._limit = -1  # the tree's size changed: the bound follows it (_bound)
+
     def plan(self, topic: str) -> RoutePlan:
-        try:
-            return self.by_topic[topic]  # a hit costs one subscript (.get costs a call more)
-        except KeyError:
+        plan = self.by_topic.get(topic)  # not a subscript in try: raising costs a miss ~1 us
+        if plan is None:
             return self.missed(topic)
+        return plan
 
     def cached_topics(self) -> list[str]:
         return [*self._older, *self.by_topic]
@@ -149,22 +175,22 @@ class RoutePlans:
                 if permissions is None or not permissions.restricts_reading:
                     # Nothing here depends on the topic: the subscription's plan serves them all.
                     plan = match.plan
-                    if plan is None or plan.generation != self.generation:
+                    if plan is None:
                         plan = match.plan = self._sole_plan(match)
                     return plan
         return self._work_out(topic, matches, journaled)
 
     def _sole_plan(self, subscription: Subscription) -> RoutePlan:
         """What :meth:`_work_out` makes of one readable subscription on a topic not journaled,
-        without its lists: made again for every subscription a fleet publishes to after any
-        routing change (a device connecting)."""
+        without its lists: made once per subscription, and again when its options or its
+        session's connection change."""
         copy = sole_copy(subscription)
         direct: tuple[Session, ...] | None = None
         if copy.plain:
             # Offline sessions never queue QoS 0.
             session = copy.session
             direct = () if session.link is None else (session,)
-        return RoutePlan((copy,), (), direct, self.generation)
+        return RoutePlan((copy,), (), direct)
 
     def _work_out(
         self, topic: str, matches: tuple[Subscription | SharedGroup, ...], journaled: bool
@@ -191,4 +217,4 @@ class RoutePlans:
                     break
                 if copy.session.link is not None:
                     direct += (copy.session,)
-        return RoutePlan(copies, groups, direct, self.generation)
+        return RoutePlan(copies, groups, direct)

@@ -97,7 +97,7 @@ def subscribe(
         existing.subscription_id = options.subscription_id
         existing.copy = None
         subscription = existing
-        broker.routes.changed()
+        broker.routes.subscription_changed(existing)
         member = session.members.get(full_filter)
         if member is not None:
             member.group.refresh()
@@ -163,7 +163,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
     """Bind a subscription (its filter validated): into the topic tree, or, for a shared one,
     into its group (made on first use), whose queue the session then consumes from with its
     own credit."""
-    broker.routes.changed()
+    broker.routes.subscription_changed(subscription)
     if subscription.share_group is None:
         broker.tree.insert_valid(subscription.topic_filter, subscription)
         return
@@ -200,7 +200,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
 
 def remove_subscription(broker: Broker, subscription: Subscription) -> None:
     """Unbind a subscription; a group's last member leaving ends the group and its queue."""
-    broker.routes.changed()
+    broker.routes.subscription_changed(subscription)
     if subscription.share_group is None:
         broker.tree.remove(subscription.topic_filter, subscription)
         if broker.retained_cursors:
@@ -226,6 +226,13 @@ def remove_subscription(broker: Broker, subscription: Subscription) -> None:
     group.queue.end_drop_report()
 
 
+def may_send_retained(broker: Broker) -> bool:
+    """False when :func:`send_retained` has nothing to do for any subscription: nothing is
+    retained, and no earlier cursor is there to restart (a fleet subscribing before anything
+    is retained skips it, and a front end need not arrange to call it)."""
+    return bool(broker.retained or broker.retained_cursors)
+
+
 def send_retained(broker: Broker, subscribed: Subscribed) -> None:
     """Deliver the retained messages a new subscription should see (retain handling).
 
@@ -233,8 +240,8 @@ def send_retained(broker: Broker, subscribed: Subscribed) -> None:
     (see dispatch.feed_retained): any number arrive, none is cut by a queue limit, and the
     first goes out without collecting the rest. Others (link credit) get them queued at once.
     """
-    if not broker.retained and not broker.retained_cursors:
-        return  # nothing retained, and no earlier cursor to restart: nothing to send
+    if not may_send_retained(broker):
+        return
     subscription = subscribed.subscription
     if subscription.share_group is not None:
         return  # shared subscriptions never receive retained messages (MQTT-4.8.2)

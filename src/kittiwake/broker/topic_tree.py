@@ -156,7 +156,7 @@ class TopicTree(Generic[V]):
         cached = self._cache.get(topic_name)
         if cached is not None:
             return cached
-        result = self._walk(topic_name)
+        result = self.match_uncached(topic_name)
         if self._cache_size and len(topic_name) <= MAX_CACHED_TOPIC_CHARS:
             cache = self._cache
             if len(cache) >= self._cache_size:
@@ -186,10 +186,8 @@ class TopicTree(Generic[V]):
     def match_uncached(self, topic_name: str) -> tuple[V, ...]:
         """:meth:`match` without the cache, for a caller keeping its own per-topic answers
         (the broker's route plans): a second cache under theirs would only be filled and
-        cleared, never read while theirs holds the topic."""
-        return self._walk(topic_name)
-
-    def _walk(self, topic_name: str) -> tuple[V, ...]:
+        cleared, never read while theirs holds the topic. The walk itself, not a wrapper:
+        a fleet wider than the caller's cache calls it on every publication."""
         levels = topic_name.split("/")
         last = len(levels)
         node: _Node[V] | None = self._root

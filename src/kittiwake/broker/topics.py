@@ -108,7 +108,15 @@ def validate_topic_filter(topic_filter: str, max_levels: int | None = None) -> N
     "$share/..." is an ordinary filter here: split it with :func:`parse_shared` first, so a
     shared filter's group is checked by its own rules and its filter by these.
     """
-    _check_common(topic_filter, "topic filter", max_levels)
+    if not (
+        topic_filter.isascii()
+        and 0 < len(topic_filter) <= MAX_TOPIC_BYTES
+        and "\0" not in topic_filter
+        and (max_levels is None or topic_filter.count("/") < max_levels)
+    ):
+        # The common checks in one expression first, as for topic names: a fleet subscribes
+        # filter after filter. Any doubt takes the checks, which say what is wrong.
+        _check_common(topic_filter, "topic filter", max_levels)
     if "+" not in topic_filter and "#" not in topic_filter:
         return
     levels = topic_filter.split("/")

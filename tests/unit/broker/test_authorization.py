@@ -216,6 +216,33 @@ def test_very_long_topics_are_answered_but_not_cached() -> None:
     assert list(permissions._read_cache) == ["short"]
 
 
+def test_publish_verdicts_are_shared_by_every_principal_without_acl_rules() -> None:
+    """A fleet's publishers share one cache of verdicts: a topic checked for one connection is
+    not checked again for the next (and a reload's new rules start with none)."""
+    a = auth(publish_deny=["secret/#"])
+    first, second = a.permissions(None, "c1"), a.permissions("u", "c2")
+    assert first is second
+    first.remember_publish_verdict("secret/x", first.may_publish("secret/x"))
+    assert second.publish_verdicts == {"secret/x": False}
+    a.replace_config(AuthConfig(publish_deny=("secret/#",)))
+    assert a.permissions(None, "c1").publish_verdicts == {}
+
+
+def test_publish_verdicts_are_bounded_and_skip_very_long_topics() -> None:
+    """A principal of its own (ACL rules: one connection's) keeps the smaller bound; a full
+    cache is cleared, and a topic too long to remember is answered, not kept."""
+    config = config_from_dict({"auth": {"acl": [{"users": ["u"], "publish": ["#"]}]}})
+    permissions = Authorizer(config.auth).permissions("u", "c")
+    permissions.remember_publish_verdict("t/" + "y" * 5000, True)
+    assert permissions.publish_verdicts == {}
+    topics = [f"t/{i}" for i in range(5000)]
+    for topic in topics:
+        permissions.remember_publish_verdict(topic, True)
+    kept = permissions.publish_verdicts
+    assert 0 < len(kept) < len(topics)
+    assert list(kept) == topics[-len(kept) :]
+
+
 # -- through the broker ----------------------------------------------------------------------
 
 

@@ -4,15 +4,17 @@ is the plan the general rule would make."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from kittiwake.broker.mqtt_subscriptions import _copy, session_copies, sole_copy
-from kittiwake.broker.route_plans import MAX_PLANS, RoutePlans
+from kittiwake.broker.route_plans import MAX_PLANS, RoutePlan, RoutePlans
 from kittiwake.broker.sessions import Subscription
 from kittiwake.broker.shared_groups import SharedGroup
+from kittiwake.broker.subscriptions import SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.topic_tree import TopicTree
 
 
@@ -80,6 +82,23 @@ def test_a_cache_bound_grows_with_the_filters_up_to_the_cap(
     capped = RoutePlans(tree, None, 4)
     capped.changed()
     assert capped._bound() == MAX_PLANS
+
+
+def test_the_cache_bound_follows_filters_added_without_wildcards(
+    make_harness: Callable[..., Any],
+) -> None:
+    """Filters without wildcards forget one plan each, not the cache: its bound (two plans per
+    filter) must still grow with them, or a fleet that subscribes after the first
+    publication would be served from a cache sized for the fleet as it was."""
+    harness = small_cache(make_harness, 4)
+    session, _, _ = harness.connect("sub")
+    routes = harness.broker.routes
+    routes.plan("d/0")
+    for i in range(10):
+        harness.subscribe(session, f"d/{i}", 0)
+    for i in range(10):
+        routes.plan(f"d/{i}")
+    assert sorted(routes.cached_topics()) == sorted(f"d/{i}" for i in range(10))
 
 
 def test_a_routing_change_empties_both_generations(make_harness: Callable[..., Any]) -> None:
@@ -153,4 +172,92 @@ def test_a_lone_subscriptions_plan_is_the_general_one(
     assert plan.copies == general.copies
     assert plan.groups == general.groups == ()
     assert plan.direct == general.direct
-    assert plan.generation == general.generation == routes.generation
+
+
+def test_a_device_connecting_forgets_only_the_plans_of_its_own_filters(
+    harness: Any,
+) -> None:
+    """A fleet subscribes and connects all the time: a device with filters without wildcards
+    costs the others' plans nothing (each stays, with its subscription's shared plan)."""
+    sessions = []
+    for i in range(3):
+        session, _, _ = harness.connect(f"d{i}", clean_start=False, expiry=60)
+        harness.subscribe(session, f"s/{i}/v", 0)
+        sessions.append(session)
+    routes = harness.broker.routes
+    kept = {i: routes.plan(f"s/{i}/v") for i in range(3)}
+    harness.broker.disconnect(sessions[1], publish_will=False)
+    assert routes.plan("s/0/v") is kept[0]
+    assert routes.plan("s/2/v") is kept[2]
+    assert routes.plan("s/1/v").direct == ()
+    newcomer, _, _ = harness.connect("new")
+    harness.subscribe(newcomer, "s/9/v", 0)
+    assert routes.plan("s/0/v") is kept[0]
+    harness.subscribe(newcomer, "s/0/+", 0)  # a wildcard: every plan is worked out again
+    assert "s/0/v" not in routes.cached_topics()
+    assert set(routes.plan("s/0/v").direct or ()) == {sessions[0], newcomer}
+
+
+def _reference(routes: RoutePlans, topic: str) -> RoutePlan:
+    """The plan worked out from the tree now, by the general rule, nothing reused."""
+    return routes._work_out(topic, routes.tree.match_uncached(topic), False)
+
+
+def _said(plan: RoutePlan) -> object:
+    return (
+        [(c.session, c.options, c.own, c.plain) for c in plan.copies],
+        plan.groups,
+        None if plan.direct is None else sorted(s.client_id for s in plan.direct),
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cached_plans_equal_an_uncached_walk_after_random_changes(
+    make_harness: Callable[..., Any], seed: int
+) -> None:
+    """Brute force: after every subscribe, unsubscribe, option change, connect and disconnect
+    of a random sequence, each topic's cached plan says what a fresh walk of the tree says."""
+    rng = random.Random(seed)
+    harness = small_cache(make_harness, 8)  # small, so the older generation is exercised
+    broker = harness.broker
+    routes = broker.routes
+    levels = ["a", "b", "c"]
+    topics = [f"{x}/{y}" for x in levels for y in levels] + levels + ["$s/a"]
+    filters = [
+        *topics,
+        "a/+",
+        "+/b",
+        "+/+",
+        "#",
+        "a/#",
+        "$s/+",
+        "$share/g/a/b",
+        "$share/g/+/c",
+        "$share/h/a/b",
+    ]
+    ids = [f"c{i}" for i in range(4)]
+    sessions: dict[str, Any] = {}
+    for step in range(300):
+        client_id = rng.choice(ids)
+        session = sessions.get(client_id)
+        action = rng.random()
+        if session is None or (session.link is None and action < 0.5):
+            sessions[client_id], _, _ = harness.connect(
+                client_id, clean_start=rng.random() < 0.2, expiry=600
+            )
+        elif action < 0.1:
+            broker.disconnect(session, publish_will=False)
+        elif action < 0.6:
+            options = rng.choice([{}, {"no_local": True}, {"subscription_id": step + 1}, {}])
+            result = broker.subscribe(
+                session,
+                rng.choice(filters),
+                SubscriptionOptions(max_qos=rng.randrange(3), **options),
+            )
+            assert not isinstance(result, SubscribeRefusal)
+        else:
+            broker.unsubscribe(session, rng.choice(filters))
+        for topic in rng.sample(topics, 4):
+            routes.plan(topic)  # fills and rotates the cache between changes
+        for topic in topics:
+            assert _said(routes.plan(topic)) == _said(_reference(routes, topic)), (step, topic)

@@ -512,15 +512,21 @@ def test_a_route_plan_is_forwardable_as_is_only_when_every_match_is_plain(harnes
 
 def test_topics_that_match_one_subscription_alone_share_its_plan(harness) -> None:
     """A fleet's devices each publish on their own topic: a topic never published before that
-    matches one plain subscription gets that subscription's plan, until routing changes."""
-    fleet, _, _ = harness.connect("fleet")
+    matches one plain subscription gets that subscription's plan, until the subscription or
+    its session's connection changes (another device connecting changes nothing for it)."""
+    fleet, _, _ = harness.connect("fleet", clean_start=False, expiry=60)
     harness.subscribe(fleet, "s/+/v", 0)
     first = harness.broker.route_plan("s/1/v")
     assert first.direct == (fleet,)
     assert harness.broker.route_plan("s/2/v") is first
     other, _, _ = harness.connect("other")
+    assert harness.broker.route_plan("s/3/v") is first
+    harness.broker.disconnect(fleet, publish_will=False)
+    gone = harness.broker.route_plan("s/3/v")
+    assert gone is not first  # its own connection changed: worked out afresh
+    assert gone.direct == ()
+    fleet, _, _ = harness.connect("fleet", clean_start=False, expiry=60)
     again = harness.broker.route_plan("s/3/v")
-    assert again is not first  # a connection changed routing: worked out afresh
     assert again.direct == (fleet,)
     harness.subscribe(other, "s/3/+", 0)
     assert set(harness.broker.route_plan("s/3/v").direct or ()) == {fleet, other}

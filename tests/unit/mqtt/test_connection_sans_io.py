@@ -176,3 +176,26 @@ def test_a_3x_subscriber_gets_the_right_frame_as_size_level_and_retain_change_on
     pub.send(Publish("t", b"hh", 1, False, packet_id=9))
     again = [(p.payload, p.qos, p.retain) for p in sub.received() if isinstance(p, Publish)]
     assert again == [(b"ee", 1, True), (b"hh", 1, False)]
+
+
+def test_qos0_follows_a_device_that_reconnects_while_the_fleet_keeps_its_plans() -> None:
+    """Route plans survive other devices connecting; a device's own reconnection (even in
+    another protocol version) moves its QoS 0 to the new connection, never the old one."""
+    broker = Broker(clock=ManualClock())
+    device, publisher = Wire(broker, 4), Wire(broker, 4)
+    device.connect("device", clean_start=False, properties=Properties())
+    publisher.connect("publisher")
+    device.send(Subscribe(1, [SubscriptionRequest("s/1/in", 0)]))
+    device.received()
+    publisher.send(Publish("s/1/in", b"first", 0, False, False, None))
+    assert [p.payload for p in device.received() if isinstance(p, Publish)] == [b"first"]
+    plan = broker.routes.plan("s/1/in")
+    Wire(broker, 4).connect("another")
+    assert broker.routes.plan("s/1/in") is plan
+    again = Wire(broker, 5)  # takes the session over, now in 5.0
+    again.connect(
+        "device", clean_start=False, properties=Properties(session_expiry_interval=60)
+    )
+    publisher.send(Publish("s/1/in", b"second", 0, False, False, None))
+    assert [p.payload for p in again.received() if isinstance(p, Publish)] == [b"second"]
+    assert not [p for p in device.received() if isinstance(p, Publish)]
