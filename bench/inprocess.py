@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import gc
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -148,6 +149,8 @@ def frames(packets: list[object]) -> bytes:
 # group commit) in a temporary directory, as in run.py's qos1-persistent workloads; the
 # writer thread's CPU counts (process time).
 DURABLE = {"on": False}
+# Per durable run: (queue entries written, inserts cancelled) by the store (write cancellation).
+ENTRY_WRITES: list[tuple[int, int]] = []
 
 
 def make_broker() -> Broker:
@@ -164,6 +167,15 @@ async def settled(broker: Broker) -> None:
     while commit is not None and not commit.done():
         await asyncio.sleep(0.001)
         commit = broker.store.commit()
+
+
+def close_store(broker: Broker) -> None:
+    """Close the store, noting a durable run's written and cancelled queue entries."""
+    store = broker.store
+    store.close()
+    written = getattr(store, "written_entries", None)
+    if written is not None:
+        ENTRY_WRITES.append((written, getattr(store, "cancelled_writes", 0)))
 
 
 async def qos1(messages: int, batch: int, publishers: int = 1) -> float:
@@ -206,7 +218,7 @@ async def qos1(messages: int, batch: int, publishers: int = 1) -> float:
     await settled(broker)
     elapsed = time.process_time() - start
     cancel()
-    broker.store.close()
+    close_store(broker)
     assert not sub.connection.session.consumer.unsettled, "deliveries left unsettled"  # type: ignore[union-attr]
     return elapsed / (rounds * batch)
 
@@ -261,7 +273,7 @@ async def qos1_fan_in(messages: int, batch: int, publishers: int) -> float:
     await settled(broker)
     elapsed = time.process_time() - start
     cancel()
-    broker.store.close()
+    close_store(broker)
     assert not consumer.unsettled, "deliveries left unsettled"
     assert sub.connection.session.queue.count == 0, "messages left queued"  # type: ignore[union-attr]
     return elapsed / (rounds * per_round)
@@ -423,6 +435,12 @@ def best(runs: int, measure: Callable[[], float]) -> float:
     return min(measure() for _ in range(runs))
 
 
+def spread(runs: int, measure: Callable[[], float]) -> tuple[float, float, float]:
+    """Median, min and max of ``runs`` measurements."""
+    values = sorted(measure() for _ in range(runs))
+    return statistics.median(values), values[0], values[-1]
+
+
 def amqp_out(messages: int) -> float:
     """CPU per delivery of mapping that core message back to AMQP for a consumer
     (``amqp.message_mapping.to_amqp``: its sections were kept, the header is per delivery)."""
@@ -500,10 +518,18 @@ def main() -> None:
         size = asyncio.run(idle_connections(args.connections))
         print(f"idle connections: {size:,.0f} bytes allocated per connection")
     elif args.workload == "qos1":
-        cost = best(
+        median, low, high = spread(
             args.runs, lambda: asyncio.run(qos1(args.messages, args.batch, args.publishers))
         )
-        print(f"qos1 {args.publishers}->1: {cost * 1e6:.2f} us CPU per message")
+        print(
+            f"qos1 {args.publishers}->1: {low * 1e6:.2f} us CPU per message (best of "
+            f"{args.runs}; median {median * 1e6:.2f}, max {high * 1e6:.2f})"
+        )
+        if ENTRY_WRITES:
+            print(
+                "queue entries written / cancelled per run: "
+                + ", ".join(f"{w:,} / {c:,}" for w, c in ENTRY_WRITES)
+            )
     elif args.workload == "amqp-in":
         cost = best(args.runs, lambda: amqp_in(args.messages))
         print(f"amqp-in: {cost * 1e6:.2f} us CPU per message")

@@ -20,6 +20,7 @@ also go once their copies are accepted), sealed turns holding cancellable insert
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 import logging
@@ -80,6 +81,10 @@ Operation = tuple[str, list[Any]]
 _JournalBlock = tuple[bool, tuple[Any, ...], list[Any]]
 # How often the journal is swept of messages no queue entry needs any more (clock seconds).
 SWEEP_INTERVAL = 1.0
+# A held turn this close to the end of its acceptance window (seconds) goes with those due.
+_RELEASE_SLACK = 0.001
+# Held turns are released at most this fraction of the acceptance window apart.
+_RELEASE_GROUPING = 0.125
 # How long a lazy delivery mark waits for its acknowledgement before it is written (clock
 # seconds): most QoS 1 deliveries are acknowledged sooner, and then it is never written at all.
 LAZY_MARK_DELAY = 0.05
@@ -252,8 +257,10 @@ class SQLiteStore:
         # An insert was cancelled since the last hand-over to the writer: sealed turns may
         # hold empty runs (or nothing) to drop.
         self._trimmed = False
-        # Inserts cancelled so far (for tests and /metrics).
+        # Queue-entry inserts cancelled so far, and those handed to the writer (for tests,
+        # benchmarks and /metrics: how well write cancellation works).
         self.cancelled_writes = 0
+        self.written_entries = 0
         # Lazy delivery marks by (queue, message id): (delivery id, state, count bump, due
         # clock time). Written once due; dropped when the entry is removed first.
         self._marks: dict[tuple[str, int], tuple[int, str, int, float]] = {}
@@ -275,9 +282,9 @@ class SQLiteStore:
         # are never written.
         self._urgent = False
         self._held: asyncio.TimerHandle | None = None
-        # Loop time the oldest sealed turn was sealed, and whether a sealed turn has a
-        # commit() waiting on it (both for _offer).
-        self._sealed_at = 0.0
+        # Loop time each sealed turn was sealed (in _sealed's order), and whether a sealed
+        # turn has a commit() waiting on it (both for _offer).
+        self._sealed_times: list[float] = []
         self._sealed_urgent = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -775,9 +782,11 @@ class SQLiteStore:
             self._writer = None
         if self.cancelled_writes:
             log.info(
-                "store %s: %d queue entries accepted before their commit were never written",
+                "store %s: %d queue entries accepted before their commit were never written, "
+                "%d written",
                 self.path,
                 self.cancelled_writes,
+                self.written_entries,
             )
 
     # -- batching -------------------------------------------------------------------------
@@ -894,8 +903,7 @@ class SQLiteStore:
         self._last_future = future
         # A turn's operations stay together: the writer commits whole turns, never a part of
         # one (a duplicate key and the message it admits are stored together or not at all).
-        if not self._sealed:
-            self._sealed_at = self._get_loop().time()
+        self._sealed_times.append(self._get_loop().time())
         self._sealed.append((ops, future))
         if self._urgent:
             self._urgent = False
@@ -908,8 +916,13 @@ class SQLiteStore:
 
     def _offer(self) -> None:
         """The writer is idle: give it the sealed turns now, unless only entries that may yet
-        be accepted (and callers that can wait) are in them; then they go once the oldest has
-        waited the acceptance window, without the entries accepted meanwhile."""
+        be accepted (and callers that can wait) are in them; then each turn goes once it has
+        waited the acceptance window, without the entries accepted meanwhile.
+
+        Only the turns that waited that long go (in order: a commit future still means every
+        earlier turn is settled); younger ones keep waiting, else each release would write
+        every entry sealed just before it, accepted a moment later.
+        """
         if (
             self._sealed_urgent
             or not self._acceptance_window
@@ -921,20 +934,31 @@ class SQLiteStore:
         if self._held is not None:
             return
         loop = self._get_loop()
-        wait = self._sealed_at + self._acceptance_window - loop.time()
-        if wait <= 0:
-            self._send()
-        else:
-            self._held = loop.call_later(wait, self._release)
+        window = self._acceptance_window
+        times = self._sealed_times
+        # A timer may fire a little early (the loop's clock resolution): a turn that close
+        # to its time goes now rather than on a timer of its own.
+        due = loop.time() - window + _RELEASE_SLACK
+        aged = bisect.bisect_right(times, due)
+        if aged:
+            self._send(aged)
+            if self._sealed and not self._writing:
+                self._offer()  # everything sent was cancelled: the rest waits its turn
+            return
+        # Released in groups at most a fraction of the window apart, so a steady flow of
+        # turns is written in a few commits per window rather than one per turn.
+        wait = max(times[0] - due, window * _RELEASE_GROUPING)
+        self._held = loop.call_later(wait, self._release)
 
     def _release(self) -> None:
-        """The acceptance window of the held turns is over."""
+        """The oldest held turn has waited the acceptance window."""
         self._held = None
         if self._sealed and not self._writing and not self._closed:
-            self._send()
+            self._offer()
 
-    def _send(self) -> None:
-        """Give the writer every sealed turn; it commits them in groups of whole turns.
+    def _send(self, count: int | None = None) -> None:
+        """Give the writer the sealed turns (the oldest ``count`` of them, else all); it
+        commits them in groups of whole turns.
 
         The rows of their queue-entry inserts are built now, but for cancelled ones; turns
         left with nothing to write, ahead of any that has something, are done at once (every
@@ -943,13 +967,24 @@ class SQLiteStore:
         if self._held is not None:
             self._held.cancel()
             self._held = None
-        self._sealed_urgent = False
-        self._sealed_inserts = {}
-        self._build_rows()
-        if self._trimmed:
-            self._trimmed = False
-            self._compact_sealed()
-            if not self._sealed:
+        sealed = self._sealed
+        if count is None or count >= len(sealed):
+            taken = sealed
+            self._sealed = []
+            self._sealed_times = []
+            self._sealed_urgent = False
+            self._sealed_inserts = {}
+            trimmed, self._trimmed = self._trimmed, False
+        else:
+            taken = sealed[:count]
+            self._sealed = sealed[count:]
+            del self._sealed_times[:count]
+            # The turns left may hold cancelled inserts too: still trimmed.
+            trimmed = self._trimmed
+        self._build_rows(taken, whole=not self._sealed)
+        if trimmed:
+            taken = self._compact(taken)
+            if not taken:
                 return
         if self._writer is None:
             self._writer = threading.Thread(
@@ -957,39 +992,53 @@ class SQLiteStore:
             )
             self._writer.start()
         self._writing = True
-        self._queue.put(self._sealed)
-        self._sealed = []
+        self._queue.put(taken)
 
-    def _build_rows(self) -> None:
-        """The rows of the sealed turns' queue-entry inserts that were not cancelled (a run
-        left empty stays, for :meth:`_compact_sealed`)."""
+    def _build_rows(
+        self, turns: list[tuple[list[Operation], asyncio.Future[None]]], whole: bool
+    ) -> None:
+        """The rows of ``turns``' queue-entry inserts that were not cancelled (a run left
+        empty stays, for :meth:`_compact`). Unless they are every sealed turn (``whole``),
+        their inserts leave the cancellable ones (those of the turns left stay)."""
         to_wall = self._clock_to_wall_ms
-        for ops, _future in self._sealed:
+        pending = None if whole else self._sealed_inserts
+        for ops, _future in turns:
             for index, (sql, inserts) in enumerate(ops):
                 if sql is _INSERT_ENTRY:
-                    ops[index] = (
-                        sql,
-                        [insert.row(to_wall) for insert in inserts if not insert.cancelled],
-                    )
+                    rows = []
+                    for insert in inserts:
+                        if insert.cancelled:
+                            continue
+                        if pending is not None:
+                            key = (insert.queue, insert.message.message_id)
+                            # None (two pending inserts of one entry) stays: not cancellable.
+                            if pending.get(key) is insert:
+                                del pending[key]
+                        rows.append(insert.row(to_wall))
+                    self.written_entries += len(rows)
+                    ops[index] = (sql, rows)
 
-    def _compact_sealed(self) -> None:
-        idle = not self._writing
-        sealed = self._sealed
-        for ops, _future in sealed:
+    def _compact(
+        self, turns: list[tuple[list[Operation], asyncio.Future[None]]]
+    ) -> list[tuple[list[Operation], asyncio.Future[None]]]:
+        """``turns`` without their empty runs, and without the leading turns left with
+        nothing to write (done now, when the writer is idle: every earlier turn is)."""
+        for ops, _future in turns:
             if not all(rows for _sql, rows in ops):
                 ops[:] = [(sql, rows) for sql, rows in ops if rows]
         # Leading turns with nothing left but the id counter are done now (ids no stored row
         # uses need not be kept); the first with something to write ends the run, and empty
         # turns after it go to the writer, to be resolved in order.
-        if idle:
+        if not self._writing:
             done = 0
-            for ops, future in sealed:
+            for ops, future in turns:
                 if any(sql is not _SET_LAST_ID for sql, _rows in ops):
                     break
                 _resolve(future, None)
                 done += 1
             if done:
-                self._sealed = sealed[done:]
+                return turns[done:]
+        return turns
 
     def _batch_written(
         self, results: list[tuple[asyncio.Future[None], BaseException | None]]

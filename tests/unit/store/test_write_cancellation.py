@@ -419,3 +419,48 @@ def test_a_commit_on_a_turn_waiting_for_a_busy_writer_is_not_held_after_it(
 
     run(body)
     assert len(queued(tmp_path)) == 1
+
+
+def test_a_release_writes_only_the_turns_whose_window_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each held turn waits the whole acceptance window: once the oldest's is over, a turn
+    sealed later stays held, and an entry of it accepted meanwhile is never written. (Not
+    every turn sealed so far: a steady flow would write the entries sealed just before each
+    release, accepted a moment later.)"""
+    offset = [0.0]
+    old, young = message(b"old"), message(b"young")
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        # The loop's clock, moved on by the test (its timers follow it).
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        store.journal(old)
+        store.enqueue("c", entry(old))
+        old_turn = store.commit_unhurried()
+        assert old_turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        offset[0] += 60
+        store.journal(young)
+        store.enqueue("c", entry(young))
+        young_turn = store.commit_unhurried()
+        assert young_turn is not None and young_turn is not old_turn
+        await asyncio.sleep(0)  # sealed and held too
+        offset[0] += 50  # the old turn's window is over, not the young one's
+        await asyncio.wait_for(old_turn, TIMEOUT)
+        assert writer.inserted(old.message_id)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not young_turn.done() and not writer.inserted(young.message_id)
+        store.remove("c", young.message_id)  # accepted within its own window
+        await asyncio.wait_for(young_turn, TIMEOUT)
+        assert store.cancelled_writes == 1 and store.written_entries == 1
+        assert not writer.inserted(young.message_id)
+        store.close()
+
+    asyncio.run(body())
+    assert queued(tmp_path) == [("c", old.message_id)]
