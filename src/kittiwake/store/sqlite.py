@@ -144,13 +144,16 @@ _NO_MESSAGE: tuple[None, ...] = (None,) * (len(MESSAGE_COLUMNS) - 1)
 class _EntryInsert:
     """A queue-entry insert not handed to the writer yet. Its row is built only when it is
     (:meth:`row`): most at-least-once entries are accepted before that and cancelled (write
-    cancellation), and then nothing of the message is ever encoded for the disk.
+    cancellation), and then nothing of the message is ever encoded for the disk. A lazy
+    delivery mark made meanwhile waits here too (``mark``: delivery id, state, count bump)
+    and becomes an ordinary lazy mark once the row is built; a cancelled entry's goes with it.
     """
 
     __slots__ = (
         "cancelled",
         "delivery_count",
         "inline",
+        "mark",
         "message",
         "qos",
         "queue",
@@ -171,6 +174,7 @@ class _EntryInsert:
         # Whether the entry carries the message's columns (else its journal row holds them).
         self.inline = inline
         self.cancelled = False
+        self.mark: tuple[int, str, int] | None = None
 
     def row(self, clock_to_wall_ms: float) -> tuple[Any, ...]:
         message = self.message
@@ -523,10 +527,24 @@ class SQLiteStore:
         self, queue: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
     ) -> None:
         bump = 1 if state == "sent" else 0
-        earlier = self._marks.pop((queue, message_id), None)
-        if earlier is not None:
-            bump += earlier[2]
+        if self._marks:
+            earlier = self._marks.pop((queue, message_id), None)
+            if earlier is not None:
+                bump += earlier[2]
+        pending = (
+            self._pending_insert((queue, message_id))
+            if self._open_inserts or self._sealed_inserts
+            else None
+        )
+        if pending is not None and pending.mark is not None:
+            bump += pending.mark[2]
+            pending.mark = None
         if lazy:
+            if pending is not None:
+                # The entry's insert is not built yet: the mark waits with it, and is
+                # dropped with it if the entry is accepted first (see _build_rows).
+                pending.mark = (delivery_id, state, bump)
+                return
             due = self._clock.now() + LAZY_MARK_DELAY
             self._marks[(queue, message_id)] = (delivery_id, state, bump, due)
             if self._mark_timer is None:
@@ -534,6 +552,13 @@ class SQLiteStore:
                 self._mark_timer = loop.call_later(LAZY_MARK_DELAY, self._on_mark_timer)
         else:
             self._add(_MARK, (delivery_id, state, bump, queue, message_id))
+
+    def _pending_insert(self, key: tuple[str, int]) -> _EntryInsert | None:
+        """The entry's insert if it is the only one pending and not built yet."""
+        pending = self._open_inserts.get(key)
+        if pending is None and key not in self._open_inserts:
+            pending = self._sealed_inserts.get(key)
+        return pending
 
     def count_possible_delivery(self, queue: str, message_id: int) -> None:
         self._add(_COUNT_POSSIBLE_DELIVERY, (queue, message_id))
@@ -776,6 +801,8 @@ class SQLiteStore:
             # Turns held back for acceptances (or waiting for a busy writer) are written too:
             # their callers wait for them and their rows are what a restart recovers.
             self._send()
+            if self._marks:
+                self._hand_off(final=True)  # the lazy marks of those turns' entries
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join(timeout=30)
@@ -1002,6 +1029,8 @@ class SQLiteStore:
         their inserts leave the cancellable ones (those of the turns left stay)."""
         to_wall = self._clock_to_wall_ms
         pending = None if whole else self._sealed_inserts
+        marks = self._marks
+        due = 0.0
         for ops, _future in turns:
             for index, (sql, inserts) in enumerate(ops):
                 if sql is _INSERT_ENTRY:
@@ -1015,8 +1044,19 @@ class SQLiteStore:
                             if pending.get(key) is insert:
                                 del pending[key]
                         rows.append(insert.row(to_wall))
+                        if insert.mark is not None:
+                            # An ordinary lazy mark from now on, due a whole delay later
+                            # (lazier than it was: a lazy mark may be late). The latest due
+                            # time yet, so dict order stays due order.
+                            if not due:
+                                due = self._clock.now() + LAZY_MARK_DELAY
+                            key = (insert.queue, insert.message.message_id)
+                            marks.pop(key, None)
+                            marks[key] = (*insert.mark, due)
                     self.written_entries += len(rows)
                     ops[index] = (sql, rows)
+        if due and self._mark_timer is None:
+            self._mark_timer = self._get_loop().call_later(LAZY_MARK_DELAY, self._on_mark_timer)
 
     def _compact(
         self, turns: list[tuple[list[Operation], asyncio.Future[None]]]

@@ -464,3 +464,91 @@ def test_a_release_writes_only_the_turns_whose_window_is_over(
 
     asyncio.run(body())
     assert queued(tmp_path) == [("c", old.message_id)]
+
+
+def recovered_marks(store_dir: Path) -> list[tuple[int, str, int]]:
+    """(delivery id, state, delivery count) of every stored entry."""
+    store = SQLiteStore(store_dir, clock=ManualClock())
+    try:
+        return [(r.delivery_id, r.state, r.delivery_count) for r in store.recover().queued]
+    finally:
+        store.close()
+
+
+def test_a_lazy_mark_of_an_entry_accepted_before_its_insert_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delivery's lazy mark waits with the pending insert and goes with it: neither the
+    insert nor the mark reaches the writer."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"accepted in time")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
+        store.remove("c", m.message_id)
+        await asyncio.wait_for(turn, TIMEOUT)
+        store.close()
+        assert store.cancelled_writes == 1
+        assert not any(sql.startswith("UPDATE queue_entries") for sql, _row in writer.rows)
+        assert not writer.inserted(m.message_id)
+
+    run(body)
+    assert queued(tmp_path) == []
+
+
+def test_a_lazy_mark_of_an_entry_written_later_is_written_after_its_insert(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry whose window is over is written as queued; the mark it got meanwhile is a
+    lazy mark from then on (a graceful stop writes it), as if made after the insert."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=0.01)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"not accepted in time")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
+        await asyncio.wait_for(turn, TIMEOUT)  # the window's timer ran on the loop's clock
+        assert writer.inserted(m.message_id)
+        store.close()
+
+    run(body)
+    assert recovered_marks(tmp_path) == [(7, "sent", 1)]
+
+
+def test_a_mark_made_on_a_pending_insert_then_another_keeps_the_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lazy mark waiting with its insert, then a second attempt's mark that is not lazy:
+    the written count holds both attempts and the newer delivery id."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"sent twice")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        assert store.commit_unhurried() is not None
+        await asyncio.sleep(0)  # sealed and held
+        store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
+        store.mark_delivery("c", m.message_id, 8, "sent")
+        waited = store.commit()
+        assert waited is not None
+        await asyncio.wait_for(waited, TIMEOUT)
+        store.close()
+
+    run(body)
+    assert recovered_marks(tmp_path) == [(8, "sent", 2)]
