@@ -513,7 +513,13 @@ class SQLiteStore:
                 self._journalled.add(message_id)
                 inline = False
         insert = _EntryInsert(queue, entry, message, inline)
-        self._add(_INSERT_ENTRY, insert)
+        ops = self._ops  # _add, inlined: once per stored copy
+        if ops and ops[-1][0] is _INSERT_ENTRY:
+            ops[-1][1].append(insert)
+        else:
+            ops.append((_INSERT_ENTRY, [insert]))
+        if self._scheduled is None:
+            self._schedule()
         key = (queue, message_id)
         if message_id > self._sealed_id:
             if inline:
@@ -677,7 +683,8 @@ class SQLiteStore:
         may still be accepted is held back from an idle writer that long, and an entry
         accepted meanwhile is never written (write cancellation, DESIGN.md section 3)."""
         if self._ops or self._journal_messages or self._journal_blocks:
-            self._schedule()
+            if self._scheduled is None:  # once per turn; this runs once per publication
+                self._schedule()
             if self._pending_future is None:
                 self._pending_future = self._get_loop().create_future()
             return self._pending_future
