@@ -37,7 +37,7 @@ from kittiwake.broker.broker import Broker
 from kittiwake.broker.periodic import run_every
 from kittiwake.broker.store import MemoryStore
 from kittiwake.collector import CollectorPolicy
-from kittiwake.config import ListenerConfig
+from kittiwake.config import ListenerConfig, StoreConfig
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.packets import (
@@ -146,8 +146,9 @@ def frames(packets: list[object]) -> bytes:
 
 
 # qos1 --durable: the subscriber's session is persistent and the store is SQLite (fsync per
-# group commit) in a temporary directory, as in run.py's qos1-persistent workloads; the
-# writer thread's CPU counts (process time).
+# group commit) in a temporary directory, with a serving broker's store settings (its
+# acceptance window), as in run.py's qos1-persistent workloads; the writer thread's CPU
+# counts (process time).
 DURABLE = {"on": False}
 # Per durable run: (queue entries written, inserts cancelled) by the store (write cancellation).
 ENTRY_WRITES: list[tuple[int, int]] = []
@@ -158,7 +159,9 @@ def make_broker() -> Broker:
         return Broker(store=MemoryStore())
     from kittiwake.store.sqlite import SQLiteStore
 
-    return Broker(store=SQLiteStore(tempfile.mkdtemp(prefix="kw-inprocess-")))
+    directory = tempfile.mkdtemp(prefix="kw-inprocess-")
+    window = StoreConfig().acceptance_window
+    return Broker(store=SQLiteStore(directory, acceptance_window=window))
 
 
 async def settled(broker: Broker) -> None:
