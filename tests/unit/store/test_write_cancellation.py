@@ -552,3 +552,79 @@ def test_a_mark_made_on_a_pending_insert_then_another_keeps_the_count(
 
     run(body)
     assert recovered_marks(tmp_path) == [(8, "sent", 2)]
+
+
+def test_the_window_grows_while_entries_outlive_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release that still has to write its entries doubles the window (up to
+    acceptance_window_max): the next turn waits long enough for an acceptance that comes
+    after the configured window."""
+    offset = [0.0]
+    slow, late = message(b"outlives the window"), message(b"accepted late")
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(
+            tmp_path, clock=ManualClock(), acceptance_window=100, acceptance_window_max=400
+        )
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        store.journal(slow)
+        store.enqueue("c", entry(slow))
+        first = store.commit_unhurried()
+        assert first is not None
+        await asyncio.sleep(0)  # sealed and held
+        offset[0] += 101
+        await asyncio.wait_for(first, TIMEOUT)
+        assert writer.inserted(slow.message_id)  # not accepted within the window
+        store.journal(late)
+        store.enqueue("c", entry(late))
+        second = store.commit_unhurried()
+        assert second is not None
+        await asyncio.sleep(0)  # sealed and held
+        offset[0] += 150  # past the configured window, within the doubled one
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not second.done() and not writer.inserted(late.message_id)
+        store.remove("c", late.message_id)
+        await asyncio.wait_for(second, TIMEOUT)
+        assert not writer.inserted(late.message_id)
+        store.close()
+
+    asyncio.run(body())
+    assert queued(tmp_path) == [("c", slow.message_id)]
+
+
+def test_the_window_never_grows_past_its_maximum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many releases write their entries, a turn waits no longer than
+    acceptance_window_max."""
+    offset = [0.0]
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(
+            tmp_path, clock=ManualClock(), acceptance_window=100, acceptance_window_max=150
+        )
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        for step in range(3):
+            m = message(b"never accepted %d" % step)
+            store.journal(m)
+            store.enqueue("c", entry(m))
+            turn = store.commit_unhurried()
+            assert turn is not None
+            await asyncio.sleep(0)  # sealed and held
+            offset[0] += 151  # past the largest window
+            await asyncio.wait_for(turn, TIMEOUT)
+            assert writer.inserted(m.message_id)
+        store.close()
+
+    asyncio.run(body())
+    assert len(queued(tmp_path)) == 3
