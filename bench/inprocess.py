@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import gc
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +39,7 @@ from kittiwake.broker.broker import Broker
 from kittiwake.broker.periodic import run_every
 from kittiwake.broker.store import MemoryStore
 from kittiwake.collector import CollectorPolicy
-from kittiwake.config import ListenerConfig
+from kittiwake.config import ListenerConfig, StoreConfig
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.packets import (
@@ -147,9 +148,12 @@ def frames(packets: list[object]) -> bytes:
 
 
 # qos1 --durable: the subscriber's session is persistent and the store is SQLite (fsync per
-# group commit) in a temporary directory, as in run.py's qos1-persistent workloads; the
-# writer thread's CPU counts (process time).
+# group commit) in a temporary directory, with a serving broker's store settings (its
+# acceptance window), as in run.py's qos1-persistent workloads; the writer thread's CPU
+# counts (process time).
 DURABLE = {"on": False}
+# Per durable run: (queue entries written, inserts cancelled) by the store (write cancellation).
+ENTRY_WRITES: list[tuple[int, int]] = []
 
 
 def make_broker() -> Broker:
@@ -157,7 +161,15 @@ def make_broker() -> Broker:
         return Broker(store=MemoryStore())
     from kittiwake.store.sqlite import SQLiteStore
 
-    return Broker(store=SQLiteStore(tempfile.mkdtemp(prefix="kw-inprocess-")))
+    directory = tempfile.mkdtemp(prefix="kw-inprocess-")
+    config = StoreConfig()
+    return Broker(
+        store=SQLiteStore(
+            directory,
+            acceptance_window=config.acceptance_window,
+            acceptance_window_max=config.acceptance_window_max,
+        )
+    )
 
 
 async def settled(broker: Broker) -> None:
@@ -166,6 +178,15 @@ async def settled(broker: Broker) -> None:
     while commit is not None and not commit.done():
         await asyncio.sleep(0.001)
         commit = broker.store.commit()
+
+
+def close_store(broker: Broker) -> None:
+    """Close the store, noting a durable run's written and cancelled queue entries."""
+    store = broker.store
+    store.close()
+    written = getattr(store, "written_entries", None)
+    if written is not None:
+        ENTRY_WRITES.append((written, getattr(store, "cancelled_writes", 0)))
 
 
 async def qos1(messages: int, batch: int, publishers: int = 1, subscribers: int = 1) -> float:
@@ -216,7 +237,7 @@ async def qos1(messages: int, batch: int, publishers: int = 1, subscribers: int 
     await settled(broker)
     elapsed = time.process_time() - start
     cancel()
-    broker.store.close()
+    close_store(broker)
     for sub in subs:
         assert not sub.connection.session.consumer.unsettled, "deliveries left unsettled"  # type: ignore[union-attr]
         assert sub.connection.session.queue.count == 0, "messages left queued"  # type: ignore[union-attr]
@@ -273,7 +294,7 @@ async def qos1_fan_in(messages: int, batch: int, publishers: int) -> float:
     await settled(broker)
     elapsed = time.process_time() - start
     cancel()
-    broker.store.close()
+    close_store(broker)
     assert not consumer.unsettled, "deliveries left unsettled"
     assert sub.connection.session.queue.count == 0, "messages left queued"  # type: ignore[union-attr]
     return elapsed / (rounds * per_round)
@@ -447,6 +468,12 @@ def best(runs: int, measure: Callable[[], float]) -> float:
     return min(measure() for _ in range(runs))
 
 
+def spread(runs: int, measure: Callable[[], float]) -> tuple[float, float, float]:
+    """Median, min and max of ``runs`` measurements."""
+    values = sorted(measure() for _ in range(runs))
+    return statistics.median(values), values[0], values[-1]
+
+
 def amqp_out(messages: int) -> float:
     """CPU per delivery of mapping that core message back to AMQP for a consumer
     (``amqp.message_mapping.to_amqp``: its sections were kept, the header is per delivery)."""
@@ -538,7 +565,7 @@ def main() -> None:
     elif args.workload == "qos1":
         if args.publishers > 1 and args.subscribers > 1:
             parser.error("qos1: --publishers and --subscribers do not combine")
-        cost = best(
+        median, low, high = spread(
             args.runs,
             lambda: asyncio.run(
                 qos1(args.messages, args.batch, args.publishers, args.subscribers)
@@ -546,8 +573,14 @@ def main() -> None:
         )
         unit = "delivery" if args.subscribers > 1 else "message"
         print(
-            f"qos1 {args.publishers}->{args.subscribers}: {cost * 1e6:.2f} us CPU per {unit}"
+            f"qos1 {args.publishers}->{args.subscribers}: {low * 1e6:.2f} us CPU per {unit} "
+            f"(best of {args.runs}; median {median * 1e6:.2f}, max {high * 1e6:.2f})"
         )
+        if ENTRY_WRITES:
+            print(
+                "queue entries written / cancelled per run: "
+                + ", ".join(f"{w:,} / {c:,}" for w, c in ENTRY_WRITES)
+            )
     elif args.workload == "amqp-in":
         cost = best(args.runs, lambda: amqp_in(args.messages))
         print(f"amqp-in: {cost * 1e6:.2f} us CPU per message")

@@ -20,6 +20,7 @@ also go once their copies are accepted), sealed turns holding cancellable insert
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 import logging
@@ -80,6 +81,10 @@ Operation = tuple[str, list[Any]]
 _JournalBlock = tuple[bool, tuple[Any, ...], list[Any]]
 # How often the journal is swept of messages no queue entry needs any more (clock seconds).
 SWEEP_INTERVAL = 1.0
+# A held turn this close to the end of its acceptance window (seconds) goes with those due.
+_RELEASE_SLACK = 0.001
+# Held turns are released at most this fraction of the acceptance window apart.
+_RELEASE_GROUPING = 0.125
 # How long a lazy delivery mark waits for its acknowledgement before it is written (clock
 # seconds): most QoS 1 deliveries are acknowledged sooner, and then it is never written at all.
 LAZY_MARK_DELAY = 0.05
@@ -139,13 +144,16 @@ _NO_MESSAGE: tuple[None, ...] = (None,) * (len(MESSAGE_COLUMNS) - 1)
 class _EntryInsert:
     """A queue-entry insert not handed to the writer yet. Its row is built only when it is
     (:meth:`row`): most at-least-once entries are accepted before that and cancelled (write
-    cancellation), and then nothing of the message is ever encoded for the disk.
+    cancellation), and then nothing of the message is ever encoded for the disk. A lazy
+    delivery mark made meanwhile waits here too (``mark``: delivery id, state, count bump)
+    and becomes an ordinary lazy mark once the row is built; a cancelled entry's goes with it.
     """
 
     __slots__ = (
         "cancelled",
         "delivery_count",
         "inline",
+        "mark",
         "message",
         "qos",
         "queue",
@@ -166,6 +174,7 @@ class _EntryInsert:
         # Whether the entry carries the message's columns (else its journal row holds them).
         self.inline = inline
         self.cancelled = False
+        self.mark: tuple[int, str, int] | None = None
 
     def row(self, clock_to_wall_ms: float) -> tuple[Any, ...]:
         message = self.message
@@ -195,6 +204,7 @@ class SQLiteStore:
         max_batch: int = 5000,
         max_delay: float = 0.0,
         acceptance_window: float = 0.0,
+        acceptance_window_max: float = 0.0,
         journal_retention_seconds: float = 0.0,
         journal_retention_bytes: int = 0,
         journal_selection: JournalSelection | None = None,
@@ -209,8 +219,11 @@ class SQLiteStore:
         self._max_batch = max_batch
         self._max_delay = max_delay
         # How long sealed turns holding cancellable inserts may wait for an idle writer
-        # (see commit_unhurried).
+        # (see commit_unhurried): from acceptance_window up to acceptance_window_max, following
+        # how many entries outlive it (_adapt_window).
         self._acceptance_window = acceptance_window
+        self._window_least = acceptance_window
+        self._window_most = max(acceptance_window, acceptance_window_max)
         self._retention = journal_retention_seconds
         self._retention_bytes = journal_retention_bytes
         # With a retention, the publications the selection names are journalled (for the Spark
@@ -252,8 +265,10 @@ class SQLiteStore:
         # An insert was cancelled since the last hand-over to the writer: sealed turns may
         # hold empty runs (or nothing) to drop.
         self._trimmed = False
-        # Inserts cancelled so far (for tests and /metrics).
+        # Queue-entry inserts cancelled so far, and those handed to the writer (for tests,
+        # benchmarks and /metrics: how well write cancellation works).
         self.cancelled_writes = 0
+        self.written_entries = 0
         # Lazy delivery marks by (queue, message id): (delivery id, state, count bump, due
         # clock time). Written once due; dropped when the entry is removed first.
         self._marks: dict[tuple[str, int], tuple[int, str, int, float]] = {}
@@ -275,9 +290,9 @@ class SQLiteStore:
         # are never written.
         self._urgent = False
         self._held: asyncio.TimerHandle | None = None
-        # Loop time the oldest sealed turn was sealed, and whether a sealed turn has a
-        # commit() waiting on it (both for _offer).
-        self._sealed_at = 0.0
+        # Loop time each sealed turn was sealed (in _sealed's order), and whether a sealed
+        # turn has a commit() waiting on it (both for _offer).
+        self._sealed_times: list[float] = []
         self._sealed_urgent = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -502,7 +517,13 @@ class SQLiteStore:
                 self._journalled.add(message_id)
                 inline = False
         insert = _EntryInsert(queue, entry, message, inline)
-        self._add(_INSERT_ENTRY, insert)
+        ops = self._ops  # _add, inlined: once per stored copy
+        if ops and ops[-1][0] is _INSERT_ENTRY:
+            ops[-1][1].append(insert)
+        else:
+            ops.append((_INSERT_ENTRY, [insert]))
+        if self._scheduled is None:
+            self._schedule()
         key = (queue, message_id)
         if message_id > self._sealed_id:
             if inline:
@@ -516,10 +537,24 @@ class SQLiteStore:
         self, queue: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
     ) -> None:
         bump = 1 if state == "sent" else 0
-        earlier = self._marks.pop((queue, message_id), None)
-        if earlier is not None:
-            bump += earlier[2]
+        if self._marks:
+            earlier = self._marks.pop((queue, message_id), None)
+            if earlier is not None:
+                bump += earlier[2]
+        pending = (
+            self._pending_insert((queue, message_id))
+            if self._open_inserts or self._sealed_inserts
+            else None
+        )
+        if pending is not None and pending.mark is not None:
+            bump += pending.mark[2]
+            pending.mark = None
         if lazy:
+            if pending is not None:
+                # The entry's insert is not built yet: the mark waits with it, and is
+                # dropped with it if the entry is accepted first (see _build_rows).
+                pending.mark = (delivery_id, state, bump)
+                return
             due = self._clock.now() + LAZY_MARK_DELAY
             self._marks[(queue, message_id)] = (delivery_id, state, bump, due)
             if self._mark_timer is None:
@@ -527,6 +562,13 @@ class SQLiteStore:
                 self._mark_timer = loop.call_later(LAZY_MARK_DELAY, self._on_mark_timer)
         else:
             self._add(_MARK, (delivery_id, state, bump, queue, message_id))
+
+    def _pending_insert(self, key: tuple[str, int]) -> _EntryInsert | None:
+        """The entry's insert if it is the only one pending and not built yet."""
+        pending = self._open_inserts.get(key)
+        if pending is None and key not in self._open_inserts:
+            pending = self._sealed_inserts.get(key)
+        return pending
 
     def count_possible_delivery(self, queue: str, message_id: int) -> None:
         self._add(_COUNT_POSSIBLE_DELIVERY, (queue, message_id))
@@ -645,7 +687,8 @@ class SQLiteStore:
         may still be accepted is held back from an idle writer that long, and an entry
         accepted meanwhile is never written (write cancellation, DESIGN.md section 3)."""
         if self._ops or self._journal_messages or self._journal_blocks:
-            self._schedule()
+            if self._scheduled is None:  # once per turn; this runs once per publication
+                self._schedule()
             if self._pending_future is None:
                 self._pending_future = self._get_loop().create_future()
             return self._pending_future
@@ -769,15 +812,19 @@ class SQLiteStore:
             # Turns held back for acceptances (or waiting for a busy writer) are written too:
             # their callers wait for them and their rows are what a restart recovers.
             self._send()
+            if self._marks:
+                self._hand_off(final=True)  # the lazy marks of those turns' entries
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join(timeout=30)
             self._writer = None
         if self.cancelled_writes:
             log.info(
-                "store %s: %d queue entries accepted before their commit were never written",
+                "store %s: %d queue entries accepted before their commit were never written, "
+                "%d written",
                 self.path,
                 self.cancelled_writes,
+                self.written_entries,
             )
 
     # -- batching -------------------------------------------------------------------------
@@ -894,8 +941,7 @@ class SQLiteStore:
         self._last_future = future
         # A turn's operations stay together: the writer commits whole turns, never a part of
         # one (a duplicate key and the message it admits are stored together or not at all).
-        if not self._sealed:
-            self._sealed_at = self._get_loop().time()
+        self._sealed_times.append(self._get_loop().time())
         self._sealed.append((ops, future))
         if self._urgent:
             self._urgent = False
@@ -908,8 +954,13 @@ class SQLiteStore:
 
     def _offer(self) -> None:
         """The writer is idle: give it the sealed turns now, unless only entries that may yet
-        be accepted (and callers that can wait) are in them; then they go once the oldest has
-        waited the acceptance window, without the entries accepted meanwhile."""
+        be accepted (and callers that can wait) are in them; then each turn goes once it has
+        waited the acceptance window, without the entries accepted meanwhile.
+
+        Only the turns that waited that long go (in order: a commit future still means every
+        earlier turn is settled); younger ones keep waiting, else each release would write
+        every entry sealed just before it, accepted a moment later.
+        """
         if (
             self._sealed_urgent
             or not self._acceptance_window
@@ -921,20 +972,44 @@ class SQLiteStore:
         if self._held is not None:
             return
         loop = self._get_loop()
-        wait = self._sealed_at + self._acceptance_window - loop.time()
-        if wait <= 0:
-            self._send()
-        else:
-            self._held = loop.call_later(wait, self._release)
+        window = self._acceptance_window
+        times = self._sealed_times
+        # A timer may fire a little early (the loop's clock resolution): a turn that close
+        # to its time goes now rather than on a timer of its own.
+        due = loop.time() - window + _RELEASE_SLACK
+        aged = bisect.bisect_right(times, due)
+        if aged:
+            self._adapt_window(*self._send(aged))
+            if self._sealed and not self._writing:
+                self._offer()  # everything sent was cancelled: the rest waits its turn
+            return
+        # Released in groups at most a fraction of the window apart, so a steady flow of
+        # turns is written in a few commits per window rather than one per turn.
+        wait = max(times[0] - due, window * _RELEASE_GROUPING)
+        self._held = loop.call_later(wait, self._release)
+
+    def _adapt_window(self, written: int, inserts: int) -> None:
+        """Follow the subscribers' acceptance time: a release that still writes more than one
+        in twenty of its turns' entries doubles the window (up to acceptance_window_max); one
+        that writes none shrinks it back a little (down to acceptance_window). A subscriber
+        slower than the largest window gets its entries written, as before."""
+        if not inserts or self._window_most == self._window_least:
+            return
+        if written * 20 > inserts:
+            self._acceptance_window = min(self._acceptance_window * 2, self._window_most)
+        elif not written:
+            self._acceptance_window = max(self._acceptance_window * 0.9, self._window_least)
 
     def _release(self) -> None:
-        """The acceptance window of the held turns is over."""
+        """The oldest held turn has waited the acceptance window."""
         self._held = None
         if self._sealed and not self._writing and not self._closed:
-            self._send()
+            self._offer()
 
-    def _send(self) -> None:
-        """Give the writer every sealed turn; it commits them in groups of whole turns.
+    def _send(self, count: int | None = None) -> tuple[int, int]:
+        """Give the writer the sealed turns (the oldest ``count`` of them, else all); it
+        commits them in groups of whole turns. Returns how many queue-entry inserts they
+        held and how many of those are written (the others were cancelled).
 
         The rows of their queue-entry inserts are built now, but for cancelled ones; turns
         left with nothing to write, ahead of any that has something, are done at once (every
@@ -943,53 +1018,97 @@ class SQLiteStore:
         if self._held is not None:
             self._held.cancel()
             self._held = None
-        self._sealed_urgent = False
-        self._sealed_inserts = {}
-        self._build_rows()
-        if self._trimmed:
-            self._trimmed = False
-            self._compact_sealed()
-            if not self._sealed:
-                return
+        sealed = self._sealed
+        if count is None or count >= len(sealed):
+            taken = sealed
+            self._sealed = []
+            self._sealed_times = []
+            self._sealed_urgent = False
+            self._sealed_inserts = {}
+            trimmed, self._trimmed = self._trimmed, False
+        else:
+            taken = sealed[:count]
+            self._sealed = sealed[count:]
+            del self._sealed_times[:count]
+            # The turns left may hold cancelled inserts too: still trimmed.
+            trimmed = self._trimmed
+        written, inserts = self._build_rows(taken, whole=not self._sealed)
+        if trimmed:
+            taken = self._compact(taken)
+            if not taken:
+                return written, inserts
         if self._writer is None:
             self._writer = threading.Thread(
                 target=self._write_loop, name="kittiwake-store", daemon=True
             )
             self._writer.start()
         self._writing = True
-        self._queue.put(self._sealed)
-        self._sealed = []
+        self._queue.put(taken)
+        return written, inserts
 
-    def _build_rows(self) -> None:
-        """The rows of the sealed turns' queue-entry inserts that were not cancelled (a run
-        left empty stays, for :meth:`_compact_sealed`)."""
+    def _build_rows(
+        self, turns: list[tuple[list[Operation], asyncio.Future[None]]], whole: bool
+    ) -> tuple[int, int]:
+        """The rows of ``turns``' queue-entry inserts that were not cancelled (a run left
+        empty stays, for :meth:`_compact`). Unless they are every sealed turn (``whole``),
+        their inserts leave the cancellable ones (those of the turns left stay). Returns the
+        rows built and the inserts there were."""
         to_wall = self._clock_to_wall_ms
-        for ops, _future in self._sealed:
+        pending = None if whole else self._sealed_inserts
+        marks = self._marks
+        due = 0.0
+        built = seen = 0
+        for ops, _future in turns:
             for index, (sql, inserts) in enumerate(ops):
                 if sql is _INSERT_ENTRY:
-                    ops[index] = (
-                        sql,
-                        [insert.row(to_wall) for insert in inserts if not insert.cancelled],
-                    )
+                    rows = []
+                    for insert in inserts:
+                        if insert.cancelled:
+                            continue
+                        if pending is not None:
+                            key = (insert.queue, insert.message.message_id)
+                            # None (two pending inserts of one entry) stays: not cancellable.
+                            if pending.get(key) is insert:
+                                del pending[key]
+                        rows.append(insert.row(to_wall))
+                        if insert.mark is not None:
+                            # An ordinary lazy mark from now on, due a whole delay later
+                            # (lazier than it was: a lazy mark may be late). The latest due
+                            # time yet, so dict order stays due order.
+                            if not due:
+                                due = self._clock.now() + LAZY_MARK_DELAY
+                            key = (insert.queue, insert.message.message_id)
+                            marks.pop(key, None)
+                            marks[key] = (*insert.mark, due)
+                    built += len(rows)
+                    seen += len(inserts)
+                    ops[index] = (sql, rows)
+        self.written_entries += built
+        if due and self._mark_timer is None:
+            self._mark_timer = self._get_loop().call_later(LAZY_MARK_DELAY, self._on_mark_timer)
+        return built, seen
 
-    def _compact_sealed(self) -> None:
-        idle = not self._writing
-        sealed = self._sealed
-        for ops, _future in sealed:
+    def _compact(
+        self, turns: list[tuple[list[Operation], asyncio.Future[None]]]
+    ) -> list[tuple[list[Operation], asyncio.Future[None]]]:
+        """``turns`` without their empty runs, and without the leading turns left with
+        nothing to write (done now, when the writer is idle: every earlier turn is)."""
+        for ops, _future in turns:
             if not all(rows for _sql, rows in ops):
                 ops[:] = [(sql, rows) for sql, rows in ops if rows]
         # Leading turns with nothing left but the id counter are done now (ids no stored row
         # uses need not be kept); the first with something to write ends the run, and empty
         # turns after it go to the writer, to be resolved in order.
-        if idle:
+        if not self._writing:
             done = 0
-            for ops, future in sealed:
+            for ops, future in turns:
                 if any(sql is not _SET_LAST_ID for sql, _rows in ops):
                     break
                 _resolve(future, None)
                 done += 1
             if done:
-                self._sealed = sealed[done:]
+                return turns[done:]
+        return turns
 
     def _batch_written(
         self, results: list[tuple[asyncio.Future[None], BaseException | None]]

@@ -419,3 +419,212 @@ def test_a_commit_on_a_turn_waiting_for_a_busy_writer_is_not_held_after_it(
 
     run(body)
     assert len(queued(tmp_path)) == 1
+
+
+def test_a_release_writes_only_the_turns_whose_window_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each held turn waits the whole acceptance window: once the oldest's is over, a turn
+    sealed later stays held, and an entry of it accepted meanwhile is never written. (Not
+    every turn sealed so far: a steady flow would write the entries sealed just before each
+    release, accepted a moment later.)"""
+    offset = [0.0]
+    old, young = message(b"old"), message(b"young")
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        # The loop's clock, moved on by the test (its timers follow it).
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        store.journal(old)
+        store.enqueue("c", entry(old))
+        old_turn = store.commit_unhurried()
+        assert old_turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        offset[0] += 60
+        store.journal(young)
+        store.enqueue("c", entry(young))
+        young_turn = store.commit_unhurried()
+        assert young_turn is not None and young_turn is not old_turn
+        await asyncio.sleep(0)  # sealed and held too
+        offset[0] += 50  # the old turn's window is over, not the young one's
+        await asyncio.wait_for(old_turn, TIMEOUT)
+        assert writer.inserted(old.message_id)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not young_turn.done() and not writer.inserted(young.message_id)
+        store.remove("c", young.message_id)  # accepted within its own window
+        await asyncio.wait_for(young_turn, TIMEOUT)
+        assert store.cancelled_writes == 1 and store.written_entries == 1
+        assert not writer.inserted(young.message_id)
+        store.close()
+
+    asyncio.run(body())
+    assert queued(tmp_path) == [("c", old.message_id)]
+
+
+def recovered_marks(store_dir: Path) -> list[tuple[int, str, int]]:
+    """(delivery id, state, delivery count) of every stored entry."""
+    store = SQLiteStore(store_dir, clock=ManualClock())
+    try:
+        return [(r.delivery_id, r.state, r.delivery_count) for r in store.recover().queued]
+    finally:
+        store.close()
+
+
+def test_a_lazy_mark_of_an_entry_accepted_before_its_insert_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delivery's lazy mark waits with the pending insert and goes with it: neither the
+    insert nor the mark reaches the writer."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"accepted in time")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
+        store.remove("c", m.message_id)
+        await asyncio.wait_for(turn, TIMEOUT)
+        store.close()
+        assert store.cancelled_writes == 1
+        assert not any(sql.startswith("UPDATE queue_entries") for sql, _row in writer.rows)
+        assert not writer.inserted(m.message_id)
+
+    run(body)
+    assert queued(tmp_path) == []
+
+
+def test_a_lazy_mark_of_an_entry_written_later_is_written_after_its_insert(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry whose window is over is written as queued; the mark it got meanwhile is a
+    lazy mark from then on (a graceful stop writes it), as if made after the insert."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=0.01)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"not accepted in time")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
+        await asyncio.wait_for(turn, TIMEOUT)  # the window's timer ran on the loop's clock
+        assert writer.inserted(m.message_id)
+        store.close()
+
+    run(body)
+    assert recovered_marks(tmp_path) == [(7, "sent", 1)]
+
+
+def test_a_mark_made_on_a_pending_insert_then_another_keeps_the_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lazy mark waiting with its insert, then a second attempt's mark that is not lazy:
+    the written count holds both attempts and the newer delivery id."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"sent twice")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        assert store.commit_unhurried() is not None
+        await asyncio.sleep(0)  # sealed and held
+        store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
+        store.mark_delivery("c", m.message_id, 8, "sent")
+        waited = store.commit()
+        assert waited is not None
+        await asyncio.wait_for(waited, TIMEOUT)
+        store.close()
+
+    run(body)
+    assert recovered_marks(tmp_path) == [(8, "sent", 2)]
+
+
+def test_the_window_grows_while_entries_outlive_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release that still has to write its entries doubles the window (up to
+    acceptance_window_max): the next turn waits long enough for an acceptance that comes
+    after the configured window."""
+    offset = [0.0]
+    slow, late = message(b"outlives the window"), message(b"accepted late")
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(
+            tmp_path, clock=ManualClock(), acceptance_window=100, acceptance_window_max=400
+        )
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        store.journal(slow)
+        store.enqueue("c", entry(slow))
+        first = store.commit_unhurried()
+        assert first is not None
+        await asyncio.sleep(0)  # sealed and held
+        offset[0] += 101
+        await asyncio.wait_for(first, TIMEOUT)
+        assert writer.inserted(slow.message_id)  # not accepted within the window
+        store.journal(late)
+        store.enqueue("c", entry(late))
+        second = store.commit_unhurried()
+        assert second is not None
+        await asyncio.sleep(0)  # sealed and held
+        offset[0] += 150  # past the configured window, within the doubled one
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not second.done() and not writer.inserted(late.message_id)
+        store.remove("c", late.message_id)
+        await asyncio.wait_for(second, TIMEOUT)
+        assert not writer.inserted(late.message_id)
+        store.close()
+
+    asyncio.run(body())
+    assert queued(tmp_path) == [("c", slow.message_id)]
+
+
+def test_the_window_never_grows_past_its_maximum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many releases write their entries, a turn waits no longer than
+    acceptance_window_max."""
+    offset = [0.0]
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(
+            tmp_path, clock=ManualClock(), acceptance_window=100, acceptance_window_max=150
+        )
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        for step in range(3):
+            m = message(b"never accepted %d" % step)
+            store.journal(m)
+            store.enqueue("c", entry(m))
+            turn = store.commit_unhurried()
+            assert turn is not None
+            await asyncio.sleep(0)  # sealed and held
+            offset[0] += 151  # past the largest window
+            await asyncio.wait_for(turn, TIMEOUT)
+            assert writer.inserted(m.message_id)
+        store.close()
+
+    asyncio.run(body())
+    assert len(queued(tmp_path)) == 3
