@@ -162,14 +162,8 @@ def make_broker() -> Broker:
     from kittiwake.store.sqlite import SQLiteStore
 
     directory = tempfile.mkdtemp(prefix="kw-inprocess-")
-    config = StoreConfig()
-    return Broker(
-        store=SQLiteStore(
-            directory,
-            acceptance_window=config.acceptance_window,
-            acceptance_window_max=config.acceptance_window_max,
-        )
-    )
+    window = StoreConfig().acceptance_window
+    return Broker(store=SQLiteStore(directory, acceptance_window=window))
 
 
 async def settled(broker: Broker) -> None:

@@ -326,7 +326,6 @@ def open_store(
         max_batch=config.max_batch,
         max_delay=config.max_delay,
         acceptance_window=config.acceptance_window,
-        acceptance_window_max=config.acceptance_window_max,
         journal_retention_seconds=journal.retention_seconds,
         journal_retention_bytes=journal.retention_bytes,
         journal_selection=journal_selection(journal),

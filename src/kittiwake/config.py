@@ -296,11 +296,6 @@ class StoreConfig:
     # subscriber's) waits up to this long more; an absent subscriber's copy is written at
     # once.
     acceptance_window: float = 0.05
-    # The most the acceptance window grows to while entries outlive it (a loaded machine,
-    # a deep queue): it doubles when a release still writes over one entry in twenty and
-    # shrinks back towards acceptance_window when one writes none (seconds; at or below
-    # acceptance_window = a fixed window).
-    acceptance_window_max: float = 0.2
     # WAL pages after which SQLite checkpoints the WAL into the database (bounds the WAL file).
     wal_autocheckpoint: int = 1000
     # SQLite synchronous mode: "full" fsyncs every commit, which the acknowledgement promise needs.

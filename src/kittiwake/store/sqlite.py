@@ -204,7 +204,6 @@ class SQLiteStore:
         max_batch: int = 5000,
         max_delay: float = 0.0,
         acceptance_window: float = 0.0,
-        acceptance_window_max: float = 0.0,
         journal_retention_seconds: float = 0.0,
         journal_retention_bytes: int = 0,
         journal_selection: JournalSelection | None = None,
@@ -219,11 +218,8 @@ class SQLiteStore:
         self._max_batch = max_batch
         self._max_delay = max_delay
         # How long sealed turns holding cancellable inserts may wait for an idle writer
-        # (see commit_unhurried): from acceptance_window up to acceptance_window_max, following
-        # how many entries outlive it (_adapt_window).
+        # (see commit_unhurried).
         self._acceptance_window = acceptance_window
-        self._window_least = acceptance_window
-        self._window_most = max(acceptance_window, acceptance_window_max)
         self._retention = journal_retention_seconds
         self._retention_bytes = journal_retention_bytes
         # With a retention, the publications the selection names are journalled (for the Spark
@@ -979,7 +975,7 @@ class SQLiteStore:
         due = loop.time() - window + _RELEASE_SLACK
         aged = bisect.bisect_right(times, due)
         if aged:
-            self._adapt_window(*self._send(aged))
+            self._send(aged)
             if self._sealed and not self._writing:
                 self._offer()  # everything sent was cancelled: the rest waits its turn
             return
@@ -988,28 +984,15 @@ class SQLiteStore:
         wait = max(times[0] - due, window * _RELEASE_GROUPING)
         self._held = loop.call_later(wait, self._release)
 
-    def _adapt_window(self, written: int, inserts: int) -> None:
-        """Follow the subscribers' acceptance time: a release that still writes more than one
-        in twenty of its turns' entries doubles the window (up to acceptance_window_max); one
-        that writes none shrinks it back a little (down to acceptance_window). A subscriber
-        slower than the largest window gets its entries written, as before."""
-        if not inserts or self._window_most == self._window_least:
-            return
-        if written * 20 > inserts:
-            self._acceptance_window = min(self._acceptance_window * 2, self._window_most)
-        elif not written:
-            self._acceptance_window = max(self._acceptance_window * 0.9, self._window_least)
-
     def _release(self) -> None:
         """The oldest held turn has waited the acceptance window."""
         self._held = None
         if self._sealed and not self._writing and not self._closed:
             self._offer()
 
-    def _send(self, count: int | None = None) -> tuple[int, int]:
+    def _send(self, count: int | None = None) -> None:
         """Give the writer the sealed turns (the oldest ``count`` of them, else all); it
-        commits them in groups of whole turns. Returns how many queue-entry inserts they
-        held and how many of those are written (the others were cancelled).
+        commits them in groups of whole turns.
 
         The rows of their queue-entry inserts are built now, but for cancelled ones; turns
         left with nothing to write, ahead of any that has something, are done at once (every
@@ -1032,11 +1015,11 @@ class SQLiteStore:
             del self._sealed_times[:count]
             # The turns left may hold cancelled inserts too: still trimmed.
             trimmed = self._trimmed
-        written, inserts = self._build_rows(taken, whole=not self._sealed)
+        self._build_rows(taken, whole=not self._sealed)
         if trimmed:
             taken = self._compact(taken)
             if not taken:
-                return written, inserts
+                return
         if self._writer is None:
             self._writer = threading.Thread(
                 target=self._write_loop, name="kittiwake-store", daemon=True
@@ -1044,20 +1027,17 @@ class SQLiteStore:
             self._writer.start()
         self._writing = True
         self._queue.put(taken)
-        return written, inserts
 
     def _build_rows(
         self, turns: list[tuple[list[Operation], asyncio.Future[None]]], whole: bool
-    ) -> tuple[int, int]:
+    ) -> None:
         """The rows of ``turns``' queue-entry inserts that were not cancelled (a run left
         empty stays, for :meth:`_compact`). Unless they are every sealed turn (``whole``),
-        their inserts leave the cancellable ones (those of the turns left stay). Returns the
-        rows built and the inserts there were."""
+        their inserts leave the cancellable ones (those of the turns left stay)."""
         to_wall = self._clock_to_wall_ms
         pending = None if whole else self._sealed_inserts
         marks = self._marks
         due = 0.0
-        built = seen = 0
         for ops, _future in turns:
             for index, (sql, inserts) in enumerate(ops):
                 if sql is _INSERT_ENTRY:
@@ -1080,13 +1060,10 @@ class SQLiteStore:
                             key = (insert.queue, insert.message.message_id)
                             marks.pop(key, None)
                             marks[key] = (*insert.mark, due)
-                    built += len(rows)
-                    seen += len(inserts)
+                    self.written_entries += len(rows)
                     ops[index] = (sql, rows)
-        self.written_entries += built
         if due and self._mark_timer is None:
             self._mark_timer = self._get_loop().call_later(LAZY_MARK_DELAY, self._on_mark_timer)
-        return built, seen
 
     def _compact(
         self, turns: list[tuple[list[Operation], asyncio.Future[None]]]
