@@ -289,7 +289,7 @@ class StoreConfig:
     # Without it a group is whatever gathered while the writer was busy with the last one.
     max_delay: float = 0.0
     # How long a batch of QoS 1 queue entries, every one on its way to a connected
-    # subscriber (or a JMS PERSISTENT send to a queue whose consumer has credit), may wait
+    # subscriber (or a JMS PERSISTENT send to a queue whose consumer keeps up), may wait
     # for their acceptances before an idle writer takes it (seconds; 0 = never held): an
     # entry accepted meanwhile is never written, and its publisher was acknowledged at the
     # acceptance. Only a publisher whose copies are not all accepted that soon (a slow

@@ -207,13 +207,17 @@ class QueueDestinations:
         """Store-and-dispatch (outside a transaction, DESIGN.md section 3): consumers may have
         the entry before its commit, and an acceptance before the writer takes it spares the
         write. The sender is answered at the commit or once a consumer accepted the entry,
-        whichever comes first (as an MQTT QoS 1 publisher is: broker.publishing.Acceptances);
-        while a consumer has credit for it, the store may hold the batch back for that
-        acceptance (``store.acceptance_window``). A failed commit refuses a sender not answered
-        yet, who may send again: a copy delivered meanwhile is then a duplicate."""
+        whichever comes first (as an MQTT QoS 1 publisher is: broker.publishing.Acceptances).
+        While a consumer is keeping up (it has credit and has settled everything it was sent)
+        the store may hold the batch back for its acceptance (``store.acceptance_window``);
+        a consumer behind on its deliveries would not accept this one in time, so its sender
+        is answered at the commit as before, not a window later. A failed commit refuses a
+        sender not answered yet, who may send again: a copy delivered meanwhile is then a
+        duplicate."""
         store = self.store
         early = not store.keeps_in_journal(message) and any(
-            consumer.credit.available > 0 for consumer in queue.consumers
+            consumer.credit.available > 0 and not consumer.unsettled
+            for consumer in queue.consumers
         )
         commit = store.commit_unhurried() if early else store.commit()
         self.pump_soon(queue)

@@ -139,3 +139,26 @@ def test_a_persistent_queue_send_is_answered_once_its_consumer_accepted_it(
     idle_receiver.accept()
     consumer_side.close()
     producer_side.close()
+
+
+def test_a_send_to_a_queue_whose_consumer_is_behind_is_answered_at_its_commit(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    """A consumer holding a delivery it has not settled would not accept a new entry soon: a
+    PERSISTENT send to its queue is answered at its commit, not held for an acceptance (a
+    synchronous producer would otherwise wait out the acceptance window on every send)."""
+    process = broker(amqp=True, store={"acceptance_window": 60.0})
+    name = unique("behind")
+    producer_side = BlockingConnection(process.amqp_url, timeout=10)
+    sender = producer_side.create_sender(name)
+    sender.send(Message(body="held", durable=True))  # nobody consumes yet: at its commit
+    consumer_side = BlockingConnection(process.amqp_url, timeout=10)
+    receiver = consumer_side.create_receiver(name, credit=10)
+    assert receiver.receive(timeout=10).body == "held"  # and left unsettled
+    for n in range(3):
+        # Held for an acceptance, each would wait the whole 60 s window.
+        sender.send(Message(body=f"next {n}", durable=True), timeout=10)
+    assert [receiver.receive(timeout=10).body for _ in range(3)] == ["next 0", "next 1", "next 2"]
+    receiver.accept()
+    consumer_side.close()
+    producer_side.close()
