@@ -808,8 +808,13 @@ class SQLiteStore:
             # Turns held back for acceptances (or waiting for a busy writer) are written too:
             # their callers wait for them and their rows are what a restart recovers.
             self._send()
-            if self._marks:
-                self._hand_off(final=True)  # the lazy marks of those turns' entries
+        if self._marks:
+            # The lazy marks of held entries become marks only as their rows are built (by
+            # either send above, after the first hand-off took the marks it saw): written too.
+            self._hand_off(final=True)
+        if self._mark_timer is not None:  # set again by building those rows
+            self._mark_timer.cancel()
+            self._mark_timer = None
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join(timeout=30)

@@ -528,6 +528,34 @@ def test_a_lazy_mark_of_an_entry_written_later_is_written_after_its_insert(
     assert recovered_marks(tmp_path) == [(7, "sent", 1)]
 
 
+def test_a_graceful_stop_writes_the_lazy_mark_of_a_held_entry_beside_an_open_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() while a turn is held and another publication waits in the open turn: the held
+    entry's lazy mark (made while its insert was pending) is written with it, so a restart
+    knows the delivery happened (a resend carries DUP; the delivery count holds)."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"sent, not acknowledged")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        turn = store.commit_unhurried()
+        assert turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
+        other = message(b"in the open turn", topic="c/d")
+        store.journal(other)
+        store.enqueue("d", entry(other))
+        store.close()
+        await asyncio.wait_for(turn, TIMEOUT)
+
+    run(body)
+    assert sorted(recovered_marks(tmp_path)) == [(0, "queued", 0), (7, "sent", 1)]
+
+
 def test_a_mark_made_on_a_pending_insert_then_another_keeps_the_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
