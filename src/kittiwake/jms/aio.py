@@ -459,11 +459,24 @@ class TemporaryNode:
 
 @dataclass(slots=True)
 class Received:
-    """A message the broker delivered to a consumer, with its wire delivery."""
+    """A message the broker delivered to a consumer, with its wire delivery.
+
+    ``delivery`` is None once settled here (``Session._settle``), so that its proton wrapper
+    is dropped on the loop: a Received may be let go last by the application's thread (the
+    blocking receive() takes it there), and a wrapper freed on another thread runs proton's
+    unsynchronised pn_decref beside the loop's engine calls (seen: crashes). ``presettled``
+    is read on that thread instead of the delivery."""
 
     consumer: MessageConsumer
-    delivery: Delivery
+    delivery: Delivery | None
     message: Message
+    presettled: bool
+
+
+def _remotely_settled(received: Received) -> bool:
+    """Settled by the broker (presettled), or already here: nothing to acknowledge."""
+    delivery = received.delivery
+    return delivery is None or delivery.settled
 
 
 class Session(MessageFactory):
@@ -724,7 +737,8 @@ class Session(MessageFactory):
 
     def _settle(self, received: Received, state: int, failed: bool = False) -> None:
         delivery = received.delivery
-        if not delivery.settled:
+        received.delivery = None  # dropped here, on the loop (see Received)
+        if delivery is not None and not delivery.settled:
             if state == Delivery.MODIFIED:
                 delivery.local.failed = failed
             delivery.update(state)
@@ -733,7 +747,8 @@ class Session(MessageFactory):
 
     def _transactional_accept(self, received: Received) -> None:
         delivery = received.delivery
-        if not delivery.settled:
+        received.delivery = None
+        if delivery is not None and not delivery.settled:
             delivery.local.data = [self.txn_id, Described(ulong(ACCEPTED_OUTCOME), [])]  # type: ignore[list-item]
             delivery.update(TRANSACTIONAL_STATE)
             delivery.settle()
@@ -776,11 +791,12 @@ class Session(MessageFactory):
         a message (``listener``: before the listener runs, else as receive() returns)."""
         mode = self.mode
         message = received.message
-        if received.delivery.settled or received.consumer.browse:
+        if _remotely_settled(received) or received.consumer.browse:
             if received.consumer.browse:
                 self._settle(received, Delivery.ACCEPTED)
             else:
-                received.consumer._settled()  # presettled: nothing to acknowledge
+                received.delivery = None  # presettled: nothing to acknowledge (see Received)
+                received.consumer._settled()
         elif mode == AcknowledgeMode.SESSION_TRANSACTED:
             self._transactional_accept(received)
         elif mode == AcknowledgeMode.PRE_ACKNOWLEDGE:
@@ -794,7 +810,7 @@ class Session(MessageFactory):
             self.engine.flush()
 
     def _acknowledged_by_return(self, received: Received) -> None:
-        if received.delivery.settled:
+        if _remotely_settled(received):
             return
         if self.mode == AcknowledgeMode.DUPS_OK_ACKNOWLEDGE:
             self.lazy.append(received)
@@ -806,7 +822,7 @@ class Session(MessageFactory):
     def _after_listener(self, received: Received, ok: bool) -> None:
         if self.mode not in (AcknowledgeMode.AUTO_ACKNOWLEDGE, AcknowledgeMode.DUPS_OK_ACKNOWLEDGE):
             return
-        if received.delivery.settled:
+        if _remotely_settled(received):
             return
         if ok:
             self._acknowledged_by_return(received)
@@ -1403,7 +1419,7 @@ class MessageConsumer:
             delivery.settle()
             return
         self.outstanding += 1
-        self.buffer.append(Received(self, delivery, message))
+        self.buffer.append(Received(self, delivery, message, delivery.settled))
         self.endpoint.notify()
 
     def _settled(self) -> None:
@@ -1514,7 +1530,7 @@ class MessageConsumer:
                 return None
             expired = self._is_expired(received)
             try:
-                if expired or session.mode in _LATER_MODES or received.delivery.settled:
+                if expired or session.mode in _LATER_MODES or received.presettled:
                     session._post(received, expired=expired)
                 else:
                     run_on_loop(functools.partial(session._hand_over_now, received))
@@ -1525,10 +1541,11 @@ class MessageConsumer:
 
     def _expire(self, received: Received) -> None:
         delivery = received.delivery
-        if not delivery.settled:
+        if delivery is not None and not delivery.settled:
             delivery.local.undeliverable = True
             self.session._settle(received, Delivery.MODIFIED, failed=True)
         else:
+            received.delivery = None
             self._settled()
         self.session.engine.flush()
 
