@@ -57,18 +57,24 @@ class _IOThread:
         if threading.current_thread() is self.thread:
             function()
             return
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        # A bare lock, not a concurrent Future (its condition, state and callbacks): this runs
+        # once per AUTO_ACKNOWLEDGE receive().
+        done = threading.Lock()
+        done.acquire()
+        failed: list[BaseException] = []
 
         def run() -> None:
             try:
                 function()
             except BaseException as exc:
-                done.set_exception(exc)
-            else:
-                done.set_result(None)
+                failed.append(exc)
+            finally:
+                done.release()
 
         self.loop.call_soon_threadsafe(run)
-        done.result()
+        done.acquire()
+        if failed:
+            raise failed[0]
 
     def call(self, function: Callable[[], T]) -> T:
         """Run plain engine-touching code on the loop (the engine is not thread-safe)."""
