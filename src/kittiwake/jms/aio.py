@@ -31,7 +31,23 @@ from kittiwake.jms.destinations import (
     TemporaryTopic,
     Topic,
 )
-from kittiwake.jms.engine import EngineConnection, LinkEndpoint, Outcome, put_symbols
+from kittiwake.jms.engine import (
+    EngineConnection,
+    LinkEndpoint,
+    Outcome,
+    delivery_settle,
+    delivery_settled,
+    delivery_update,
+    hold_delivery,
+    link_advance,
+    link_snd_settle_mode,
+    new_transfer,
+    put_symbols,
+    receive_transfer,
+    release_delivery,
+    settle_delivery,
+    wrap_delivery,
+)
 from kittiwake.jms.exceptions import (
     IllegalStateException,
     InvalidClientIDException,
@@ -461,14 +477,15 @@ class TemporaryNode:
 class Received:
     """A message the broker delivered to a consumer, with its wire delivery.
 
-    ``delivery`` is None once settled here (``Session._settle``), so that its proton wrapper
-    is dropped on the loop: a Received may be let go last by the application's thread (the
-    blocking receive() takes it there), and a wrapper freed on another thread runs proton's
-    unsynchronised pn_decref beside the loop's engine calls (seen: crashes). ``presettled``
-    is read on that thread instead of the delivery."""
+    ``delivery`` is the delivery's C object (no proton wrapper: engine.hold_delivery keeps
+    it), let go and set to None once settled here (``Session._settle``, ``_forget``) on the
+    loop: a Received may be let go last by the application's thread (the blocking receive()
+    takes it there), and a reference dropped on another thread runs proton's unsynchronised
+    pn_decref beside the loop's engine calls (seen: crashes). ``presettled`` is read on that
+    thread instead of the delivery."""
 
     consumer: MessageConsumer
-    delivery: Delivery | None
+    delivery: Any
     message: Message
     presettled: bool
 
@@ -476,7 +493,15 @@ class Received:
 def _remotely_settled(received: Received) -> bool:
     """Settled by the broker (presettled), or already here: nothing to acknowledge."""
     delivery = received.delivery
-    return delivery is None or delivery.settled
+    return delivery is None or bool(delivery_settled(delivery))
+
+
+def _forget(received: Received) -> None:
+    """Let go of ``received``'s delivery without settling it (on the loop; see Received)."""
+    delivery = received.delivery
+    received.delivery = None
+    if delivery is not None:
+        release_delivery(delivery)
 
 
 class Session(MessageFactory):
@@ -526,6 +551,12 @@ class Session(MessageFactory):
     def _connection_lost(self) -> None:
         """Deliveries of the lost connection cannot be acknowledged any more: the broker
         delivers them again (redelivered); a transaction in progress is lost."""
+        for received in self.unacked:
+            _forget(received)
+        for received in self.lazy:
+            _forget(received)
+        for received, _ in self._posted:
+            _forget(received)
         self.unacked.clear()
         self.lazy.clear()
         self._posted.clear()
@@ -535,6 +566,8 @@ class Session(MessageFactory):
             for producer in self.producers:
                 producer._outbox.clear()  # rolled back with the connection, never resent
         for consumer in self.consumers:
+            for received in consumer.buffer:
+                _forget(received)
             consumer.buffer.clear()
             consumer.outstanding = 0
 
@@ -735,23 +768,27 @@ class Session(MessageFactory):
 
     # -- acknowledgement ----------------------------------------------------------------------
 
-    def _settle(self, received: Received, state: int, failed: bool = False) -> None:
+    def _settle(
+        self, received: Received, state: int, failed: bool = False, undeliverable: bool = False
+    ) -> None:
         delivery = received.delivery
-        received.delivery = None  # dropped here, on the loop (see Received)
-        if delivery is not None and not delivery.settled:
-            if state == Delivery.MODIFIED:
-                delivery.local.failed = failed
-            delivery.update(state)
-            delivery.settle()
+        received.delivery = None  # let go here, on the loop (see Received)
+        if delivery is not None:
+            settle_delivery(delivery, state, failed=failed, undeliverable=undeliverable)
+            release_delivery(delivery)
         received.consumer._settled()
 
     def _transactional_accept(self, received: Received) -> None:
         delivery = received.delivery
         received.delivery = None
-        if delivery is not None and not delivery.settled:
-            delivery.local.data = [self.txn_id, Described(ulong(ACCEPTED_OUTCOME), [])]  # type: ignore[list-item]
-            delivery.update(TRANSACTIONAL_STATE)
-            delivery.settle()
+        if delivery is not None:
+            if not delivery_settled(delivery):
+                wrapper = wrap_delivery(delivery)  # a transactional state: proton encodes it
+                wrapper.local.data = [self.txn_id, Described(ulong(ACCEPTED_OUTCOME), [])]  # type: ignore[list-item]
+                wrapper.update(TRANSACTIONAL_STATE)
+                wrapper.settle()
+                del wrapper
+            release_delivery(delivery)
         received.consumer._settled()
 
     def _post(self, received: Received, *, expired: bool) -> None:
@@ -795,7 +832,7 @@ class Session(MessageFactory):
             if received.consumer.browse:
                 self._settle(received, Delivery.ACCEPTED)
             else:
-                received.delivery = None  # presettled: nothing to acknowledge (see Received)
+                _forget(received)  # presettled: nothing to acknowledge (see Received)
                 received.consumer._settled()
         elif mode == AcknowledgeMode.SESSION_TRANSACTED:
             self._transactional_accept(received)
@@ -901,19 +938,18 @@ class Session(MessageFactory):
 
     # -- transactions -------------------------------------------------------------------------
 
-    async def _control(self, body: Described) -> tuple[int, Delivery]:
+    async def _control(self, body: Described) -> Outcome:
         assert self.coordinator is not None
         endpoint = self.coordinator
         link = endpoint.link
         await _wait_credit(endpoint)
-        tag = str(next(self._tags))
-        delivery = link.delivery(tag)
-        future: asyncio.Future[tuple[int, Delivery]] = asyncio.get_running_loop().create_future()
+        tag = str(next(self._tags)).encode()
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         endpoint.outcomes[tag] = future
-        link.send(ProtonMessage(body=body).encode())
-        link.advance()
+        link_impl = link._impl
+        new_transfer(link_impl, tag, bytes(ProtonMessage(body=body).encode()))
+        link_advance(link_impl)
         self.engine.flush()
-        del delivery
         return await asyncio.wait_for(future, self.engine.timeout)
 
     async def _sends_done(self) -> None:
@@ -925,12 +961,12 @@ class Session(MessageFactory):
                 await asyncio.wait(list(producer._pending), timeout=self.engine.timeout)
 
     async def _declare(self) -> None:
-        state, delivery = await self._control(Described(symbol("amqp:declare:list"), [None]))
-        if state != DECLARED:
-            raise _outcome_error(state, delivery, "the broker refused to declare a transaction")
-        self.txn_id = delivery.remote.data[0]  # type: ignore[index]
+        outcome = await self._control(Described(symbol("amqp:declare:list"), [None]))
+        if outcome.state != DECLARED:
+            raise _outcome_error(outcome, "the broker refused to declare a transaction")
+        self.txn_id = outcome.data[0]
 
-    async def _discharge(self, fail: bool) -> tuple[int, Delivery]:
+    async def _discharge(self, fail: bool) -> Outcome:
         return await self._control(Described(symbol("amqp:discharge:list"), [self.txn_id, fail]))
 
     async def commit(self) -> None:
@@ -954,13 +990,13 @@ class Session(MessageFactory):
                 f"a send of the transaction failed, so it was rolled back: {failed}",
                 failed.error_code,
             )
-        state, delivery = await self._discharge(False)
+        outcome = await self._discharge(False)
         await self._declare()
-        if state != Delivery.ACCEPTED:
+        if outcome.state != Delivery.ACCEPTED:
             self._release_buffered()
             self._refill()
             raise _outcome_error(
-                state, delivery, "the transaction was rolled back", TransactionRolledBackException
+                outcome, "the transaction was rolled back", TransactionRolledBackException
             )
 
     async def rollback(self) -> None:
@@ -974,11 +1010,11 @@ class Session(MessageFactory):
         await self._sends_done()  # in this transaction, not the next
         self._failed_send = None
         self._release_buffered()
-        state, delivery = await self._discharge(True)
+        outcome = await self._discharge(True)
         await self._declare()
         self._refill()
-        if state != Delivery.ACCEPTED:
-            raise _outcome_error(state, delivery, "rollback failed")
+        if outcome.state != Delivery.ACCEPTED:
+            raise _outcome_error(outcome, "rollback failed")
 
     async def close(self) -> None:
         """Close consumers (waiting for a running listener) and producers; a transacted
@@ -1037,15 +1073,15 @@ class Transaction:
 
 
 def _outcome_error(
-    state: int, delivery: Delivery, default: str, kind: type[JMSException] = JMSException
+    outcome: Outcome, default: str, kind: type[JMSException] = JMSException
 ) -> JMSException:
-    condition = delivery.remote.condition
+    condition = outcome.condition
     if condition is not None:
         error = from_condition(condition.name, condition.description, kind)
         if kind is TransactionRolledBackException and not isinstance(error, kind):
             return kind(str(error), error.error_code)
         return error
-    return kind(f"{default} (outcome {state})")
+    return kind(f"{default} (outcome {outcome.state})")
 
 
 async def _wait_credit(endpoint: LinkEndpoint) -> None:
@@ -1210,16 +1246,17 @@ class MessageProducer:
         """One transfer on the link (it has credit); the future of its outcome, None when it
         goes presettled. The caller flushes."""
         session = self.session
-        link = self.link
-        tag = str(next(self._tags))
-        delivery = link.delivery(tag)
-        link.send(data)
+        link = self.link._impl
+        tag = str(next(self._tags)).encode()
+        delivery = new_transfer(link, tag, data)
         if session.transacted:
-            delivery.local.data = [session.txn_id]
-            delivery.update(TRANSACTIONAL_STATE)
-        link.advance()
-        if link.snd_settle_mode == Link.SND_SETTLED:
-            delivery.settle()
+            wrapper = wrap_delivery(delivery)  # a transactional state: proton encodes it
+            wrapper.local.data = [session.txn_id]
+            wrapper.update(TRANSACTIONAL_STATE)
+            del wrapper
+        link_advance(link)
+        if link_snd_settle_mode(link) == Link.SND_SETTLED:
+            delivery_settle(delivery)
             return None
         future: asyncio.Future[Outcome] = session.loop.create_future()
         self.endpoint.outcomes[tag] = future
@@ -1343,11 +1380,11 @@ def _send_error(result: Any) -> JMSException | None:
         if exc is not None:
             return exc if isinstance(exc, JMSException) else JMSException(str(exc))
         result = result.result()
-    state, delivery = result
+    state = result.state
     if state == Delivery.ACCEPTED:
         return None
     if state == TRANSACTIONAL_STATE:
-        data = delivery.remote.data
+        data = result.data
         outcome = data[1] if isinstance(data, list) and len(data) > 1 else None
         if isinstance(outcome, Described) and outcome.descriptor in (
             ulong(ACCEPTED_OUTCOME),
@@ -1355,7 +1392,7 @@ def _send_error(result: Any) -> JMSException | None:
         ):
             return None
         return TransactionRolledBackException("the transactional send was not accepted")
-    condition = delivery.remote.condition
+    condition = result.condition
     if condition is not None:
         return from_condition(condition.name, condition.description)
     return JMSException(f"the broker did not accept the message (outcome {state})")
@@ -1404,22 +1441,22 @@ class MessageConsumer:
         self.endpoint.waiter = waiter
         self._top_up()
 
-    def _arrived(self, delivery: Delivery) -> None:
-        link = self.link
-        data = link.recv(delivery.pending)
-        link.advance()
+    def _arrived(self, delivery: Any) -> None:
+        """A complete incoming delivery (its C object, valid for this call: held past it)."""
+        data = receive_transfer(self.link._impl, delivery)
         factory = self.session.connection.factory
         try:
             message = codec.decode(
-                data or b"", fallback=self.destination, allow_pickle=factory.allow_pickle
+                data, fallback=self.destination, allow_pickle=factory.allow_pickle
             )
         except Exception as exc:
             log.warning("undecodable message rejected: %s", exc)
-            delivery.update(Delivery.REJECTED)
-            delivery.settle()
+            delivery_update(delivery, Delivery.REJECTED)
+            delivery_settle(delivery)
             return
         self.outstanding += 1
-        self.buffer.append(Received(self, delivery, message, delivery.settled))
+        presettled = bool(delivery_settled(delivery))
+        self.buffer.append(Received(self, hold_delivery(delivery), message, presettled))
         self.endpoint.notify()
 
     def _settled(self) -> None:
@@ -1540,12 +1577,10 @@ class MessageConsumer:
                 return received.message
 
     def _expire(self, received: Received) -> None:
-        delivery = received.delivery
-        if delivery is not None and not delivery.settled:
-            delivery.local.undeliverable = True
-            self.session._settle(received, Delivery.MODIFIED, failed=True)
+        if not _remotely_settled(received):
+            self.session._settle(received, Delivery.MODIFIED, failed=True, undeliverable=True)
         else:
-            received.delivery = None
+            _forget(received)
             self._settled()
         self.session.engine.flush()
 

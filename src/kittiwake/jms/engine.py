@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import sys
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from cproton_ffi import lib as _lib  # type: ignore[import-not-found]
+from cproton_ffi import ffi as _ffi  # type: ignore[import-not-found]
+from cproton_ffi import lib as _lib
 from proton import (
     SASL,
     UNDESCRIBED,
@@ -46,7 +48,35 @@ _collector_peek: Callable[[Any], Any] = _lib.pn_collector_peek
 _collector_pop: Callable[[Any], Any] = _lib.pn_collector_pop
 _event_type: Callable[[Any], int] = _lib.pn_event_type
 _wrap_event: Callable[[Any], Event] = Event.wrap
+_wrap_delivery: Callable[[Any], Delivery] = Delivery.wrap
 _TRANSPORT: int = _lib.PN_TRANSPORT
+_DELIVERY: int = _lib.PN_DELIVERY
+_ACCEPTED: int = _lib.PN_ACCEPTED
+# A delivery's C calls (the fast path of flush and of the client's sends and settlements).
+_event_delivery: Callable[[Any], Any] = _lib.pn_event_delivery
+_delivery_link: Callable[[Any], Any] = _lib.pn_delivery_link
+_delivery_readable: Callable[[Any], bool] = _lib.pn_delivery_readable
+_delivery_partial: Callable[[Any], bool] = _lib.pn_delivery_partial
+_delivery_updated: Callable[[Any], bool] = _lib.pn_delivery_updated
+_delivery_remote_state: Callable[[Any], int] = _lib.pn_delivery_remote_state
+_delivery_tag = _lib.pn_delivery_tag
+_delivery_local: Callable[[Any], Any] = _lib.pn_delivery_local
+delivery_pending: Callable[[Any], int] = _lib.pn_delivery_pending
+delivery_settled: Callable[[Any], bool] = _lib.pn_delivery_settled
+delivery_update: Callable[[Any, int], None] = _lib.pn_delivery_update
+delivery_settle: Callable[[Any], None] = _lib.pn_delivery_settle
+link_advance: Callable[[Any], bool] = _lib.pn_link_advance
+link_snd_settle_mode: Callable[[Any], int] = _lib.pn_link_snd_settle_mode
+_link_recv = _lib.pn_link_recv
+_link_send = _lib.pn_link_send
+_new_delivery = _lib.pn_delivery
+_incref: Callable[[Any], Any] = _lib.pn_incref
+_decref: Callable[[Any], None] = _lib.pn_decref
+_set_failed: Callable[[Any, bool], None] = _lib.pn_disposition_set_failed
+_set_undeliverable: Callable[[Any, bool], None] = _lib.pn_disposition_set_undeliverable
+_unpack = _ffi.unpack
+_from_buffer = _ffi.from_buffer
+_new = _ffi.new
 # The event types _dispatch acts on (PN_TRANSPORT only before the open: see flush).
 _DISPATCHED: frozenset[int] = frozenset(
     (
@@ -56,7 +86,6 @@ _DISPATCHED: frozenset[int] = frozenset(
         _lib.PN_LINK_REMOTE_CLOSE,
         _lib.PN_LINK_REMOTE_DETACH,
         _lib.PN_LINK_FLOW,
-        _lib.PN_DELIVERY,
         _lib.PN_TRANSPORT_ERROR,
         _lib.PN_TRANSPORT_CLOSED,
     )
@@ -68,8 +97,95 @@ ESTABLISHMENT_FAILED = "amqp:connection-establishment-failed"
 _READ_SIZE = 65536
 _names = itertools.count(1)
 
-# An outgoing delivery's outcome: the remote state code and the delivery (for its data).
-Outcome = tuple[int, Delivery]
+
+
+class Outcome(NamedTuple):
+    """An outgoing delivery's outcome as the broker gave it, read on the loop: its remote
+    state code, and (any outcome but accepted) that state's data and error condition. Plain
+    values, not the delivery's proton wrapper, which must not be let go on another thread."""
+
+    state: int
+    data: Any = None
+    condition: Condition | None = None
+
+
+def _outcome(delivery: Any, state: int) -> Outcome:
+    if state == _ACCEPTED:
+        return Outcome(state)
+    remote = _wrap_delivery(delivery).remote  # rare: a refusal, or a transaction's state
+    return Outcome(state, remote.data, remote.condition)
+
+
+def delivery_tag(delivery: Any) -> bytes:
+    tag = _delivery_tag(delivery)
+    return bytes(_unpack(tag.start, tag.size))
+
+
+class _Scratch(threading.local):
+    """A C buffer a transfer's bytes are copied into, reused (one per thread: C calls release
+    the GIL); as kittiwake.amqp.engine_calls' (the client imports nothing of the broker)."""
+
+    def __init__(self) -> None:
+        self.size = 64 * 1024
+        self.buffer: Any = _new("char[]", self.size)
+
+    def at_least(self, size: int) -> Any:
+        if size > self.size:
+            self.size = max(size, 2 * self.size)
+            self.buffer = _new("char[]", self.size)
+        return self.buffer
+
+
+_scratch = _Scratch()
+
+
+def receive_transfer(link: Any, delivery: Any) -> bytes:
+    """The bytes of ``link``'s current incoming delivery; the link moves past it."""
+    size = delivery_pending(delivery)
+    buffer = _scratch.at_least(size)
+    got = _link_recv(link, buffer, size)
+    link_advance(link)
+    return b"" if got < 0 else bytes(_unpack(buffer, got))
+
+
+def new_transfer(link: Any, tag: bytes, data: bytes) -> Any:
+    """A new outgoing delivery on ``link`` holding ``data`` (not advanced yet: a
+    transactional state goes on it first); its C object."""
+    delivery = _new_delivery(link, (len(tag), _from_buffer(tag)))
+    _link_send(link, data, len(data))
+    return delivery
+
+
+def hold_delivery(delivery: Any) -> Any:
+    """Keep an incoming delivery's C object past its event (as proton's wrapper would, without
+    the wrapper); ``release_delivery`` lets it go, on the loop's thread."""
+    _incref(delivery)
+    return delivery
+
+
+def release_delivery(delivery: Any) -> None:
+    _decref(delivery)
+
+
+def settle_delivery(delivery: Any, state: int, *, failed: bool = False,
+                    undeliverable: bool = False) -> None:
+    """Settle an incoming delivery with ``state`` unless it is settled already (presettled)."""
+    if delivery_settled(delivery):
+        return
+    if failed or undeliverable:
+        local = _delivery_local(delivery)
+        if failed:
+            _set_failed(local, True)
+        if undeliverable:
+            _set_undeliverable(local, True)
+    delivery_update(delivery, state)
+    delivery_settle(delivery)
+
+
+def wrap_delivery(delivery: Any) -> Delivery:
+    """proton's wrapper, for what the fast path does not do (a transactional state); let it
+    go on the loop's thread."""
+    return _wrap_delivery(delivery)
 
 
 class LinkEndpoint:
@@ -86,7 +202,8 @@ class LinkEndpoint:
         self.on_flow: Callable[[], None] | None = None  # a sender waiting for credit
         # A thread blocked in the blocking API's receive() on this link, woken with ``changed``.
         self.waiter: threading.Event | None = None
-        self.outcomes: dict[str, asyncio.Future[Outcome]] = {}
+        self.receiver = bool(link.is_receiver)
+        self.outcomes: dict[bytes, asyncio.Future[Outcome]] = {}  # by delivery tag
         self.error: JMSException | None = None
         self.detached = False
 
@@ -121,7 +238,7 @@ class LinkEndpoint:
         if not self.engine.dead:
             with contextlib.suppress(JMSException):
                 await asyncio.wait_for(asyncio.shield(self.closed), self.engine.timeout)
-        self.engine.links.pop(self.link, None)
+        self.engine.forget(self.link)
 
     def check(self) -> None:
         if self.error is not None:
@@ -144,6 +261,13 @@ class EngineConnection:
         # several sessions may share a name (a durable subscription's, while a second attach
         # of it is being refused), and each must keep its own endpoint.
         self.links: dict[Link, LinkEndpoint] = {}
+        # The same by the link's C object, for the delivery fast path (flush), which reads
+        # a delivery's link without wrapping it.
+        self._by_impl: dict[Any, LinkEndpoint] = {}
+        # Closed links' wrappers, let go here on the loop once nothing else holds them: an
+        # application drops a closed consumer or producer on its own thread, and a wrapper
+        # freed there runs proton's unsynchronised pn_decref beside the loop (see forget).
+        self._retired: list[Any] = []
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
@@ -252,8 +376,11 @@ class EngineConnection:
                     # Only the events _dispatch reads are wrapped in proton's Event (which
                     # wraps its connection, session, link, delivery and transport too):
                     # the engine's own (a transport event per output, local opens...) go
-                    # unwrapped, as do transport events once the connection is open.
-                    if kind in _DISPATCHED or (kind == _TRANSPORT and not self.opened.done()):
+                    # unwrapped, as do transport events once the connection is open, and
+                    # deliveries, the events of every message, take C calls alone.
+                    if kind == _DELIVERY:
+                        self._delivery(_event_delivery(impl))
+                    elif kind in _DISPATCHED or (kind == _TRANSPORT and not self.opened.done()):
                         self._dispatch(_wrap_event(impl))
                 finally:
                     _collector_pop(collector)
@@ -338,20 +465,6 @@ class EngineConnection:
                 endpoint.notify()
                 if endpoint.on_flow is not None:
                     endpoint.on_flow()
-        elif kind == Event.DELIVERY:
-            delivery = event.delivery
-            assert delivery is not None
-            endpoint = self.links.get(delivery.link)
-            if endpoint is None:
-                return
-            if delivery.link.is_receiver:
-                if endpoint.on_delivery is not None and delivery.readable and not delivery.partial:
-                    endpoint.on_delivery(delivery)
-            elif delivery.updated and delivery.remote_state:
-                future = endpoint.outcomes.pop(str(delivery.tag), None)
-                if future is not None and not future.done():
-                    future.set_result((delivery.remote_state, delivery))
-                delivery.settle()
         elif kind == Event.TRANSPORT:
             outcome = self.sasl.outcome if self.sasl is not None else None
             if outcome not in (None, SASL.OK) and not self.opened.done():
@@ -369,6 +482,35 @@ class EngineConnection:
                 self.opened.set_exception(
                     self.error or JMSException(_describe(condition, "the broker closed"))
                 )
+
+    def _delivery(self, delivery: Any) -> None:
+        """A delivery event, through C calls alone: an incoming message complete (handed to
+        its consumer as the C object), or an outgoing one's outcome (its future's result)."""
+        endpoint = self._by_impl.get(_delivery_link(delivery))
+        if endpoint is None:
+            return
+        if endpoint.receiver:
+            on_delivery = endpoint.on_delivery
+            if (
+                on_delivery is not None
+                and _delivery_readable(delivery)
+                and not _delivery_partial(delivery)
+            ):
+                on_delivery(delivery)
+        elif _delivery_updated(delivery):
+            state = _delivery_remote_state(delivery)
+            if state:
+                future = endpoint.outcomes.pop(delivery_tag(delivery), None)
+                if future is not None and not future.done():
+                    future.set_result(_outcome(delivery, state))
+                delivery_settle(delivery)
+
+    def forget(self, link: Link) -> None:
+        """A closed link: no longer routed to; its wrapper retired (see ``_retired``)."""
+        self.links.pop(link, None)
+        self._by_impl.pop(link._impl, None)
+        self._retired.append(link)
+        self._retired = _held_elsewhere(self._retired)  # the others go now, on the loop
 
     def _died(self, error: JMSException) -> None:
         if self.dead:
@@ -401,6 +543,7 @@ class EngineConnection:
         self.check()
         endpoint = LinkEndpoint(self, link)
         self.links[link] = endpoint
+        self._by_impl[link._impl] = endpoint
         link.open()
         self.flush()
         try:
@@ -409,6 +552,7 @@ class EngineConnection:
             raise JMSException(f"no attach for link {link.name} within {self.timeout}s") from None
         except JMSException:
             self.links.pop(link, None)
+            self._by_impl.pop(link._impl, None)
             raise
         return endpoint
 
@@ -433,6 +577,21 @@ class EngineConnection:
             self.reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.reader_task
+
+
+def _held_elsewhere(objects: list[Any]) -> list[Any]:
+    """Those of ``objects`` that something besides the list holds."""
+    counts = _reference_counts(objects)
+    return [item for item, count in zip(objects, counts, strict=True) if count > _ALONE]
+
+
+def _reference_counts(objects: list[Any]) -> list[int]:
+    return [sys.getrefcount(item) for item in objects]
+
+
+# What _reference_counts says of an object only its list holds (measured: the list's, the
+# comprehension variable's and getrefcount's argument's references vary across versions).
+(_ALONE,) = _reference_counts([object()])
 
 
 def _refused_attach(link: Link) -> bool:
