@@ -40,6 +40,8 @@ from kittiwake.jms.engine import (
     delivery_update,
     hold_delivery,
     link_advance,
+    link_credit,
+    link_get_drain,
     link_snd_settle_mode,
     new_transfer,
     put_symbols,
@@ -1464,10 +1466,14 @@ class MessageConsumer:
         self._top_up()
 
     def _top_up(self) -> None:
-        if self.closed or self.prefetch == 0 or self.link.drain_mode:
+        if self.closed or self.prefetch == 0:
             return
-        want = self.prefetch - self.link.credit - self.outstanding
-        if want > 0 and (want >= max(1, self.prefetch // 4) or self.link.credit == 0):
+        link = self.link._impl
+        if link_get_drain(link):
+            return
+        credit = link_credit(link)
+        want = self.prefetch - credit - self.outstanding
+        if want > 0 and (want >= max(1, self.prefetch // 4) or credit == 0):
             self.link.flow(want)
             self.session.engine.flush()
 

@@ -67,6 +67,13 @@ delivery_update: Callable[[Any, int], None] = _lib.pn_delivery_update
 delivery_settle: Callable[[Any], None] = _lib.pn_delivery_settle
 link_advance: Callable[[Any], bool] = _lib.pn_link_advance
 link_snd_settle_mode: Callable[[Any], int] = _lib.pn_link_snd_settle_mode
+link_credit: Callable[[Any], int] = _lib.pn_link_credit
+link_get_drain: Callable[[Any], bool] = _lib.pn_link_get_drain
+_transport_capacity: Callable[[Any], int] = _lib.pn_transport_capacity
+_transport_push = _lib.pn_transport_push
+_transport_pending: Callable[[Any], int] = _lib.pn_transport_pending
+_transport_peek = _lib.pn_transport_peek
+_transport_pop = _lib.pn_transport_pop
 _link_recv = _lib.pn_link_recv
 _link_send = _lib.pn_link_send
 _new_delivery = _lib.pn_delivery
@@ -254,6 +261,7 @@ class EngineConnection:
         self.timeout = timeout
         self.connection = Connection()
         self.transport = Transport()
+        self._transport_impl = self.transport._impl
         self.collector = Collector()
         self._collector_impl = self.collector._impl
         self.connection.collect(self.collector)
@@ -342,15 +350,8 @@ class EngineConnection:
                 data = await reader.read(_READ_SIZE)
                 if not data:
                     break
-                view = memoryview(data)
-                while view:
-                    capacity = self.transport.capacity()
-                    if capacity <= 0:
-                        break
-                    chunk = bytes(view[:capacity])
-                    self.transport.push(chunk)
-                    view = view[len(chunk) :]
-                    self.flush()
+                if not self._push(data):
+                    break
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -359,6 +360,24 @@ class EngineConnection:
                     self.transport.close_tail()
                 self.flush()
                 self._died(self.error or JMSException("the connection to the broker was lost"))
+
+    def _push(self, data: bytes) -> bool:
+        """Hand what was read to the engine, processing it as it goes; False: the engine
+        takes no more (its input is closed, or it failed)."""
+        transport = self._transport_impl
+        offset = 0
+        size = len(data)
+        while offset < size:
+            capacity = _transport_capacity(transport)
+            if capacity <= 0:
+                return False
+            chunk = data if offset == 0 and capacity >= size else data[offset : offset + capacity]
+            taken = _transport_push(transport, chunk, len(chunk))
+            if taken < 0:
+                return False
+            offset += len(chunk)
+            self.flush()
+        return True
 
     def flush(self) -> None:
         """Process the engine's events, then write what it has to send."""
@@ -390,16 +409,17 @@ class EngineConnection:
         writer = self.writer
         if writer is None or writer.is_closing():
             return
+        transport = self._transport_impl
         while True:
-            try:
-                pending = self.transport.pending()
-            except Exception:
-                break
+            pending = _transport_pending(transport)
             if pending <= 0:
+                break  # nothing, or the output is closed (PN_EOS) or failed
+            buffer = _scratch.at_least(pending)
+            got = _transport_peek(transport, buffer, pending)
+            if got <= 0:
                 break
-            out = self.transport.peek(pending) or b""
-            self.transport.pop(len(out))
-            writer.write(out)
+            _transport_pop(transport, got)
+            writer.write(bytes(_unpack(buffer, got)))
 
     def _settle_opens(self) -> None:
         waiting = self._pending_open

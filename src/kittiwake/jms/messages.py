@@ -5,6 +5,8 @@ pickle runs arbitrary code from the sender, so never enable it with untrusted pe
 
 from __future__ import annotations
 
+import itertools
+import os
 import pickle
 import struct
 import time
@@ -758,8 +760,28 @@ _BY_TYPE: dict[int, type[Message]] = {
 }
 
 
+class _MessageIds:
+    """Message ids as Qpid JMS makes them, a random prefix and a counter, not a uuid4 per
+    message (os.urandom: a system call per send, measured as a fifth of a send's CPU).
+    Unique per process; a forked child draws a prefix of its own."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self.prefix = f"ID:{uuid.uuid4()}:"
+        self.counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self.prefix}{next(self.counter)}"
+
+
+_ids = _MessageIds()
+os.register_at_fork(after_in_child=_ids.renew)
+
+
 def new_message_id() -> str:
-    return f"ID:{uuid.uuid4()}"
+    return _ids.next()
 
 
 def encode(
