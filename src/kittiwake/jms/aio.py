@@ -48,7 +48,7 @@ from kittiwake.jms.engine import (
     receive_transfer,
     release_delivery,
     settle_delivery,
-    wrap_delivery,
+    transactional_update,
 )
 from kittiwake.jms.exceptions import (
     IllegalStateException,
@@ -785,11 +785,8 @@ class Session(MessageFactory):
         received.delivery = None
         if delivery is not None:
             if not delivery_settled(delivery):
-                wrapper = wrap_delivery(delivery)  # a transactional state: proton encodes it
-                wrapper.local.data = [self.txn_id, Described(ulong(ACCEPTED_OUTCOME), [])]  # type: ignore[list-item]
-                wrapper.update(TRANSACTIONAL_STATE)
-                wrapper.settle()
-                del wrapper
+                transactional_update(delivery, self.txn_id, accepted=True)
+                delivery_settle(delivery)
             release_delivery(delivery)
         received.consumer._settled()
 
@@ -1252,10 +1249,7 @@ class MessageProducer:
         tag = str(next(self._tags)).encode()
         delivery = new_transfer(link, tag, data)
         if session.transacted:
-            wrapper = wrap_delivery(delivery)  # a transactional state: proton encodes it
-            wrapper.local.data = [session.txn_id]
-            wrapper.update(TRANSACTIONAL_STATE)
-            del wrapper
+            transactional_update(delivery, session.txn_id, accepted=False)
         link_advance(link)
         if link_snd_settle_mode(link) == Link.SND_SETTLED:
             delivery_settle(delivery)

@@ -23,6 +23,7 @@ from proton import (
     Connection,
     Data,
     Delivery,
+    Described,
     Endpoint,
     Event,
     Link,
@@ -33,6 +34,7 @@ from proton import (
     Terminus,
     Transport,
     symbol,
+    ulong,
 )
 
 from kittiwake.jms.exceptions import (
@@ -52,6 +54,11 @@ _wrap_delivery: Callable[[Any], Delivery] = Delivery.wrap
 _TRANSPORT: int = _lib.PN_TRANSPORT
 _DELIVERY: int = _lib.PN_DELIVERY
 _ACCEPTED: int = _lib.PN_ACCEPTED
+# AMQP 1.0 transactions (section 4.5): the transactional-state's descriptor, accepted's; the
+# remote states whose outcome is their data alone (declared, transactional).
+TRANSACTIONAL_STATE = 0x34
+_ACCEPTED_DESCRIPTOR = 0x24
+_DATA_ONLY = frozenset((0x33, TRANSACTIONAL_STATE))
 # A delivery's C calls (the fast path of flush and of the client's sends and settlements).
 _event_delivery: Callable[[Any], Any] = _lib.pn_event_delivery
 _delivery_link: Callable[[Any], Any] = _lib.pn_delivery_link
@@ -61,6 +68,7 @@ _delivery_updated: Callable[[Any], bool] = _lib.pn_delivery_updated
 _delivery_remote_state: Callable[[Any], int] = _lib.pn_delivery_remote_state
 _delivery_tag = _lib.pn_delivery_tag
 _delivery_local: Callable[[Any], Any] = _lib.pn_delivery_local
+_delivery_remote: Callable[[Any], Any] = _lib.pn_delivery_remote
 delivery_pending: Callable[[Any], int] = _lib.pn_delivery_pending
 delivery_settled: Callable[[Any], bool] = _lib.pn_delivery_settled
 delivery_update: Callable[[Any, int], None] = _lib.pn_delivery_update
@@ -81,6 +89,14 @@ _incref: Callable[[Any], Any] = _lib.pn_incref
 _decref: Callable[[Any], None] = _lib.pn_decref
 _set_failed: Callable[[Any, bool], None] = _lib.pn_disposition_set_failed
 _set_undeliverable: Callable[[Any, bool], None] = _lib.pn_disposition_set_undeliverable
+_disposition_data: Callable[[Any], Any] = _lib.pn_disposition_data
+_data_clear: Callable[[Any], None] = _lib.pn_data_clear
+_data_put_list: Callable[[Any], int] = _lib.pn_data_put_list
+_data_put_described: Callable[[Any], int] = _lib.pn_data_put_described
+_data_put_binary = _lib.pn_data_put_binary
+_data_put_ulong: Callable[[Any, int], int] = _lib.pn_data_put_ulong
+_data_enter: Callable[[Any], bool] = _lib.pn_data_enter
+_data_exit: Callable[[Any], bool] = _lib.pn_data_exit
 _unpack = _ffi.unpack
 _from_buffer = _ffi.from_buffer
 _new = _ffi.new
@@ -119,7 +135,14 @@ class Outcome(NamedTuple):
 def _outcome(delivery: Any, state: int) -> Outcome:
     if state == _ACCEPTED:
         return Outcome(state)
-    remote = _wrap_delivery(delivery).remote  # rare: a refusal, or a transaction's state
+    if state in _DATA_ONLY:  # a transactional send's (every one), a declare's: data alone
+        data = Data(_disposition_data(_delivery_remote(delivery)))
+        data.rewind()
+        data.next()
+        value = data.get_object()
+        data.rewind()
+        return Outcome(state, value)
+    remote = _wrap_delivery(delivery).remote  # rare: a refusal (its condition), a release...
     return Outcome(state, remote.data, remote.condition)
 
 
@@ -189,10 +212,33 @@ def settle_delivery(delivery: Any, state: int, *, failed: bool = False,
     delivery_settle(delivery)
 
 
-def wrap_delivery(delivery: Any) -> Delivery:
-    """proton's wrapper, for what the fast path does not do (a transactional state); let it
-    go on the loop's thread."""
-    return _wrap_delivery(delivery)
+
+
+def transactional_update(delivery: Any, txn_id: Any, *, accepted: bool) -> None:
+    """Give ``delivery`` the transactional state of ``txn_id`` (``accepted``: with the
+    accepted outcome, a consumer's acknowledgement; else a send's) through C calls: the
+    same value proton's wrapper writes for ``[txn_id]`` / ``[txn_id, Described(0x24, [])]``."""
+    data = _disposition_data(_delivery_local(delivery))
+    _data_clear(data)
+    if type(txn_id) is not bytes:  # not what a broker gives (binary): proton encodes it
+        value: list[Any] = [txn_id]
+        if accepted:
+            value.append(Described(ulong(_ACCEPTED_DESCRIPTOR), []))
+        Data(data).put_object(value)
+    else:
+        _data_put_list(data)
+        _data_enter(data)
+        _data_put_binary(data, (len(txn_id), _from_buffer(txn_id)))
+        if accepted:
+            _data_put_described(data)
+            _data_enter(data)
+            _data_put_ulong(data, _ACCEPTED_DESCRIPTOR)
+            _data_put_list(data)
+            _data_exit(data)
+        _data_exit(data)
+    delivery_update(delivery, TRANSACTIONAL_STATE)
+
+
 
 
 class LinkEndpoint:
