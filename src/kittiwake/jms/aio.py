@@ -10,6 +10,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -41,7 +42,6 @@ from kittiwake.jms.engine import (
     hold_delivery,
     link_advance,
     link_credit,
-    link_get_drain,
     link_snd_settle_mode,
     new_transfer,
     put_symbols,
@@ -771,12 +771,21 @@ class Session(MessageFactory):
     # -- acknowledgement ----------------------------------------------------------------------
 
     def _settle(
-        self, received: Received, state: int, failed: bool = False, undeliverable: bool = False
+        self,
+        received: Received,
+        state: int,
+        failed: bool = False,
+        undeliverable: bool = False,
+        *,
+        unsettled: bool = False,
     ) -> None:
+        """``unsettled``: the caller just found it not settled by the broker."""
         delivery = received.delivery
         received.delivery = None  # let go here, on the loop (see Received)
         if delivery is not None:
-            settle_delivery(delivery, state, failed=failed, undeliverable=undeliverable)
+            settle_delivery(
+                delivery, state, failed=failed, undeliverable=undeliverable, unsettled=unsettled
+            )
             release_delivery(delivery)
         received.consumer._settled()
 
@@ -846,14 +855,14 @@ class Session(MessageFactory):
             self.engine.flush()
 
     def _acknowledged_by_return(self, received: Received) -> None:
-        if _remotely_settled(received):
-            return
+        """The callers found ``received`` not settled by the broker, in this same loop turn
+        (nothing can settle it meanwhile): not asked of the engine again."""
         if self.mode == AcknowledgeMode.DUPS_OK_ACKNOWLEDGE:
             self.lazy.append(received)
             if len(self.lazy) >= max(1, received.consumer.prefetch // 2):
                 self._flush_lazy()
         elif self.mode == AcknowledgeMode.AUTO_ACKNOWLEDGE:
-            self._settle(received, Delivery.ACCEPTED)
+            self._settle(received, Delivery.ACCEPTED, unsettled=True)
 
     def _after_listener(self, received: Received, ok: bool) -> None:
         if self.mode not in (AcknowledgeMode.AUTO_ACKNOWLEDGE, AcknowledgeMode.DUPS_OK_ACKNOWLEDGE):
@@ -895,11 +904,7 @@ class Session(MessageFactory):
             if running is self.loop:
                 acknowledge_here()
                 return
-
-            async def on_loop() -> None:
-                acknowledge_here()
-
-            asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result()
+            call_from_thread(self.loop, acknowledge_here)
 
         return acknowledge
 
@@ -1069,6 +1074,28 @@ class Transaction:
             await self.session.commit()
         else:
             await self.session.rollback()
+
+
+def call_from_thread(loop: asyncio.AbstractEventLoop, function: Callable[[], None]) -> None:
+    """Run ``function`` on ``loop`` (from another thread) and wait for it: a callback and a
+    bare lock, not a task and a concurrent Future (a thread's acknowledgement, receive()'s
+    hand-over). RuntimeError when the loop is closed; ``function``'s error is raised here."""
+    done = threading.Lock()
+    done.acquire()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            function()
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            done.release()
+
+    loop.call_soon_threadsafe(run)
+    done.acquire()
+    if failed:
+        raise failed[0]
 
 
 def _outcome_error(
@@ -1423,6 +1450,9 @@ class MessageConsumer:
         self._idle.set()
         self.build: Callable[[], Link] | None = None
         self.selector: str | None = None
+        # The link's drain flag as _drain sets it (read here, not asked of the engine, by
+        # every top-up).
+        self._drain_mode = False
         endpoint.on_delivery = self._arrived
 
     async def _reattach(self) -> None:
@@ -1433,6 +1463,7 @@ class MessageConsumer:
         waiter = self.endpoint.waiter
         self.endpoint = await self.session.engine.attach(self.build())
         self.link = self.endpoint.link  # type: ignore[assignment]
+        self._drain_mode = False  # a new link
         self.endpoint.on_delivery = self._arrived
         self.endpoint.waiter = waiter
         self._top_up()
@@ -1462,9 +1493,9 @@ class MessageConsumer:
     def _top_up(self) -> None:
         if self.closed or self.prefetch == 0:
             return
-        link = self.link._impl
-        if link_get_drain(link):
+        if self._drain_mode:
             return
+        link = self.link._impl
         credit = link_credit(link)
         want = self.prefetch - credit - self.outstanding
         if want > 0 and (want >= max(1, self.prefetch // 4) or credit == 0):
@@ -1588,6 +1619,7 @@ class MessageConsumer:
         """Ask the broker for what it has now (drain); True when something arrived."""
         link = self.link
         before = len(self.buffer)
+        self._drain_mode = True
         if self.prefetch == 0 and link.credit == 0:
             link.drain(1)
         else:
@@ -1604,6 +1636,7 @@ class MessageConsumer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.endpoint.changed.wait(), remaining)
         link.drain_mode = False
+        self._drain_mode = False
         arrived = len(self.buffer) > before
         self._top_up()
         self.session.engine.flush()

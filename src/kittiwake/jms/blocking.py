@@ -57,24 +57,7 @@ class _IOThread:
         if threading.current_thread() is self.thread:
             function()
             return
-        # A bare lock, not a concurrent Future (its condition, state and callbacks): this runs
-        # once per AUTO_ACKNOWLEDGE receive().
-        done = threading.Lock()
-        done.acquire()
-        failed: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                function()
-            except BaseException as exc:
-                failed.append(exc)
-            finally:
-                done.release()
-
-        self.loop.call_soon_threadsafe(run)
-        done.acquire()
-        if failed:
-            raise failed[0]
+        aio.call_from_thread(self.loop, function)  # once per AUTO_ACKNOWLEDGE receive()
 
     def call(self, function: Callable[[], T]) -> T:
         """Run plain engine-touching code on the loop (the engine is not thread-safe)."""

@@ -76,7 +76,6 @@ delivery_settle: Callable[[Any], None] = _lib.pn_delivery_settle
 link_advance: Callable[[Any], bool] = _lib.pn_link_advance
 link_snd_settle_mode: Callable[[Any], int] = _lib.pn_link_snd_settle_mode
 link_credit: Callable[[Any], int] = _lib.pn_link_credit
-link_get_drain: Callable[[Any], bool] = _lib.pn_link_get_drain
 _transport_capacity: Callable[[Any], int] = _lib.pn_transport_capacity
 _transport_push = _lib.pn_transport_push
 _transport_pending: Callable[[Any], int] = _lib.pn_transport_pending
@@ -197,10 +196,17 @@ def release_delivery(delivery: Any) -> None:
     _decref(delivery)
 
 
-def settle_delivery(delivery: Any, state: int, *, failed: bool = False,
-                    undeliverable: bool = False) -> None:
-    """Settle an incoming delivery with ``state`` unless it is settled already (presettled)."""
-    if delivery_settled(delivery):
+def settle_delivery(
+    delivery: Any,
+    state: int,
+    *,
+    failed: bool = False,
+    undeliverable: bool = False,
+    unsettled: bool = False,
+) -> None:
+    """Settle an incoming delivery with ``state`` unless the broker settled it already
+    (presettled; ``unsettled``: the caller knows it did not)."""
+    if not unsettled and delivery_settled(delivery):
         return
     if failed or undeliverable:
         local = _delivery_local(delivery)
