@@ -297,6 +297,8 @@ class Connection:
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect(error))
             return
         self._set_state(ConnectionState.FAILED)
+        for session in self.sessions:
+            session._release_deliveries()
         if self.exception_listener is not None:
             self.exception_listener(error)
 
@@ -553,12 +555,7 @@ class Session(MessageFactory):
     def _connection_lost(self) -> None:
         """Deliveries of the lost connection cannot be acknowledged any more: the broker
         delivers them again (redelivered); a transaction in progress is lost."""
-        for received in self.unacked:
-            _forget(received)
-        for received in self.lazy:
-            _forget(received)
-        for received, _ in self._posted:
-            _forget(received)
+        self._release_deliveries()
         self.unacked.clear()
         self.lazy.clear()
         self._posted.clear()
@@ -568,10 +565,21 @@ class Session(MessageFactory):
             for producer in self.producers:
                 producer._outbox.clear()  # rolled back with the connection, never resent
         for consumer in self.consumers:
-            for received in consumer.buffer:
-                _forget(received)
             consumer.buffer.clear()
             consumer.outstanding = 0
+
+    def _release_deliveries(self) -> None:
+        """Let go (on the loop) of the deliveries this session's messages still hold, when
+        they can no longer be settled (the connection is gone, or the session closed)."""
+        for received in self.unacked:
+            _forget(received)
+        for received in self.lazy:
+            _forget(received)
+        for received, _ in self._posted:
+            _forget(received)
+        for consumer in self.consumers:
+            for received in consumer.buffer:
+                _forget(received)
 
     async def _reopen(self, engine: EngineConnection) -> None:
         self.engine = engine
@@ -1039,6 +1047,7 @@ class Session(MessageFactory):
         if self.coordinator is not None:
             await self.coordinator.close()
         self.closed = True
+        self._release_deliveries()  # unacknowledged ones: the broker delivers them again
         if not self.engine.dead:
             self.proton_session.close()
             self.engine.flush()
@@ -1730,6 +1739,9 @@ class MessageConsumer:
             if self.session.lazy:
                 self.session._flush_lazy()
             await self.endpoint.close(detach=self.durable)
+        else:
+            for received in self.buffer:
+                _forget(received)
         with contextlib.suppress(ValueError):
             self.session.consumers.remove(self)
 
