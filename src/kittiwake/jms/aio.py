@@ -10,6 +10,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -31,7 +32,24 @@ from kittiwake.jms.destinations import (
     TemporaryTopic,
     Topic,
 )
-from kittiwake.jms.engine import EngineConnection, LinkEndpoint, Outcome, put_symbols
+from kittiwake.jms.engine import (
+    EngineConnection,
+    LinkEndpoint,
+    Outcome,
+    delivery_settle,
+    delivery_settled,
+    delivery_update,
+    hold_delivery,
+    link_advance,
+    link_credit,
+    link_snd_settle_mode,
+    new_transfer,
+    put_symbols,
+    receive_transfer,
+    release_delivery,
+    settle_delivery,
+    transactional_update,
+)
 from kittiwake.jms.exceptions import (
     IllegalStateException,
     InvalidClientIDException,
@@ -279,6 +297,8 @@ class Connection:
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect(error))
             return
         self._set_state(ConnectionState.FAILED)
+        for session in self.sessions:
+            session._release_deliveries()
         if self.exception_listener is not None:
             self.exception_listener(error)
 
@@ -459,11 +479,33 @@ class TemporaryNode:
 
 @dataclass(slots=True)
 class Received:
-    """A message the broker delivered to a consumer, with its wire delivery."""
+    """A message the broker delivered to a consumer, with its wire delivery.
+
+    ``delivery`` is the delivery's C object (no proton wrapper: engine.hold_delivery keeps
+    it), let go and set to None once settled here (``Session._settle``, ``_forget``) on the
+    loop: a Received may be let go last by the application's thread (the blocking receive()
+    takes it there), and a reference dropped on another thread runs proton's unsynchronised
+    pn_decref beside the loop's engine calls (seen: crashes). ``presettled`` is read on that
+    thread instead of the delivery."""
 
     consumer: MessageConsumer
-    delivery: Delivery
+    delivery: Any
     message: Message
+    presettled: bool
+
+
+def _remotely_settled(received: Received) -> bool:
+    """Settled by the broker (presettled), or already here: nothing to acknowledge."""
+    delivery = received.delivery
+    return delivery is None or bool(delivery_settled(delivery))
+
+
+def _forget(received: Received) -> None:
+    """Let go of ``received``'s delivery without settling it (on the loop; see Received)."""
+    delivery = received.delivery
+    received.delivery = None
+    if delivery is not None:
+        release_delivery(delivery)
 
 
 class Session(MessageFactory):
@@ -513,6 +555,7 @@ class Session(MessageFactory):
     def _connection_lost(self) -> None:
         """Deliveries of the lost connection cannot be acknowledged any more: the broker
         delivers them again (redelivered); a transaction in progress is lost."""
+        self._release_deliveries()
         self.unacked.clear()
         self.lazy.clear()
         self._posted.clear()
@@ -524,6 +567,19 @@ class Session(MessageFactory):
         for consumer in self.consumers:
             consumer.buffer.clear()
             consumer.outstanding = 0
+
+    def _release_deliveries(self) -> None:
+        """Let go (on the loop) of the deliveries this session's messages still hold, when
+        they can no longer be settled (the connection is gone, or the session closed)."""
+        for received in self.unacked:
+            _forget(received)
+        for received in self.lazy:
+            _forget(received)
+        for received, _ in self._posted:
+            _forget(received)
+        for consumer in self.consumers:
+            for received in consumer.buffer:
+                _forget(received)
 
     async def _reopen(self, engine: EngineConnection) -> None:
         self.engine = engine
@@ -722,21 +778,33 @@ class Session(MessageFactory):
 
     # -- acknowledgement ----------------------------------------------------------------------
 
-    def _settle(self, received: Received, state: int, failed: bool = False) -> None:
+    def _settle(
+        self,
+        received: Received,
+        state: int,
+        failed: bool = False,
+        undeliverable: bool = False,
+        *,
+        unsettled: bool = False,
+    ) -> None:
+        """``unsettled``: the caller just found it not settled by the broker."""
         delivery = received.delivery
-        if not delivery.settled:
-            if state == Delivery.MODIFIED:
-                delivery.local.failed = failed
-            delivery.update(state)
-            delivery.settle()
+        received.delivery = None  # let go here, on the loop (see Received)
+        if delivery is not None:
+            settle_delivery(
+                delivery, state, failed=failed, undeliverable=undeliverable, unsettled=unsettled
+            )
+            release_delivery(delivery)
         received.consumer._settled()
 
     def _transactional_accept(self, received: Received) -> None:
         delivery = received.delivery
-        if not delivery.settled:
-            delivery.local.data = [self.txn_id, Described(ulong(ACCEPTED_OUTCOME), [])]  # type: ignore[list-item]
-            delivery.update(TRANSACTIONAL_STATE)
-            delivery.settle()
+        received.delivery = None
+        if delivery is not None:
+            if not delivery_settled(delivery):
+                transactional_update(delivery, self.txn_id, accepted=True)
+                delivery_settle(delivery)
+            release_delivery(delivery)
         received.consumer._settled()
 
     def _post(self, received: Received, *, expired: bool) -> None:
@@ -776,11 +844,12 @@ class Session(MessageFactory):
         a message (``listener``: before the listener runs, else as receive() returns)."""
         mode = self.mode
         message = received.message
-        if received.delivery.settled or received.consumer.browse:
+        if _remotely_settled(received) or received.consumer.browse:
             if received.consumer.browse:
                 self._settle(received, Delivery.ACCEPTED)
             else:
-                received.consumer._settled()  # presettled: nothing to acknowledge
+                _forget(received)  # presettled: nothing to acknowledge (see Received)
+                received.consumer._settled()
         elif mode == AcknowledgeMode.SESSION_TRANSACTED:
             self._transactional_accept(received)
         elif mode == AcknowledgeMode.PRE_ACKNOWLEDGE:
@@ -794,19 +863,19 @@ class Session(MessageFactory):
             self.engine.flush()
 
     def _acknowledged_by_return(self, received: Received) -> None:
-        if received.delivery.settled:
-            return
+        """The callers found ``received`` not settled by the broker, in this same loop turn
+        (nothing can settle it meanwhile): not asked of the engine again."""
         if self.mode == AcknowledgeMode.DUPS_OK_ACKNOWLEDGE:
             self.lazy.append(received)
             if len(self.lazy) >= max(1, received.consumer.prefetch // 2):
                 self._flush_lazy()
         elif self.mode == AcknowledgeMode.AUTO_ACKNOWLEDGE:
-            self._settle(received, Delivery.ACCEPTED)
+            self._settle(received, Delivery.ACCEPTED, unsettled=True)
 
     def _after_listener(self, received: Received, ok: bool) -> None:
         if self.mode not in (AcknowledgeMode.AUTO_ACKNOWLEDGE, AcknowledgeMode.DUPS_OK_ACKNOWLEDGE):
             return
-        if received.delivery.settled:
+        if _remotely_settled(received):
             return
         if ok:
             self._acknowledged_by_return(received)
@@ -843,11 +912,7 @@ class Session(MessageFactory):
             if running is self.loop:
                 acknowledge_here()
                 return
-
-            async def on_loop() -> None:
-                acknowledge_here()
-
-            asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result()
+            call_from_thread(self.loop, acknowledge_here)
 
         return acknowledge
 
@@ -885,19 +950,18 @@ class Session(MessageFactory):
 
     # -- transactions -------------------------------------------------------------------------
 
-    async def _control(self, body: Described) -> tuple[int, Delivery]:
+    async def _control(self, body: Described) -> Outcome:
         assert self.coordinator is not None
         endpoint = self.coordinator
         link = endpoint.link
         await _wait_credit(endpoint)
-        tag = str(next(self._tags))
-        delivery = link.delivery(tag)
-        future: asyncio.Future[tuple[int, Delivery]] = asyncio.get_running_loop().create_future()
+        tag = str(next(self._tags)).encode()
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         endpoint.outcomes[tag] = future
-        link.send(ProtonMessage(body=body).encode())
-        link.advance()
+        link_impl = link._impl
+        new_transfer(link_impl, tag, bytes(ProtonMessage(body=body).encode()))
+        link_advance(link_impl)
         self.engine.flush()
-        del delivery
         return await asyncio.wait_for(future, self.engine.timeout)
 
     async def _sends_done(self) -> None:
@@ -909,12 +973,12 @@ class Session(MessageFactory):
                 await asyncio.wait(list(producer._pending), timeout=self.engine.timeout)
 
     async def _declare(self) -> None:
-        state, delivery = await self._control(Described(symbol("amqp:declare:list"), [None]))
-        if state != DECLARED:
-            raise _outcome_error(state, delivery, "the broker refused to declare a transaction")
-        self.txn_id = delivery.remote.data[0]  # type: ignore[index]
+        outcome = await self._control(Described(symbol("amqp:declare:list"), [None]))
+        if outcome.state != DECLARED:
+            raise _outcome_error(outcome, "the broker refused to declare a transaction")
+        self.txn_id = outcome.data[0]
 
-    async def _discharge(self, fail: bool) -> tuple[int, Delivery]:
+    async def _discharge(self, fail: bool) -> Outcome:
         return await self._control(Described(symbol("amqp:discharge:list"), [self.txn_id, fail]))
 
     async def commit(self) -> None:
@@ -938,13 +1002,13 @@ class Session(MessageFactory):
                 f"a send of the transaction failed, so it was rolled back: {failed}",
                 failed.error_code,
             )
-        state, delivery = await self._discharge(False)
+        outcome = await self._discharge(False)
         await self._declare()
-        if state != Delivery.ACCEPTED:
+        if outcome.state != Delivery.ACCEPTED:
             self._release_buffered()
             self._refill()
             raise _outcome_error(
-                state, delivery, "the transaction was rolled back", TransactionRolledBackException
+                outcome, "the transaction was rolled back", TransactionRolledBackException
             )
 
     async def rollback(self) -> None:
@@ -958,11 +1022,11 @@ class Session(MessageFactory):
         await self._sends_done()  # in this transaction, not the next
         self._failed_send = None
         self._release_buffered()
-        state, delivery = await self._discharge(True)
+        outcome = await self._discharge(True)
         await self._declare()
         self._refill()
-        if state != Delivery.ACCEPTED:
-            raise _outcome_error(state, delivery, "rollback failed")
+        if outcome.state != Delivery.ACCEPTED:
+            raise _outcome_error(outcome, "rollback failed")
 
     async def close(self) -> None:
         """Close consumers (waiting for a running listener) and producers; a transacted
@@ -983,6 +1047,7 @@ class Session(MessageFactory):
         if self.coordinator is not None:
             await self.coordinator.close()
         self.closed = True
+        self._release_deliveries()  # unacknowledged ones: the broker delivers them again
         if not self.engine.dead:
             self.proton_session.close()
             self.engine.flush()
@@ -1020,16 +1085,38 @@ class Transaction:
             await self.session.rollback()
 
 
+def call_from_thread(loop: asyncio.AbstractEventLoop, function: Callable[[], None]) -> None:
+    """Run ``function`` on ``loop`` (from another thread) and wait for it: a callback and a
+    bare lock, not a task and a concurrent Future (a thread's acknowledgement, receive()'s
+    hand-over). RuntimeError when the loop is closed; ``function``'s error is raised here."""
+    done = threading.Lock()
+    done.acquire()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            function()
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            done.release()
+
+    loop.call_soon_threadsafe(run)
+    done.acquire()
+    if failed:
+        raise failed[0]
+
+
 def _outcome_error(
-    state: int, delivery: Delivery, default: str, kind: type[JMSException] = JMSException
+    outcome: Outcome, default: str, kind: type[JMSException] = JMSException
 ) -> JMSException:
-    condition = delivery.remote.condition
+    condition = outcome.condition
     if condition is not None:
         error = from_condition(condition.name, condition.description, kind)
         if kind is TransactionRolledBackException and not isinstance(error, kind):
             return kind(str(error), error.error_code)
         return error
-    return kind(f"{default} (outcome {state})")
+    return kind(f"{default} (outcome {outcome.state})")
 
 
 async def _wait_credit(endpoint: LinkEndpoint) -> None:
@@ -1194,16 +1281,14 @@ class MessageProducer:
         """One transfer on the link (it has credit); the future of its outcome, None when it
         goes presettled. The caller flushes."""
         session = self.session
-        link = self.link
-        tag = str(next(self._tags))
-        delivery = link.delivery(tag)
-        link.send(data)
+        link = self.link._impl
+        tag = str(next(self._tags)).encode()
+        delivery = new_transfer(link, tag, data)
         if session.transacted:
-            delivery.local.data = [session.txn_id]
-            delivery.update(TRANSACTIONAL_STATE)
-        link.advance()
-        if link.snd_settle_mode == Link.SND_SETTLED:
-            delivery.settle()
+            transactional_update(delivery, session.txn_id, accepted=False)
+        link_advance(link)
+        if link_snd_settle_mode(link) == Link.SND_SETTLED:
+            delivery_settle(delivery)
             return None
         future: asyncio.Future[Outcome] = session.loop.create_future()
         self.endpoint.outcomes[tag] = future
@@ -1327,11 +1412,11 @@ def _send_error(result: Any) -> JMSException | None:
         if exc is not None:
             return exc if isinstance(exc, JMSException) else JMSException(str(exc))
         result = result.result()
-    state, delivery = result
+    state = result.state
     if state == Delivery.ACCEPTED:
         return None
     if state == TRANSACTIONAL_STATE:
-        data = delivery.remote.data
+        data = result.data
         outcome = data[1] if isinstance(data, list) and len(data) > 1 else None
         if isinstance(outcome, Described) and outcome.descriptor in (
             ulong(ACCEPTED_OUTCOME),
@@ -1339,7 +1424,7 @@ def _send_error(result: Any) -> JMSException | None:
         ):
             return None
         return TransactionRolledBackException("the transactional send was not accepted")
-    condition = delivery.remote.condition
+    condition = result.condition
     if condition is not None:
         return from_condition(condition.name, condition.description)
     return JMSException(f"the broker did not accept the message (outcome {state})")
@@ -1374,6 +1459,9 @@ class MessageConsumer:
         self._idle.set()
         self.build: Callable[[], Link] | None = None
         self.selector: str | None = None
+        # The link's drain flag as _drain sets it (read here, not asked of the engine, by
+        # every top-up).
+        self._drain_mode = False
         endpoint.on_delivery = self._arrived
 
     async def _reattach(self) -> None:
@@ -1384,26 +1472,27 @@ class MessageConsumer:
         waiter = self.endpoint.waiter
         self.endpoint = await self.session.engine.attach(self.build())
         self.link = self.endpoint.link  # type: ignore[assignment]
+        self._drain_mode = False  # a new link
         self.endpoint.on_delivery = self._arrived
         self.endpoint.waiter = waiter
         self._top_up()
 
-    def _arrived(self, delivery: Delivery) -> None:
-        link = self.link
-        data = link.recv(delivery.pending)
-        link.advance()
+    def _arrived(self, delivery: Any) -> None:
+        """A complete incoming delivery (its C object, valid for this call: held past it)."""
+        data = receive_transfer(self.link._impl, delivery)
         factory = self.session.connection.factory
         try:
             message = codec.decode(
-                data or b"", fallback=self.destination, allow_pickle=factory.allow_pickle
+                data, fallback=self.destination, allow_pickle=factory.allow_pickle
             )
         except Exception as exc:
             log.warning("undecodable message rejected: %s", exc)
-            delivery.update(Delivery.REJECTED)
-            delivery.settle()
+            delivery_update(delivery, Delivery.REJECTED)
+            delivery_settle(delivery)
             return
         self.outstanding += 1
-        self.buffer.append(Received(self, delivery, message))
+        presettled = bool(delivery_settled(delivery))
+        self.buffer.append(Received(self, hold_delivery(delivery), message, presettled))
         self.endpoint.notify()
 
     def _settled(self) -> None:
@@ -1411,10 +1500,14 @@ class MessageConsumer:
         self._top_up()
 
     def _top_up(self) -> None:
-        if self.closed or self.prefetch == 0 or self.link.drain_mode:
+        if self.closed or self.prefetch == 0:
             return
-        want = self.prefetch - self.link.credit - self.outstanding
-        if want > 0 and (want >= max(1, self.prefetch // 4) or self.link.credit == 0):
+        if self._drain_mode:
+            return
+        link = self.link._impl
+        credit = link_credit(link)
+        want = self.prefetch - credit - self.outstanding
+        if want > 0 and (want >= max(1, self.prefetch // 4) or credit == 0):
             self.link.flow(want)
             self.session.engine.flush()
 
@@ -1514,7 +1607,7 @@ class MessageConsumer:
                 return None
             expired = self._is_expired(received)
             try:
-                if expired or session.mode in _LATER_MODES or received.delivery.settled:
+                if expired or session.mode in _LATER_MODES or received.presettled:
                     session._post(received, expired=expired)
                 else:
                     run_on_loop(functools.partial(session._hand_over_now, received))
@@ -1524,11 +1617,10 @@ class MessageConsumer:
                 return received.message
 
     def _expire(self, received: Received) -> None:
-        delivery = received.delivery
-        if not delivery.settled:
-            delivery.local.undeliverable = True
-            self.session._settle(received, Delivery.MODIFIED, failed=True)
+        if not _remotely_settled(received):
+            self.session._settle(received, Delivery.MODIFIED, failed=True, undeliverable=True)
         else:
+            _forget(received)
             self._settled()
         self.session.engine.flush()
 
@@ -1536,6 +1628,7 @@ class MessageConsumer:
         """Ask the broker for what it has now (drain); True when something arrived."""
         link = self.link
         before = len(self.buffer)
+        self._drain_mode = True
         if self.prefetch == 0 and link.credit == 0:
             link.drain(1)
         else:
@@ -1552,6 +1645,7 @@ class MessageConsumer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.endpoint.changed.wait(), remaining)
         link.drain_mode = False
+        self._drain_mode = False
         arrived = len(self.buffer) > before
         self._top_up()
         self.session.engine.flush()
@@ -1645,6 +1739,9 @@ class MessageConsumer:
             if self.session.lazy:
                 self.session._flush_lazy()
             await self.endpoint.close(detach=self.durable)
+        else:
+            for received in self.buffer:
+                _forget(received)
         with contextlib.suppress(ValueError):
             self.session.consumers.remove(self)
 

@@ -57,18 +57,7 @@ class _IOThread:
         if threading.current_thread() is self.thread:
             function()
             return
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                function()
-            except BaseException as exc:
-                done.set_exception(exc)
-            else:
-                done.set_result(None)
-
-        self.loop.call_soon_threadsafe(run)
-        done.result()
+        aio.call_from_thread(self.loop, function)  # once per AUTO_ACKNOWLEDGE receive()
 
     def call(self, function: Callable[[], T]) -> T:
         """Run plain engine-touching code on the loop (the engine is not thread-safe)."""

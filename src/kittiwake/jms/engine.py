@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import sys
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-from cproton_ffi import lib as _lib  # type: ignore[import-not-found]
+from cproton_ffi import ffi as _ffi  # type: ignore[import-not-found]
+from cproton_ffi import lib as _lib
 from proton import (
     SASL,
     UNDESCRIBED,
@@ -21,6 +23,7 @@ from proton import (
     Connection,
     Data,
     Delivery,
+    Described,
     Endpoint,
     Event,
     Link,
@@ -31,6 +34,7 @@ from proton import (
     Terminus,
     Transport,
     symbol,
+    ulong,
 )
 
 from kittiwake.jms.exceptions import (
@@ -46,7 +50,55 @@ _collector_peek: Callable[[Any], Any] = _lib.pn_collector_peek
 _collector_pop: Callable[[Any], Any] = _lib.pn_collector_pop
 _event_type: Callable[[Any], int] = _lib.pn_event_type
 _wrap_event: Callable[[Any], Event] = Event.wrap
+_wrap_delivery: Callable[[Any], Delivery] = Delivery.wrap
 _TRANSPORT: int = _lib.PN_TRANSPORT
+_DELIVERY: int = _lib.PN_DELIVERY
+_ACCEPTED: int = _lib.PN_ACCEPTED
+# AMQP 1.0 transactions (section 4.5): the transactional-state's descriptor, accepted's; the
+# remote states whose outcome is their data alone (declared, transactional).
+TRANSACTIONAL_STATE = 0x34
+_ACCEPTED_DESCRIPTOR = 0x24
+_DATA_ONLY = frozenset((0x33, TRANSACTIONAL_STATE))
+# A delivery's C calls (the fast path of flush and of the client's sends and settlements).
+_event_delivery: Callable[[Any], Any] = _lib.pn_event_delivery
+_delivery_link: Callable[[Any], Any] = _lib.pn_delivery_link
+_delivery_readable: Callable[[Any], bool] = _lib.pn_delivery_readable
+_delivery_partial: Callable[[Any], bool] = _lib.pn_delivery_partial
+_delivery_updated: Callable[[Any], bool] = _lib.pn_delivery_updated
+_delivery_remote_state: Callable[[Any], int] = _lib.pn_delivery_remote_state
+_delivery_tag = _lib.pn_delivery_tag
+_delivery_local: Callable[[Any], Any] = _lib.pn_delivery_local
+_delivery_remote: Callable[[Any], Any] = _lib.pn_delivery_remote
+delivery_pending: Callable[[Any], int] = _lib.pn_delivery_pending
+delivery_settled: Callable[[Any], bool] = _lib.pn_delivery_settled
+delivery_update: Callable[[Any, int], None] = _lib.pn_delivery_update
+delivery_settle: Callable[[Any], None] = _lib.pn_delivery_settle
+link_advance: Callable[[Any], bool] = _lib.pn_link_advance
+link_snd_settle_mode: Callable[[Any], int] = _lib.pn_link_snd_settle_mode
+link_credit: Callable[[Any], int] = _lib.pn_link_credit
+_transport_capacity: Callable[[Any], int] = _lib.pn_transport_capacity
+_transport_push = _lib.pn_transport_push
+_transport_pending: Callable[[Any], int] = _lib.pn_transport_pending
+_transport_peek = _lib.pn_transport_peek
+_transport_pop = _lib.pn_transport_pop
+_link_recv = _lib.pn_link_recv
+_link_send = _lib.pn_link_send
+_new_delivery = _lib.pn_delivery
+_incref: Callable[[Any], Any] = _lib.pn_incref
+_decref: Callable[[Any], None] = _lib.pn_decref
+_set_failed: Callable[[Any, bool], None] = _lib.pn_disposition_set_failed
+_set_undeliverable: Callable[[Any, bool], None] = _lib.pn_disposition_set_undeliverable
+_disposition_data: Callable[[Any], Any] = _lib.pn_disposition_data
+_data_clear: Callable[[Any], None] = _lib.pn_data_clear
+_data_put_list: Callable[[Any], int] = _lib.pn_data_put_list
+_data_put_described: Callable[[Any], int] = _lib.pn_data_put_described
+_data_put_binary = _lib.pn_data_put_binary
+_data_put_ulong: Callable[[Any, int], int] = _lib.pn_data_put_ulong
+_data_enter: Callable[[Any], bool] = _lib.pn_data_enter
+_data_exit: Callable[[Any], bool] = _lib.pn_data_exit
+_unpack = _ffi.unpack
+_from_buffer = _ffi.from_buffer
+_new = _ffi.new
 # The event types _dispatch acts on (PN_TRANSPORT only before the open: see flush).
 _DISPATCHED: frozenset[int] = frozenset(
     (
@@ -56,7 +108,6 @@ _DISPATCHED: frozenset[int] = frozenset(
         _lib.PN_LINK_REMOTE_CLOSE,
         _lib.PN_LINK_REMOTE_DETACH,
         _lib.PN_LINK_FLOW,
-        _lib.PN_DELIVERY,
         _lib.PN_TRANSPORT_ERROR,
         _lib.PN_TRANSPORT_CLOSED,
     )
@@ -68,8 +119,132 @@ ESTABLISHMENT_FAILED = "amqp:connection-establishment-failed"
 _READ_SIZE = 65536
 _names = itertools.count(1)
 
-# An outgoing delivery's outcome: the remote state code and the delivery (for its data).
-Outcome = tuple[int, Delivery]
+
+
+class Outcome(NamedTuple):
+    """An outgoing delivery's outcome as the broker gave it, read on the loop: its remote
+    state code, and (any outcome but accepted) that state's data and error condition. Plain
+    values, not the delivery's proton wrapper, which must not be let go on another thread."""
+
+    state: int
+    data: Any = None
+    condition: Condition | None = None
+
+
+def _outcome(delivery: Any, state: int) -> Outcome:
+    if state == _ACCEPTED:
+        return Outcome(state)
+    if state in _DATA_ONLY:  # a transactional send's (every one), a declare's: data alone
+        data = Data(_disposition_data(_delivery_remote(delivery)))
+        data.rewind()
+        data.next()
+        value = data.get_object()
+        data.rewind()
+        return Outcome(state, value)
+    remote = _wrap_delivery(delivery).remote  # rare: a refusal (its condition), a release...
+    return Outcome(state, remote.data, remote.condition)
+
+
+def delivery_tag(delivery: Any) -> bytes:
+    tag = _delivery_tag(delivery)
+    return bytes(_unpack(tag.start, tag.size))
+
+
+class _Scratch(threading.local):
+    """A C buffer a transfer's bytes are copied into, reused (one per thread: C calls release
+    the GIL); as kittiwake.amqp.engine_calls' (the client imports nothing of the broker)."""
+
+    def __init__(self) -> None:
+        self.size = 64 * 1024
+        self.buffer: Any = _new("char[]", self.size)
+
+    def at_least(self, size: int) -> Any:
+        if size > self.size:
+            self.size = max(size, 2 * self.size)
+            self.buffer = _new("char[]", self.size)
+        return self.buffer
+
+
+_scratch = _Scratch()
+
+
+def receive_transfer(link: Any, delivery: Any) -> bytes:
+    """The bytes of ``link``'s current incoming delivery; the link moves past it."""
+    size = delivery_pending(delivery)
+    buffer = _scratch.at_least(size)
+    got = _link_recv(link, buffer, size)
+    link_advance(link)
+    return b"" if got < 0 else bytes(_unpack(buffer, got))
+
+
+def new_transfer(link: Any, tag: bytes, data: bytes) -> Any:
+    """A new outgoing delivery on ``link`` holding ``data`` (not advanced yet: a
+    transactional state goes on it first); its C object."""
+    delivery = _new_delivery(link, (len(tag), _from_buffer(tag)))
+    _link_send(link, data, len(data))
+    return delivery
+
+
+def hold_delivery(delivery: Any) -> Any:
+    """Keep an incoming delivery's C object past its event (as proton's wrapper would, without
+    the wrapper); ``release_delivery`` lets it go, on the loop's thread."""
+    _incref(delivery)
+    return delivery
+
+
+def release_delivery(delivery: Any) -> None:
+    _decref(delivery)
+
+
+def settle_delivery(
+    delivery: Any,
+    state: int,
+    *,
+    failed: bool = False,
+    undeliverable: bool = False,
+    unsettled: bool = False,
+) -> None:
+    """Settle an incoming delivery with ``state`` unless the broker settled it already
+    (presettled; ``unsettled``: the caller knows it did not)."""
+    if not unsettled and delivery_settled(delivery):
+        return
+    if failed or undeliverable:
+        local = _delivery_local(delivery)
+        if failed:
+            _set_failed(local, True)
+        if undeliverable:
+            _set_undeliverable(local, True)
+    delivery_update(delivery, state)
+    delivery_settle(delivery)
+
+
+
+
+def transactional_update(delivery: Any, txn_id: Any, *, accepted: bool) -> None:
+    """Give ``delivery`` the transactional state of ``txn_id`` (``accepted``: with the
+    accepted outcome, a consumer's acknowledgement; else a send's) through C calls: the
+    same value proton's wrapper writes for ``[txn_id]`` / ``[txn_id, Described(0x24, [])]``."""
+    data = _disposition_data(_delivery_local(delivery))
+    _data_clear(data)
+    if type(txn_id) is not bytes:  # not what a broker gives (binary): proton encodes it
+        value: list[Any] = [txn_id]
+        if accepted:
+            value.append(Described(ulong(_ACCEPTED_DESCRIPTOR), []))
+        Data(data).put_object(value)
+    else:
+        _data_put_list(data)
+        _data_enter(data)
+        _data_put_binary(data, (len(txn_id), _from_buffer(txn_id)))
+        if accepted:
+            _data_put_described(data)
+            _data_enter(data)
+            _data_put_ulong(data, _ACCEPTED_DESCRIPTOR)
+            _data_put_list(data)
+            _data_exit(data)
+        _data_exit(data)
+    delivery_update(delivery, TRANSACTIONAL_STATE)
+
+
 
 
 class LinkEndpoint:
@@ -86,7 +261,8 @@ class LinkEndpoint:
         self.on_flow: Callable[[], None] | None = None  # a sender waiting for credit
         # A thread blocked in the blocking API's receive() on this link, woken with ``changed``.
         self.waiter: threading.Event | None = None
-        self.outcomes: dict[str, asyncio.Future[Outcome]] = {}
+        self.receiver = bool(link.is_receiver)
+        self.outcomes: dict[bytes, asyncio.Future[Outcome]] = {}  # by delivery tag
         self.error: JMSException | None = None
         self.detached = False
 
@@ -121,7 +297,7 @@ class LinkEndpoint:
         if not self.engine.dead:
             with contextlib.suppress(JMSException):
                 await asyncio.wait_for(asyncio.shield(self.closed), self.engine.timeout)
-        self.engine.links.pop(self.link, None)
+        self.engine.forget(self.link)
 
     def check(self) -> None:
         if self.error is not None:
@@ -137,6 +313,7 @@ class EngineConnection:
         self.timeout = timeout
         self.connection = Connection()
         self.transport = Transport()
+        self._transport_impl = self.transport._impl
         self.collector = Collector()
         self._collector_impl = self.collector._impl
         self.connection.collect(self.collector)
@@ -144,6 +321,13 @@ class EngineConnection:
         # several sessions may share a name (a durable subscription's, while a second attach
         # of it is being refused), and each must keep its own endpoint.
         self.links: dict[Link, LinkEndpoint] = {}
+        # The same by the link's C object, for the delivery fast path (flush), which reads
+        # a delivery's link without wrapping it.
+        self._by_impl: dict[Any, LinkEndpoint] = {}
+        # Closed links' wrappers, let go here on the loop once nothing else holds them: an
+        # application drops a closed consumer or producer on its own thread, and a wrapper
+        # freed there runs proton's unsynchronised pn_decref beside the loop (see forget).
+        self._retired: list[Any] = []
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
@@ -218,15 +402,8 @@ class EngineConnection:
                 data = await reader.read(_READ_SIZE)
                 if not data:
                     break
-                view = memoryview(data)
-                while view:
-                    capacity = self.transport.capacity()
-                    if capacity <= 0:
-                        break
-                    chunk = bytes(view[:capacity])
-                    self.transport.push(chunk)
-                    view = view[len(chunk) :]
-                    self.flush()
+                if not self._push(data):
+                    break
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -235,6 +412,24 @@ class EngineConnection:
                     self.transport.close_tail()
                 self.flush()
                 self._died(self.error or JMSException("the connection to the broker was lost"))
+
+    def _push(self, data: bytes) -> bool:
+        """Hand what was read to the engine, processing it as it goes; False: the engine
+        takes no more (its input is closed, or it failed)."""
+        transport = self._transport_impl
+        offset = 0
+        size = len(data)
+        while offset < size:
+            capacity = _transport_capacity(transport)
+            if capacity <= 0:
+                return False
+            chunk = data if offset == 0 and capacity >= size else data[offset : offset + capacity]
+            taken = _transport_push(transport, chunk, len(chunk))
+            if taken < 0:
+                return False
+            offset += len(chunk)
+            self.flush()
+        return True
 
     def flush(self) -> None:
         """Process the engine's events, then write what it has to send."""
@@ -252,8 +447,11 @@ class EngineConnection:
                     # Only the events _dispatch reads are wrapped in proton's Event (which
                     # wraps its connection, session, link, delivery and transport too):
                     # the engine's own (a transport event per output, local opens...) go
-                    # unwrapped, as do transport events once the connection is open.
-                    if kind in _DISPATCHED or (kind == _TRANSPORT and not self.opened.done()):
+                    # unwrapped, as do transport events once the connection is open, and
+                    # deliveries, the events of every message, take C calls alone.
+                    if kind == _DELIVERY:
+                        self._delivery(_event_delivery(impl))
+                    elif kind in _DISPATCHED or (kind == _TRANSPORT and not self.opened.done()):
                         self._dispatch(_wrap_event(impl))
                 finally:
                     _collector_pop(collector)
@@ -263,16 +461,17 @@ class EngineConnection:
         writer = self.writer
         if writer is None or writer.is_closing():
             return
+        transport = self._transport_impl
         while True:
-            try:
-                pending = self.transport.pending()
-            except Exception:
-                break
+            pending = _transport_pending(transport)
             if pending <= 0:
+                break  # nothing, or the output is closed (PN_EOS) or failed
+            buffer = _scratch.at_least(pending)
+            got = _transport_peek(transport, buffer, pending)
+            if got <= 0:
                 break
-            out = self.transport.peek(pending) or b""
-            self.transport.pop(len(out))
-            writer.write(out)
+            _transport_pop(transport, got)
+            writer.write(bytes(_unpack(buffer, got)))
 
     def _settle_opens(self) -> None:
         waiting = self._pending_open
@@ -338,20 +537,6 @@ class EngineConnection:
                 endpoint.notify()
                 if endpoint.on_flow is not None:
                     endpoint.on_flow()
-        elif kind == Event.DELIVERY:
-            delivery = event.delivery
-            assert delivery is not None
-            endpoint = self.links.get(delivery.link)
-            if endpoint is None:
-                return
-            if delivery.link.is_receiver:
-                if endpoint.on_delivery is not None and delivery.readable and not delivery.partial:
-                    endpoint.on_delivery(delivery)
-            elif delivery.updated and delivery.remote_state:
-                future = endpoint.outcomes.pop(str(delivery.tag), None)
-                if future is not None and not future.done():
-                    future.set_result((delivery.remote_state, delivery))
-                delivery.settle()
         elif kind == Event.TRANSPORT:
             outcome = self.sasl.outcome if self.sasl is not None else None
             if outcome not in (None, SASL.OK) and not self.opened.done():
@@ -369,6 +554,35 @@ class EngineConnection:
                 self.opened.set_exception(
                     self.error or JMSException(_describe(condition, "the broker closed"))
                 )
+
+    def _delivery(self, delivery: Any) -> None:
+        """A delivery event, through C calls alone: an incoming message complete (handed to
+        its consumer as the C object), or an outgoing one's outcome (its future's result)."""
+        endpoint = self._by_impl.get(_delivery_link(delivery))
+        if endpoint is None:
+            return
+        if endpoint.receiver:
+            on_delivery = endpoint.on_delivery
+            if (
+                on_delivery is not None
+                and _delivery_readable(delivery)
+                and not _delivery_partial(delivery)
+            ):
+                on_delivery(delivery)
+        elif _delivery_updated(delivery):
+            state = _delivery_remote_state(delivery)
+            if state:
+                future = endpoint.outcomes.pop(delivery_tag(delivery), None)
+                if future is not None and not future.done():
+                    future.set_result(_outcome(delivery, state))
+                delivery_settle(delivery)
+
+    def forget(self, link: Link) -> None:
+        """A closed link: no longer routed to; its wrapper retired (see ``_retired``)."""
+        self.links.pop(link, None)
+        self._by_impl.pop(link._impl, None)
+        self._retired.append(link)
+        self._retired = _held_elsewhere(self._retired)  # the others go now, on the loop
 
     def _died(self, error: JMSException) -> None:
         if self.dead:
@@ -401,6 +615,7 @@ class EngineConnection:
         self.check()
         endpoint = LinkEndpoint(self, link)
         self.links[link] = endpoint
+        self._by_impl[link._impl] = endpoint
         link.open()
         self.flush()
         try:
@@ -409,6 +624,7 @@ class EngineConnection:
             raise JMSException(f"no attach for link {link.name} within {self.timeout}s") from None
         except JMSException:
             self.links.pop(link, None)
+            self._by_impl.pop(link._impl, None)
             raise
         return endpoint
 
@@ -433,6 +649,21 @@ class EngineConnection:
             self.reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.reader_task
+
+
+def _held_elsewhere(objects: list[Any]) -> list[Any]:
+    """Those of ``objects`` that something besides the list holds."""
+    counts = _reference_counts(objects)
+    return [item for item, count in zip(objects, counts, strict=True) if count > _ALONE]
+
+
+def _reference_counts(objects: list[Any]) -> list[int]:
+    return [sys.getrefcount(item) for item in objects]
+
+
+# What _reference_counts says of an object only its list holds (measured: the list's, the
+# comprehension variable's and getrefcount's argument's references vary across versions).
+(_ALONE,) = _reference_counts([object()])
 
 
 def _refused_attach(link: Link) -> bool:

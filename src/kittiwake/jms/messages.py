@@ -5,6 +5,8 @@ pickle runs arbitrary code from the sender, so never enable it with untrusted pe
 
 from __future__ import annotations
 
+import itertools
+import os
 import pickle
 import struct
 import time
@@ -16,6 +18,7 @@ from typing import Any, ClassVar
 from proton import Message as ProtonMessage
 from proton import byte, float32, int32, short, symbol, timestamp
 
+from kittiwake.jms import wire
 from kittiwake.jms.destinations import Destination, destination_of
 from kittiwake.jms.exceptions import (
     MessageEOFException,
@@ -757,8 +760,28 @@ _BY_TYPE: dict[int, type[Message]] = {
 }
 
 
+class _MessageIds:
+    """Message ids as Qpid JMS makes them, a random prefix and a counter, not a uuid4 per
+    message (os.urandom: a system call per send, measured as a fifth of a send's CPU).
+    Unique per process; a forked child draws a prefix of its own."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self.prefix = f"ID:{uuid.uuid4()}:"
+        self.counter = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self.prefix}{next(self.counter)}"
+
+
+_ids = _MessageIds()
+os.register_at_fork(after_in_child=_ids.renew)
+
+
 def new_message_id() -> str:
-    return f"ID:{uuid.uuid4()}"
+    return _ids.next()
 
 
 def encode(
@@ -769,7 +792,98 @@ def encode(
     delivery_delay_ms: int,
     allow_pickle: bool,
 ) -> bytes:
-    """The AMQP message for ``message`` (its JMS headers already set by the producer)."""
+    """The AMQP message for ``message`` (its JMS headers already set by the producer):
+    written by kittiwake.jms.wire, or, for a value it does not write, by proton's Message
+    (the same bytes either way)."""
+    body, inferred, content_type = message._body_section(allow_pickle)
+    try:
+        return _encode_fast(message, address, destination, delivery_delay_ms, body, inferred,
+                            content_type)
+    except (wire.Unsupported, UnicodeEncodeError, struct.error, OverflowError):
+        return _encode_proton(message, address, destination, delivery_delay_ms, body, inferred,
+                              content_type)
+
+
+# The message annotations of a message without reply-to and delivery delay, by (message type,
+# destination type): every send of a producer uses one.
+_plain_annotations: dict[tuple[int, int], bytes] = {}
+
+
+def _annotations(
+    message: Message, destination: Destination, delivery_delay_ms: int
+) -> dict[symbol, Any]:
+    annotations: dict[symbol, Any] = {
+        JMS_MSG_TYPE: byte(message.msg_type),
+        JMS_DEST: byte(destination.type_code),
+    }
+    if message.jms_reply_to is not None:
+        annotations[JMS_REPLY_TO] = byte(message.jms_reply_to.type_code)
+    if delivery_delay_ms > 0:
+        # Absolute, as Qpid JMS sends it: the delay counts from the send, not the arrival.
+        annotations[DELIVERY_TIME] = timestamp(message.jms_delivery_time)
+    return annotations
+
+
+def _ttl_ms(message: Message) -> int:
+    """proton's ttl for the expiration (seconds as a float, at least a millisecond)."""
+    seconds = max(0.001, (message.jms_expiration - message.jms_timestamp) / 1000.0)
+    return int(seconds * 1000)
+
+
+def _encode_fast(
+    message: Message,
+    address: str | None,
+    destination: Destination,
+    delivery_delay_ms: int,
+    body: Any,
+    inferred: bool,
+    content_type: str | None,
+) -> bytes:
+    expiration = message.jms_expiration
+    header = wire.header_section(
+        message.jms_delivery_mode == DeliveryMode.PERSISTENT,
+        message.jms_priority,
+        _ttl_ms(message) if expiration else 0,
+    )
+    if message.jms_reply_to is None and delivery_delay_ms <= 0:
+        key = (message.msg_type, destination.type_code)
+        annotations = _plain_annotations.get(key)
+        if annotations is None:
+            annotations = _plain_annotations[key] = wire.map_section(
+                wire.MESSAGE_ANNOTATIONS, _annotations(message, destination, 0)
+            )
+    else:
+        annotations = wire.map_section(
+            wire.MESSAGE_ANNOTATIONS, _annotations(message, destination, delivery_delay_ms)
+        )
+    fields = wire.Fields()
+    fields.message_id = message.jms_message_id
+    fields.to = address
+    fields.subject = message.jms_type
+    if message.jms_reply_to is not None:
+        fields.reply_to = message.jms_reply_to.name
+    fields.correlation_id = message.jms_correlation_id
+    fields.content_type = content_type
+    fields.expiry_ms = expiration
+    fields.creation_ms = message.jms_timestamp
+    fields.group_id = message.group_id
+    properties = (
+        {k: to_amqp_value(v, t) for k, (v, t) in message._properties.items()}
+        if message._properties
+        else None
+    )
+    return wire.encode_message(header, annotations, fields, properties, body, inferred)
+
+
+def _encode_proton(
+    message: Message,
+    address: str | None,
+    destination: Destination,
+    delivery_delay_ms: int,
+    body: Any,
+    inferred: bool,
+    content_type: str | None,
+) -> bytes:
     out: Any = ProtonMessage()
     out.durable = message.jms_delivery_mode == DeliveryMode.PERSISTENT
     out.priority = message.jms_priority
@@ -784,20 +898,11 @@ def encode(
     out.subject = message.jms_type
     out.address = address
     out.group_id = message.group_id
-    annotations: dict[symbol, Any] = {
-        JMS_MSG_TYPE: byte(message.msg_type),
-        JMS_DEST: byte(destination.type_code),
-    }
     if message.jms_reply_to is not None:
         out.reply_to = message.jms_reply_to.name
-        annotations[JMS_REPLY_TO] = byte(message.jms_reply_to.type_code)
-    if delivery_delay_ms > 0:
-        # Absolute, as Qpid JMS sends it: the delay counts from the send, not the arrival.
-        annotations[DELIVERY_TIME] = timestamp(message.jms_delivery_time)
-    out.annotations = annotations
+    out.annotations = _annotations(message, destination, delivery_delay_ms)
     if message._properties:
         out.properties = {k: to_amqp_value(v, t) for k, (v, t) in message._properties.items()}
-    body, inferred, content_type = message._body_section(allow_pickle)
     out.body = body
     out.inferred = inferred
     if content_type is not None:
@@ -807,16 +912,19 @@ def encode(
 
 
 def decode(data: bytes, *, fallback: Destination | None, allow_pickle: bool) -> Message:
-    """A received AMQP message as the JMS message Qpid JMS would make of it; read-only."""
-    incoming: Any = ProtonMessage()
-    incoming.decode(data)
-    annotations: dict[Any, Any] = incoming.annotations or {}
+    """A received AMQP message as the JMS message Qpid JMS would make of it; read-only.
+    Read by kittiwake.jms.wire, or by proton's Message for what that does not read."""
+    try:
+        read = wire.read_message(data)
+    except (wire.Unsupported, ValueError, TypeError):
+        read = _read_proton(data)
+    annotations: dict[Any, Any] = read.annotations or {}
     kind = annotations.get(JMS_MSG_TYPE)
-    body = incoming.body
+    body = read.body
     if kind is None:
         if isinstance(body, str):
             kind = 5
-        elif isinstance(body, (bytes, memoryview)) or (body is None and incoming.inferred):
+        elif isinstance(body, (bytes, memoryview)) or (body is None and read.inferred):
             kind = 3
         elif isinstance(body, dict):
             kind = 2
@@ -826,37 +934,68 @@ def decode(data: bytes, *, fallback: Destination | None, allow_pickle: bool) -> 
             kind = 0 if body is None else 3
     cls = _BY_TYPE.get(int(kind), BytesMessage)
     message: Message = ObjectMessage(allow_pickle=allow_pickle) if cls is ObjectMessage else cls()
-    content_type = str(incoming.content_type) if incoming.content_type else None
+    content_type = str(read.content_type) if read.content_type else None
     message._read_body(body, content_type)
-    message.jms_message_id = None if incoming.id is None else str(incoming.id)
+    message.jms_message_id = None if read.message_id is None else str(read.message_id)
     message.jms_correlation_id = (
-        None if incoming.correlation_id is None else _text(incoming.correlation_id)
+        None if read.correlation_id is None else _text(read.correlation_id)
     )
-    message.jms_type = incoming.subject
-    message.jms_priority = int(incoming.priority if incoming.priority is not None else 4)
+    message.jms_type = read.subject
+    message.jms_priority = int(read.priority if read.priority is not None else 4)
     message.jms_delivery_mode = (
-        DeliveryMode.PERSISTENT if incoming.durable else DeliveryMode.NON_PERSISTENT
+        DeliveryMode.PERSISTENT if read.durable else DeliveryMode.NON_PERSISTENT
     )
-    message.delivery_count = int(incoming.delivery_count or 0) + 1
+    message.delivery_count = int(read.delivery_count or 0) + 1
     message.jms_redelivered = message.delivery_count > 1
-    message.jms_timestamp = round((incoming.creation_time or 0) * 1000)
-    message.jms_expiration = round((incoming.expiry_time or 0) * 1000)
+    message.jms_timestamp = read.creation_ms
+    message.jms_expiration = read.expiry_ms
     delivery_time = annotations.get(DELIVERY_TIME)
     message.jms_delivery_time = int(delivery_time) if delivery_time else message.jms_timestamp
-    message.group_id = incoming.group_id
+    message.group_id = read.group_id
     dest_type = annotations.get(JMS_DEST)
     message.jms_destination = (
-        destination_of(incoming.address, None if dest_type is None else int(dest_type)) or fallback
+        destination_of(read.to, None if dest_type is None else int(dest_type)) or fallback
     )
     reply_type = annotations.get(JMS_REPLY_TO)
     message.jms_reply_to = destination_of(
-        incoming.reply_to, None if reply_type is None else int(reply_type)
+        read.reply_to, None if reply_type is None else int(reply_type)
     )
-    for name, value in (incoming.properties or {}).items():
+    for name, value in (read.properties or {}).items():
         message._properties[str(name)] = typed_value(value)
     message._properties_read_only = True
     message._body_read_only = True
     return message
+
+
+def _read_proton(data: bytes) -> wire.Read:
+    """The fields as proton's Message gives them (what wire.read_message does not read)."""
+    incoming: Any = ProtonMessage()
+    incoming.decode(data)
+    read = wire.Read()
+    read.source = incoming  # its binaries are views into it: alive until decode() is done
+    read.durable = bool(incoming.durable)
+    read.priority = int(incoming.priority if incoming.priority is not None else 4)
+    read.delivery_count = int(incoming.delivery_count or 0)
+    read.annotations = incoming.annotations
+    read.message_id = _copied(incoming.id)
+    read.to = incoming.address
+    read.subject = incoming.subject
+    read.reply_to = incoming.reply_to
+    read.correlation_id = _copied(incoming.correlation_id)
+    read.content_type = incoming.content_type
+    # proton gives seconds (a float of the milliseconds on the wire).
+    read.expiry_ms = round((incoming.expiry_time or 0) * 1000)
+    read.creation_ms = round((incoming.creation_time or 0) * 1000)
+    read.group_id = incoming.group_id
+    read.properties = incoming.properties
+    read.body = incoming.body
+    read.inferred = bool(incoming.inferred)
+    return read
+
+
+def _copied(value: Any) -> Any:
+    """A binary id as bytes: proton's is a view into its decoder (whose str() was an address)."""
+    return bytes(value) if isinstance(value, memoryview) else value
 
 
 def _text(value: Any) -> str:

@@ -243,3 +243,23 @@ def test_prefetch_bounds_unacknowledged_messages(connect: Connect) -> None:
     other = other_session.create_consumer(queue)
     assert texts([other.receive(5), other.receive(5)]) == ["3", "4"]  # type: ignore[list-item]
     assert greedy.receive(0.2) is None
+
+
+def test_a_closed_session_lets_go_of_the_deliveries_it_never_acknowledged(
+    connect: Connect,
+) -> None:
+    """A received message keeps its delivery's C object (a reference the loop takes and
+    lets go): closing the session with messages unacknowledged lets go of them all, and
+    the broker has them again."""
+    connection = connect()
+    queue = Queue(unique("client-released"))
+    fill(connection, queue, "1", "2", "3")
+    session = connection.create_session(False, CLIENT_ACKNOWLEDGE)
+    consumer = session.create_consumer(queue)
+    assert texts([consumer.receive(5), consumer.receive(5)]) == ["1", "2"]  # type: ignore[list-item]
+    core = session.core
+    held = list(core.unacked) + [r for c in core.consumers for r in c.buffer]
+    assert len(held) >= 2 and all(received.delivery is not None for received in held)
+    session.close()
+    assert [received.delivery for received in held] == [None] * len(held)
+    assert texts(drain_queue(connection, queue)) == ["1", "2", "3"]
