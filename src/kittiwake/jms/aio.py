@@ -571,14 +571,16 @@ class Session(MessageFactory):
     def _release_deliveries(self) -> None:
         """Let go (on the loop) of the deliveries this session's messages still hold, when
         they can no longer be settled (the connection is gone, or the session closed)."""
-        for received in self.unacked:
+        # Over copies: each release is a C call that lets the application's thread run,
+        # and a blocking receive() takes from a consumer's buffer and posts meanwhile.
+        for received in list(self.unacked):
             _forget(received)
-        for received in self.lazy:
+        for received in list(self.lazy):
             _forget(received)
-        for received, _ in self._posted:
+        for received, _ in list(self._posted):
             _forget(received)
-        for consumer in self.consumers:
-            for received in consumer.buffer:
+        for consumer in list(self.consumers):
+            for received in list(consumer.buffer):
                 _forget(received)
 
     async def _reopen(self, engine: EngineConnection) -> None:
@@ -1480,6 +1482,10 @@ class MessageConsumer:
     def _arrived(self, delivery: Any) -> None:
         """A complete incoming delivery (its C object, valid for this call: held past it)."""
         data = receive_transfer(self.link._impl, delivery)
+        if data is None:  # aborted by its sender: dropped, its credit given back
+            delivery_settle(delivery)
+            self._top_up()
+            return
         factory = self.session.connection.factory
         try:
             message = codec.decode(
@@ -1721,6 +1727,8 @@ class MessageConsumer:
                 self._idle.set()
             if not session.engine.dead:
                 session._after_listener(received, ok)
+            else:
+                _forget(received)  # its connection is gone for good: nothing to settle
 
     async def close(self) -> None:
         """Waits for a running listener to return; unconsumed prefetched messages go back."""

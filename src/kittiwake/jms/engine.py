@@ -168,13 +168,14 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
-def receive_transfer(link: Any, delivery: Any) -> bytes:
-    """The bytes of ``link``'s current incoming delivery; the link moves past it."""
+def receive_transfer(link: Any, delivery: Any) -> bytes | None:
+    """The bytes of ``link``'s current incoming delivery; the link moves past it. None when
+    the sender aborted it (AMQP 1.0 2.6.12: nothing to deliver)."""
     size = delivery_pending(delivery)
     buffer = _scratch.at_least(size)
     got = _link_recv(link, buffer, size)
     link_advance(link)
-    return b"" if got < 0 else bytes(_unpack(buffer, got))
+    return None if got < 0 else bytes(_unpack(buffer, got))
 
 
 def new_transfer(link: Any, tag: bytes, data: bytes) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import pytest
+
 from kittiwake.jms import (
     AUTO_ACKNOWLEDGE,
     CLIENT_ACKNOWLEDGE,
@@ -15,12 +17,15 @@ from kittiwake.jms import (
     NON_PERSISTENT,
     PRE_ACKNOWLEDGE,
     Connection,
+    ConnectionFactory,
     Message,
     Queue,
     TextMessage,
+    aio,
 )
 
-from ..clients import unique
+from ..brokerproc import BrokerProcess
+from ..clients import unique, wait_until
 from .conftest import drain_queue, texts
 
 Connect = Callable[..., Connection]
@@ -263,3 +268,42 @@ def test_a_closed_session_lets_go_of_the_deliveries_it_never_acknowledged(
     session.close()
     assert [received.delivery for received in held] == [None] * len(held)
     assert texts(drain_queue(connection, queue)) == ["1", "2", "3"]
+
+
+def test_a_failing_connection_lets_go_of_deliveries_a_receive_takes_meanwhile(
+    broker: Callable[..., BrokerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the connection dies, the loop lets go of every prefetched delivery, one C call
+    each (each lets the application's thread run): a blocking receive() taking from the
+    buffer meanwhile must not break the failure path, whose end tells the exception
+    listener. The interleaving is forced: the first release runs a take from the buffer."""
+    process = broker(amqp=True, store={"backend": "memory"})
+    connection = ConnectionFactory(process.amqp_url, prefetch=100).create_connection()
+    heard: list[Exception] = []
+    connection.set_exception_listener(heard.append)
+    connection.start()
+    session = connection.create_session(False, CLIENT_ACKNOWLEDGE)
+    queue = Queue(unique("failing"))
+    producer = session.create_producer(queue)
+    for n in range(20):
+        producer.send(TextMessage(f"m{n}"))
+    consumer = session.create_consumer(queue)
+    core = session.core.consumers[0]
+    assert wait_until(lambda: len(core.buffer) == 20, timeout=10), len(core.buffer)
+    release = aio.release_delivery
+    taken: list[object] = []
+
+    def release_while_receiving(delivery: object) -> None:
+        if not taken:
+            # What a receive() on the application's thread does while the loop is in C.
+            take = threading.Thread(target=lambda: taken.append(core.buffer.popleft()))
+            take.start()
+            take.join()
+        release(delivery)
+
+    monkeypatch.setattr(aio, "release_delivery", release_while_receiving)
+    process.kill()
+    assert wait_until(lambda: heard, timeout=10), "the exception listener was never told"
+    assert taken
+    del consumer
+    connection.close()
