@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, Literal
@@ -455,7 +455,11 @@ class Queue:
 
     def expire(self, now: float) -> int:
         """Remove every waiting entry whose expiry has passed (a sweep for queues nobody
-        consumes); returns how many."""
+        consumes); returns how many. Runs every tick over every such queue: one that has
+        nothing expired (the usual case, most messages have no expiry) is only read, not
+        emptied and refilled."""
+        if not any(entry.message.expired(now) for entry in self._waiting()):
+            return 0
         removed = 0
         keep: list[QueuedMessage] = []
         for entry in self.drain():
@@ -513,6 +517,16 @@ class Queue:
             + [e for _, _, e in self._heap]
             + [e for _, _, e in self._delayed]
         )
+
+    def _waiting(self) -> Iterator[QueuedMessage]:
+        """The waiting entries in no guaranteed order, without copying them."""
+        for _, entry in self._returned:
+            yield entry
+        yield from self._ready or ()
+        for _, _, entry in self._heap:
+            yield entry
+        for _, _, entry in self._delayed:
+            yield entry
 
     def next_visible_time(self) -> float | None:
         return self._delayed[0][0] if self._delayed else None

@@ -115,6 +115,25 @@ def test_expired_entries_are_skipped_and_counted() -> None:
     assert q.bytes == 0
 
 
+def test_the_expiry_sweep_removes_only_what_expired_and_keeps_the_order() -> None:
+    """expire (the sweep of queues nobody consumes) takes the expired entries wherever they
+    wait (returned, ready, delayed) and leaves the rest in their order; with nothing expired
+    it changes nothing."""
+    q = queue()
+    q.push(entry(b"1", expiry=NOW + 100))
+    q.push(entry(b"dead", expiry=NOW + 1))
+    q.push(entry(b"2"))
+    q.push(entry(b"3", expiry=NOW + 100))
+    taken = q.pop(NOW)
+    assert taken is not None
+    q.push_front(taken)  # returned to the head, as a redelivery
+    assert q.expire(NOW) == 0
+    assert (q.count, q.counters.expired) == (4, 0)
+    assert q.expire(NOW + 50) == 1
+    assert q.counters.expired == 1
+    assert pop_all(q, NOW + 50) == [b"1", b"2", b"3"]
+
+
 def test_push_front_redelivers_ahead_of_the_rest() -> None:
     """push_front puts a taken entry back at the head (redelivery) and restores its bytes."""
     q = queue()
