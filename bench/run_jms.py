@@ -297,6 +297,8 @@ def summary(r: dict[str, Any]) -> str:
     errs = f" errors: {r['errors'][:3]}" if r.get("errors") else ""
     return (f"{rate}, {r['received']:,}/{r['expected']:,} delivered, lost {r['lost']}, "
             f"broker CPU {r['broker_cpu_pct'] or 0:.0f}%, gen CPU {r['gen_cpu_pct'] or 0:.0f}%"
+            f" (waiting for a CPU: broker {r.get('broker_wait_pct') or 0:.0f}%, "
+            f"gen {r.get('gen_wait_pct') or 0:.0f}%)"
             f"{extra}{errs}")
 
 

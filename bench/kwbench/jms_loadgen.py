@@ -29,6 +29,7 @@ import traceback
 from typing import Any
 
 from kwbench import jms_workloads
+from kwbench.runner import cpu_wait_seconds
 
 MAX_SAMPLES = 20_000  # latency samples one worker keeps (stride-sampled)
 
@@ -36,6 +37,12 @@ MAX_SAMPLES = 20_000  # latency samples one worker keeps (stride-sampled)
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def _waited() -> float:
+    """Seconds this process's threads spent runnable but waiting for a CPU: a client held
+    back by other load shows low CPU % while it is in fact starved."""
+    return cpu_wait_seconds(os.getpid())
 
 
 def worker_main(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any, release: Any
@@ -111,6 +118,7 @@ def _proton_producer(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any)
             self.first = 0
             self.last = 0
             self.cpu0 = 0.0
+            self.wait0 = 0.0
             self.errors: list[str] = []
             self.timed_out = False
 
@@ -129,6 +137,7 @@ def _proton_producer(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any)
                     self._finish()
                     return
                 self.cpu0 = _cpu()
+                self.wait0 = _waited()
                 self.first = time.monotonic_ns()
                 self.container.schedule(spec["deadline_s"], _Timer(self._deadline))
                 if spec["transacted"]:
@@ -216,6 +225,7 @@ def _proton_producer(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any)
             self.finished = True
             self.last = time.monotonic_ns()
             self.cpu1 = _cpu()
+            self.wait1 = _waited()
             self.conn.close()
             self.container.stop()
 
@@ -230,6 +240,8 @@ def _proton_producer(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any)
         "kind": "producer", "sent": producer.sent, "acked": producer.acked,
         "first_ns": producer.first, "last_ns": producer.last,
         "cpu_s": getattr(producer, "cpu1", _cpu()) - producer.cpu0 if producer.cpu0 else 0.0,
+        "wait_s": (getattr(producer, "wait1", _waited()) - producer.wait0
+                   if producer.cpu0 else 0.0),
         "timed_out": producer.timed_out, "errors": producer.errors}))
 
 
@@ -264,6 +276,8 @@ def _proton_consumers(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any
             self.progress = 0  # receive time of the latest message, for the idle timeout
             self.cpu0 = 0.0
             self.cpu1 = 0.0
+            self.wait0 = 0.0
+            self.wait1 = 0.0
             self.deadline = 0.0
             self.timed_out = False
             self.errors: list[str] = []
@@ -304,6 +318,7 @@ def _proton_consumers(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any
                     _finish()
                     return
                 group.cpu0 = _cpu()
+                group.wait0 = _waited()
                 group.progress = time.monotonic_ns()
                 group.deadline = time.monotonic() + spec["deadline_s"]
                 self.container.schedule(0.5, _Timer(_watch))
@@ -378,6 +393,7 @@ def _proton_consumers(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any
             return
         group.finished = True
         group.cpu1 = _cpu()
+        group.wait1 = _waited()
         for consumer in consumers:
             with contextlib.suppress(Exception):
                 consumer.conn.close()
@@ -391,6 +407,7 @@ def _proton_consumers(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any
         "per_consumer": [c.committed if transacted else c.received for c in consumers],
         "first_ns": group.first, "last_ns": group.last, "samples": samples.values,
         "cpu_s": (group.cpu1 - group.cpu0) if group.cpu0 else 0.0,
+        "wait_s": (group.wait1 - group.wait0) if group.cpu0 else 0.0,
         "timed_out": group.timed_out, "errors": group.errors}))
 
 
@@ -422,6 +439,7 @@ def _jms_producer(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) ->
         if not go.wait(spec["start_timeout_s"]):
             raise TimeoutError("no go within the start timeout")
         cpu0 = _cpu()
+        wait0 = _waited()
         first = time.monotonic_ns()
         end = time.monotonic() + spec["deadline_s"]
         timed_out = False
@@ -440,12 +458,14 @@ def _jms_producer(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) ->
         producer.close()  # waits for the outcomes of asynchronous (NON_PERSISTENT) sends
         last = time.monotonic_ns()
         cpu1 = _cpu()
+        wait1 = _waited()
     finally:
         with contextlib.suppress(Exception):
             connection.close()
     result_q.put(("result", spec["id"], {
         "kind": "producer", "sent": sent, "acked": acked if (transacted or spec["sync_send"])
         else None, "first_ns": first, "last_ns": last, "cpu_s": cpu1 - cpu0,
+        "wait_s": wait1 - wait0,
         "timed_out": timed_out, "errors": errors}))
 
 
@@ -474,6 +494,7 @@ def _jms_consumers(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -
         if not go.wait(spec["start_timeout_s"]):
             raise TimeoutError("no go within the start timeout")
         cpu0 = _cpu()
+        wait0 = _waited()
         end = time.monotonic() + spec["deadline_s"]
         lock = threading.Lock()  # only for the shared latency samples
 
@@ -516,6 +537,7 @@ def _jms_consumers(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -
         for thread in threads:
             thread.join(spec["start_timeout_s"] + spec["deadline_s"] + 30)
         cpu1 = _cpu()
+        wait1 = _waited()
     finally:
         for connection, _, _ in opened:
             with contextlib.suppress(Exception):
@@ -523,7 +545,8 @@ def _jms_consumers(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -
     result_q.put(("result", spec["id"], {
         "kind": "consumer", "received": sum(counts), "per_consumer": counts,
         "first_ns": min((f for f in firsts if f), default=0), "last_ns": max(lasts),
-        "samples": samples.values, "cpu_s": cpu1 - cpu0, "timed_out": timed_out[0],
+        "samples": samples.values, "cpu_s": cpu1 - cpu0,
+        "wait_s": wait1 - wait0, "timed_out": timed_out[0],
         "errors": errors}))
 
 

@@ -13,7 +13,7 @@ from kwbench import jms_loadgen
 from kwbench.brokers import Broker
 from kwbench.jms_brokers import disk_write_bytes
 from kwbench.jms_workloads import Scenario
-from kwbench.runner import _Workers, machine_busy_s, percentile
+from kwbench.runner import _Workers, cpu_wait_seconds, machine_busy_s, percentile
 
 _run_ids = itertools.count(1)
 
@@ -89,6 +89,7 @@ def run_scenario(broker: Any, client: str, s: Scenario, opt: Options) -> dict[st
             result["errors"] = errors
             return result
         cpu0 = broker.cpu_seconds()
+        wait0 = cpu_wait_seconds(broker.pid)
         io0 = _disk_writes(broker)
         busy0 = machine_busy_s()
         t0 = time.monotonic()
@@ -99,6 +100,7 @@ def run_scenario(broker: Any, client: str, s: Scenario, opt: Options) -> dict[st
         busy1 = machine_busy_s()
         alive = broker.alive()
         cpu1 = broker.cpu_seconds() if alive else cpu0
+        wait1 = cpu_wait_seconds(broker.pid) if alive else wait0
         io1 = _disk_writes(broker) if alive else io0
         store = broker.store_check() if alive else "broker died"
     finally:
@@ -137,6 +139,11 @@ def run_scenario(broker: Any, client: str, s: Scenario, opt: Options) -> dict[st
         "broker_disk_write_bytes": io1 - io0,
         "disk_bytes_per_msg": (io1 - io0) / (prod.get("sent") or 1) if prod else None,
         "store": store,
+        # Runnable but waiting for a CPU (other load, or processes sharing a pinned core):
+        # low CPU % with a high wait % is a starved process, not an idle one.
+        "broker_wait_pct": 100 * (wait1 - wait0) / wall if wall else None,
+        "gen_wait_pct": (100 * sum(r.get("wait_s") or 0.0 for r in results.values()) / wall
+                         if wall else None),
         "gen_cpu_s": gen_cpu,
         "gen_cpu_pct": 100 * gen_cpu / wall if wall else None,
         "other_cpu_pct": (100 * max(0.0, (busy1 - busy0) - broker_cpu - gen_cpu) / wall

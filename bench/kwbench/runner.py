@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import multiprocessing as mp
+import os
 import queue
 import time
 from typing import Any
@@ -38,6 +39,24 @@ def machine_busy_s() -> float:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     return (sum(fields[:8]) - idle) / CLK_TCK
+
+
+def cpu_wait_seconds(pid: int) -> float:
+    """Seconds the threads of a process spent runnable but waiting for a CPU (the second
+    field of /proc/PID/task/TID/schedstat), 0 where the kernel does not keep it. CPU % alone
+    cannot tell an idle process from one starved by other load; this can."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def _split(items: list[str], parts: int) -> list[list[str]]:
