@@ -94,7 +94,9 @@ def resend(broker: Broker, session: Session, link: SessionLink) -> None:
 def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
     """Queue one copy for a session; QoS 0 goes straight out or nowhere (once its delivery
     time has come, if it has one). True when pumping is needed."""
-    queue = session.queue
+    queue = session.made_queue  # (the attribute, not the property's call, per copy)
+    if queue is None:
+        queue = session.queue
     if entry.qos == 0:
         if entry.message.delivery_time is None:
             if queue.offer(entry):
@@ -105,7 +107,7 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
     if session.link is None and not queue.durable:
         return False
     stored = entry.persistent and queue.durable
-    consumer = session.consumer
+    consumer = session.made_consumer or session.consumer
     if (
         not stored
         and not queue.count

@@ -90,6 +90,13 @@ class Transport(Protocol):
         """Bytes written but not yet sent; QoS 0 messages are dropped above a limit."""
 
 
+class PeerName(Protocol):
+    """Where a connection's peer address comes from when asked (the socket's shell)."""
+
+    def peer_text(self) -> str:
+        """The client's address as text ("host:port"), for logs and the console."""
+
+
 # Runs a callable on a later turn of the event loop (the shell passes ``loop.call_soon``).
 CallSoon = Callable[[Callable[[], None]], object]
 
@@ -119,6 +126,7 @@ class MQTTConnection:
         "_outgoing_aliases",
         "_packet_ids",
         "_pause_bytes",
+        "_peer",
         "_problem_information",
         "_publish_heads",
         "_receive_maximum",
@@ -129,7 +137,6 @@ class MQTTConnection:
         "closed",
         "keepalive",
         "last_received",
-        "peer",
         "peer_max_packet_size",
         "peer_topic_alias_maximum",
         "permissions",
@@ -145,14 +152,16 @@ class MQTTConnection:
         self,
         broker: Broker,
         transport: Transport,
-        peer: str = "?",
+        peer: str | PeerName = "?",
         login: Login | None = None,
         *,
         call_soon: CallSoon | None = None,
     ) -> None:
         self.broker = broker
         self.transport = transport
-        self.peer = peer
+        # The client's address as text, or where to get it when asked (the shell: a
+        # formatted copy kept per connection would cost each idle one 64 bytes).
+        self._peer = peer
         # Defers work to a later loop turn; without a loop (unit tests) it runs at once.
         self._call_soon: CallSoon = _call_now if call_soon is None else call_soon
         # MQTT's message counts (/metrics): one increment per publication each way.
@@ -221,6 +230,11 @@ class MQTTConnection:
             return  # not connected yet: CONNECT will ask for the rules in force then
         principal = self.principal
         self.permissions = renew(principal.name if principal is not None else None, self.client_id)
+
+    @property
+    def peer(self) -> str:
+        peer = self._peer
+        return peer if isinstance(peer, str) else peer.peer_text()
 
     @property
     def _log(self) -> ConnectionLog:
