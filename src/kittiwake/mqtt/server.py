@@ -108,7 +108,6 @@ class MQTTServerProtocol(asyncio.Protocol):
         "_first_read",
         "_flush_scheduled",
         "_linger",
-        "_loop",
         "_paused",
         "_reading",
         "_server",
@@ -120,7 +119,6 @@ class MQTTServerProtocol(asyncio.Protocol):
     def __init__(self, server: MQTTServer, context: ListenerContext) -> None:
         self._server = server
         self._context = context
-        self._loop = asyncio.get_running_loop()
         # What waits for the next flush: made by a write, dropped by the flush.
         self._buffer: list[bytes] | None = None
         self._flush_scheduled = False
@@ -245,6 +243,12 @@ class MQTTServerProtocol(asyncio.Protocol):
         if not self._flush_scheduled and not self._reading:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        # Asked for where needed (never per packet): a slot would cost each connection 16
+        # bytes (its object grows past a size class).
+        return asyncio.get_running_loop()
 
     def peer_text(self) -> str:
         transport = self.transport
