@@ -120,16 +120,14 @@ class MQTTConnection:
         "_held_bytes",
         "_held_input",
         "_incoming_aliases",
+        "_limits",
         "_login",
         "_max_backlog",
-        "_max_topic_levels",
         "_outgoing_aliases",
         "_packet_ids",
-        "_pause_bytes",
         "_peer",
         "_problem_information",
         "_publish_heads",
-        "_receive_maximum",
         "_watched",
         "admission_refusal",
         "broker",
@@ -211,11 +209,12 @@ class MQTTConnection:
         # the broker stops reading from this connection until half of them are answered, so
         # a publisher held back by flow control cannot push in more than that meanwhile.
         self._held_bytes = 0
-        self._pause_bytes = limits.publisher_pause_bytes or sys.maxsize
         self.reading_paused = False
-        self._receive_maximum = limits.receive_maximum
+        # The broker's limits, shared: read where they apply, but for the one read per
+        # delivery, kept in a slot of its own (a slot per limit would cost each idle
+        # connection a size class, 16 bytes).
+        self._limits = limits
         self._max_backlog = limits.max_queued_bytes
-        self._max_topic_levels = limits.max_topic_levels
         # What this connection's principal may do (set once its CONNECT is accepted).
         self.permissions = broker.authorizer.permissions(None, "")
         # The start of the QoS 1/2 PUBLISH this connection was last sent per topic, with the
@@ -599,7 +598,7 @@ class MQTTConnection:
         allowed = permissions.publish_verdicts.get(topic)
         if allowed is None:
             try:
-                validate_topic_name(topic, self._max_topic_levels)
+                validate_topic_name(topic, self._limits.max_topic_levels)
             except TopicError as exc:
                 raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
             allowed = permissions.may_publish(topic)
@@ -616,11 +615,12 @@ class MQTTConnection:
         if (
             qos
             and version == 5
-            and (self._awaiting_commit + len(session.exactly_once_keys) >= self._receive_maximum)
+            and self._awaiting_commit + len(session.exactly_once_keys)
+            >= self._limits.receive_maximum
         ):
             raise MQTTProtocolError(
                 ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
-                f"more than {self._receive_maximum} unacknowledged QoS 1/2 publications",
+                f"more than {self._limits.receive_maximum} unacknowledged QoS 1/2 publications",
             )
         if not allowed:
             self._log.info(
@@ -1208,7 +1208,8 @@ class MQTTConnection:
             self._awaiting_commit += 1
         if size:
             self._held_bytes += size
-            if self._held_bytes > self._pause_bytes and not self.reading_paused:
+            pause = self._limits.publisher_pause_bytes or sys.maxsize
+            if self._held_bytes > pause and not self.reading_paused:
                 self._pause_reading()
         if completion is not None and (completion is not self._watched or completion.done()):
             self._watched = completion
@@ -1247,7 +1248,8 @@ class MQTTConnection:
             answers.clear()
             return
         self._write_all(ready)
-        if self.reading_paused and self._held_bytes <= self._pause_bytes // 2:
+        pause = self._limits.publisher_pause_bytes or sys.maxsize
+        if self.reading_paused and self._held_bytes <= pause // 2:
             self._resume_reading()
 
     def _pause_reading(self) -> None:
