@@ -25,7 +25,7 @@ from kittiwake.broker.authorization import Authorizer, Permissions, RenewPermiss
 from kittiwake.broker.client_ids import ClientIds
 from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.connection_admission import ConnectionAdmission
-from kittiwake.broker.consumers import Consumer, Delivery, Settlement
+from kittiwake.broker.consumers import Consumer, Delivery, Receiver, Settlement
 from kittiwake.broker.dispatch import DurableReceiver, PumpSchedule, resend
 from kittiwake.broker.durable_subscriptions import DurableDefinitions
 from kittiwake.broker.fenced_writes import FencedWrites
@@ -201,6 +201,8 @@ class Broker:
         self._next_anonymous = 0
         # One bound method for every session's queue, not one made per session.
         self._on_removed = self._entry_removed
+        # Every session's maker of its queue, one bound method for them all (as above).
+        self._make_session_queue = self._make_queue
         self._on_removed_dead_lettering = self._entry_given_up
         # Moves what a dead-lettering session queue gives up on to the dead-letter or expiry
         # queue (QueueRules.dead_letters); set by the owner of those queues (the queue
@@ -271,13 +273,15 @@ class Broker:
             self._apply_queue_rules(session, queue_rules)
         was_persistent = session.persistent
         session.expiry_interval = expiry_interval
-        session.queue.durable = session.persistent
+        queue = session.made_queue
+        if queue is not None:  # (a queue made later is durable when its session is)
+            queue.durable = session.persistent
         session.will = will
         session.will_delay = will_delay
         session.will_expiry = will_expiry
         session.principal = principal
         # The receiver comes with start_delivery: nothing may go out before the CONNACK.
-        session.consumer.set_window(max(1, min(window, self.config.limits.max_inflight)))
+        session.set_window(max(1, min(window, self.config.limits.max_inflight)))
         session.link = link
         if self.unattended:
             self.unattended.pop(session, None)
@@ -314,13 +318,19 @@ class Broker:
     def _attach_receiver(self, session: Session, link: SessionLink) -> None:
         """The consumer's receiver: the link itself, or, when the session's copies are
         stored, a receiver that writes their in-flight marks first; and its receivers on the
-        queues of the shared subscriptions it is a member of."""
-        if session.persistent:
-            session.consumer.receiver = DurableReceiver(self.store, session, link)
-        else:
-            session.consumer.receiver = link
+        queues of the shared subscriptions it is a member of. A session with no consumer yet
+        gets its receiver when the consumer is made (_make_queue)."""
+        session.delivering = True
+        consumer = session.made_consumer
+        if consumer is not None:
+            consumer.receiver = self._receiver(session, link)
         for member in session.members.values():
             member.consumer.receiver = MemberReceiver(self, member, link)
+
+    def _receiver(self, session: Session, link: SessionLink) -> Receiver:
+        if session.persistent:
+            return DurableReceiver(self.store, session, link)
+        return link
 
     def hand_over(self, session: Session, entry: QueuedMessage) -> None:
         """A shared group's exactly-once message becomes this member's own, in flight now."""
@@ -363,8 +373,10 @@ class Broker:
         """A v5 DISCONNECT may change the expiry interval."""
         was_persistent = session.persistent
         session.expiry_interval = expiry_interval
-        session.queue.durable = session.persistent
-        if session.link is not None and session.consumer.receiver is not None:
+        queue = session.made_queue
+        if queue is not None:
+            queue.durable = session.persistent
+        if session.link is not None and session.delivering:
             self._attach_receiver(session, session.link)
         for member in session.members.values():
             member.group.refresh()
@@ -380,7 +392,10 @@ class Broker:
         self, session: Session, *, publish_will: bool, now: float, keep_will: bool = False
     ) -> None:
         session.link = None
-        session.consumer.receiver = None
+        session.delivering = False
+        consumer = session.made_consumer
+        if consumer is not None:
+            consumer.receiver = None
         if session.queue_rules.dead_letters:
             self.unattended[session] = None  # (_end_session takes it out again)
         for member in session.members.values():
@@ -420,10 +435,12 @@ class Broker:
         session.clear_subscriptions()
         self.retained_cursors.pop(session, None)
         self.unattended.pop(session, None)
-        session.queue.drain()
-        session.queue.end_drop_report()
-        session.consumer.unsettled.clear()
-        session.queue.in_flight = 0
+        queue = session.made_queue
+        if queue is not None:
+            queue.drain()
+            queue.end_drop_report()
+            session.consumer.unsettled.clear()
+            queue.in_flight = 0
         session.clear_keys()
         self.timers.attach(session)
         if self.sessions.get(session.client_id) is session:
@@ -454,7 +471,8 @@ class Broker:
             dispatch.pump(self, target)
         self.flow.check(now, self.queued_bytes())
         for session in self.unattended:
-            if session.queue.count and session.queue.expire(now):
+            queue = session.made_queue
+            if queue is not None and queue.count and queue.expire(now):
                 self._durable()  # the removals (and moves) are written without waiting
         self.queue_totals.report_drops()
 
@@ -620,8 +638,19 @@ class Broker:
     def _new_session(
         self, client_id: str, queue_rules: QueueRules = DEFAULT_QUEUE_RULES
     ) -> Session:
-        """A session with its queue and its consumer (not yet connected)."""
+        """A session (not yet connected); its queue and consumer come on first use."""
+        session = Session(
+            client_id, self._make_session_queue, granted_window=self.config.limits.max_inflight
+        )
+        if queue_rules is not DEFAULT_QUEUE_RULES:
+            self._apply_queue_rules(session, queue_rules)
+        return session
+
+    def _make_queue(self, session: Session) -> tuple[Queue, Consumer]:
+        """A session's queue and consumer, as its state so far asks for them: made on their
+        first use (a subscription, a delivery, recovered entries), not at connect."""
         limits = self.config.limits
+        client_id = session.client_id
         queue = Queue(
             session_queue_name(client_id),
             max_messages=limits.max_queued_messages,
@@ -630,31 +659,42 @@ class Broker:
             totals=self.queue_totals,
             offers_at_most_once=True,  # QoS 0 goes out at once (or when due), never queued
         )
-        consumer = Consumer(None, window=limits.max_inflight, name=client_id)
+        queue.durable = session.persistent
+        consumer = Consumer(None, window=session.granted_window, name=client_id)
         queue.attach(consumer)
-        session = Session(client_id, queue, consumer)
         queue.on_removed = self._on_removed
-        if queue_rules is not DEFAULT_QUEUE_RULES:
-            self._apply_queue_rules(session, queue_rules)
-        return session
+        if session.queue_rules is not DEFAULT_QUEUE_RULES:
+            self._rule_queue(queue, session.queue_rules)
+        link = session.link
+        if session.delivering and link is not None:
+            consumer.receiver = self._receiver(session, link)
+        return queue, consumer
 
     def _apply_queue_rules(self, session: Session, rules: QueueRules) -> None:
-        """Give a session's queue the rules its front end asks for: the Queue's own ordering
-        and delivery limit, and a removal handler that dead-letters."""
+        """Give a session the rules its front end asks for (its queue, now or when made:
+        ordering, delivery limit, a removal handler that dead-letters)."""
         session.queue_rules = rules
-        queue = session.queue
+        if rules.dead_letters:
+            if session.link is None:
+                self.unattended[session] = None
+        else:
+            self.unattended.pop(session, None)
+        queue = session.made_queue
+        if queue is not None:
+            self._rule_queue(queue, rules)
+
+    def _rule_queue(self, queue: Queue, rules: QueueRules) -> None:
+        """The Queue's own ordering and delivery limit, and a removal handler that
+        dead-letters (QueueRules.dead_letters)."""
         queue.reorder(rules.ordering)
         if rules.dead_letters:
             queue.max_delivery_attempts = self.config.queues.settings(
                 queue.name
             ).max_delivery_attempts
             queue.on_removed = self._on_removed_dead_lettering
-            if session.link is None:
-                self.unattended[session] = None
         else:
             queue.max_delivery_attempts = 0
             queue.on_removed = self._on_removed
-            self.unattended.pop(session, None)
 
     def _entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
         """An entry left a session's or a group's queue for good: the store forgets it too."""
@@ -678,7 +718,7 @@ class Broker:
     def _forget_stored_session(self, session: Session) -> None:
         """Drop everything stored for a session: its record, its queue, its QoS 2 state."""
         self.store.delete_session(session.client_id)
-        self.store.delete_queue(session.queue.name)
+        self.store.delete_queue(session_queue_name(session.client_id))
         self.store.delete_duplicates(session_producer_name(session.client_id))
 
     def _durable(self) -> Completion:

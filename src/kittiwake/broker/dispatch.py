@@ -80,7 +80,7 @@ def resend(broker: Broker, session: Session, link: SessionLink) -> None:
     """
     store = broker.store
     stored = session.persistent
-    for delivery in list(session.consumer.unsettled.values()):
+    for delivery in list(session.inflight.values()):
         entry = delivery.entry
         if delivery.state is DeliveryState.SENT:
             entry.delivery_count += 1
@@ -94,7 +94,9 @@ def resend(broker: Broker, session: Session, link: SessionLink) -> None:
 def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
     """Queue one copy for a session; QoS 0 goes straight out or nowhere (once its delivery
     time has come, if it has one). True when pumping is needed."""
-    queue = session.queue
+    queue = session.made_queue  # (the attribute, not the property's call, per copy)
+    if queue is None:
+        queue = session.queue
     if entry.qos == 0:
         if entry.message.delivery_time is None:
             if queue.offer(entry):
@@ -105,7 +107,7 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
     if session.link is None and not queue.durable:
         return False
     stored = entry.persistent and queue.durable
-    consumer = session.consumer
+    consumer = session.made_consumer or session.consumer
     if (
         not stored
         and not queue.count
@@ -126,7 +128,7 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
     if stored:
         if entry.message.message_id == 0:
             broker.store.journal(entry.message)
-        broker.store.enqueue(session.queue.name, entry)
+        broker.store.enqueue(queue.name, entry)
     return True
 
 
@@ -183,9 +185,9 @@ def pump(broker: Broker, target: Session | SharedGroup) -> None:
                 broker.pumps.delayed.add(target)
         return
     session = target
-    if session.consumer.receiver is None:
-        return
-    queue = session.queue
+    queue = session.made_queue
+    if queue is None or not session.delivering:
+        return  # (no queue: nothing queued, no retained messages to send, nothing in flight)
     if queue.count:
         broker.stats.messages_sent += queue.dispatch(broker.clock.now())
         broker.flow.pumped(session)

@@ -13,7 +13,7 @@ from typing import Literal
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.queue_destinations import QueueDestinations
 from kittiwake.broker.queues import EntryState, Queue
-from kittiwake.broker.sessions import NEVER_EXPIRES
+from kittiwake.broker.sessions import NEVER_EXPIRES, Session, session_queue_name
 
 QueueKind = Literal["queue", "session", "shared"]
 
@@ -92,8 +92,8 @@ def sessions(broker: Broker) -> list[SessionView]:
                 if session.expires_at is None
                 else max(0.0, session.expires_at - now),
                 subscriptions=len(session.subscriptions),
-                queued=session.queue.count,
-                in_flight=len(session.consumer.unsettled),
+                queued=session.queued,
+                in_flight=len(session.inflight),
             )
         )
     views.sort(key=lambda view: view.client_id)
@@ -135,10 +135,29 @@ def queues(
     ]
     if session_queues:
         views += [
-            _queue_view(session.queue, "session")
+            _queue_view(session.made_queue, "session")
+            if session.made_queue is not None
+            else _unmade_queue_view(session)
             for _client_id, session in sorted(broker.sessions.items())
         ]
     return views
+
+
+def _unmade_queue_view(session: Session) -> QueueView:
+    """A session's queue before its first use (see Session.made_queue): empty, as made."""
+    return QueueView(
+        name=session_queue_name(session.client_id),
+        kind="session",
+        depth=0,
+        bytes=0,
+        in_flight=0,
+        consumers=1 if session.delivering else 0,
+        durable=session.persistent,
+        expired=0,
+        dead_lettered=0,
+        discarded=0,
+        rejected=0,
+    )
 
 
 def _queue_view(queue: Queue, kind: QueueKind) -> QueueView:
@@ -190,8 +209,8 @@ def find_queue(
         if group.queue.name == name:
             return group.queue
     for session in broker.sessions.values():
-        if session.queue.name == name:
-            return session.queue
+        if session_queue_name(session.client_id) == name:
+            return session.queue  # (an operator's look at it makes it, if not made yet)
     return None
 
 

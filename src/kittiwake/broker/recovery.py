@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from kittiwake.broker.consumers import DeliveryState
 from kittiwake.broker.queues import Queue, QueuedMessage
-from kittiwake.broker.sessions import NEVER_EXPIRES, session_producer_name
+from kittiwake.broker.sessions import NEVER_EXPIRES, session_producer_name, session_queue_name
 from kittiwake.broker.subscriptions import SubscriptionOptions, attach_subscription
 
 if TYPE_CHECKING:
@@ -32,8 +32,7 @@ def recover(broker: Broker) -> None:
         broker.retained.restore(message)
     for record in state.sessions.values():
         session = broker._new_session(record.client_id, record.queue_rules)
-        session.expiry_interval = record.expiry_interval
-        session.queue.durable = True
+        session.expiry_interval = record.expiry_interval  # (its queue, once made, is durable)
         session.will = record.will
         session.will_delay = record.will_delay
         session.will_expiry = record.will_expiry
@@ -62,7 +61,11 @@ def recover(broker: Broker) -> None:
     # The Spark sink's fences (see fenced_writes.py).
     broker.fenced_writes.restore(state.duplicates)
     recovered = 0
-    by_queue = {session.queue.name: session for session in broker.sessions.values()}
+    # By their queues' names: a session's queue is made here only for its entries (or was,
+    # by a subscription); one with neither gets it on first use.
+    by_queue = {
+        session_queue_name(client_id): session for client_id, session in broker.sessions.items()
+    }
     groups = {group.queue.name: group for group in broker.shared_groups.values()}
     # Entries queued (not marked in flight) per queue, in queue order, for the crash rule,
     # and how many were marked in flight (they took part of the window).
@@ -105,23 +108,23 @@ def recover(broker: Broker) -> None:
         recovered += 1
     # A lazily written in-flight mark is lost in a crash: whatever the window of the
     # connection attached at the time let out may have been seen (DESIGN.md section 2).
+    # (By queue name: a session with nothing stored has no queue.)
     windows = {
-        broker.sessions[record.client_id].queue: record.window
-        for record in state.sessions.values()
+        session_queue_name(record.client_id): record.window for record in state.sessions.values()
     }
     # A queue whose consumers' credit is not a session's window (a JMS shared durable
     # subscription's) stored its own.
     for name, window in state.queue_windows.items():
-        owner = by_queue.get(name)
-        if owner is not None:
-            windows[owner.queue] = max(windows.get(owner.queue, 0), window)
+        if name in by_queue:
+            windows[name] = max(windows.get(name, 0), window)
     for group in broker.shared_groups.values():
-        windows[group.queue] = sum(
-            windows.get(m.session.queue, 0) for m in group.members.values()
+        windows[group.queue.name] = sum(
+            windows.get(session_queue_name(m.session.client_id), 0)
+            for m in group.members.values()
         )
     store = broker.store
     for queue, entries in waiting.items():
-        room = windows.get(queue, 0) - marked.get(queue, 0)
+        room = windows.get(queue.name, 0) - marked.get(queue, 0)
         if queue.ordering == "priority":
             # Dispatch order: higher priority first, then arrival (a stable sort keeps it).
             entries.sort(key=lambda e: -e.message.priority)

@@ -9,12 +9,12 @@ to its wire ids.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kittiwake.broker.consumers import Consumer, Delivery
+from kittiwake.broker.consumers import NO_DELIVERIES, Consumer, Delivery
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, Queue, QueuedMessage, QueueRules
 from kittiwake.broker.routing import Binding
@@ -104,10 +104,22 @@ class Session:
     """One client's session, alive across connections while it has not expired."""
 
     client_id: str
+    # Makes the session's queue and its consumer (the broker's, with its limits and rules):
+    # called on their first use (see :attr:`queue`).
+    make_queue: Callable[[Session], tuple[Queue, Consumer]] = field(repr=False)
     # Where the session's subscriptions put its messages, and the one consumer taking them:
     # deliveries in flight stay on the consumer across connections (resent on resumption).
-    queue: Queue
-    consumer: Consumer
+    # None until the first subscription or delivery needs them: an idle connected session
+    # (most of a fleet) holds neither (about 600 bytes). Read these where "none yet" is an
+    # answer (nothing queued, nothing in flight); :attr:`queue` and :attr:`consumer` make them.
+    made_queue: Queue | None = field(default=None, repr=False)
+    made_consumer: Consumer | None = field(default=None, repr=False)
+    # The window granted to the connection (see :meth:`set_window`), kept here until the
+    # consumer exists; the consumer's credit has it from then on.
+    granted_window: int = 0
+    # True from the connection's acceptance (Broker.start_delivery) until it ends: what the
+    # consumer's receiver being set means, also before there is a consumer.
+    delivering: bool = False
     expiry_interval: int = 0
     # Its subscriptions by full filter, and its memberships of shared subscription groups by
     # full filter ($share/...): changed only through the methods below, which make each dict
@@ -189,11 +201,49 @@ class Session:
         return self.expiry_interval > 0
 
     @property
-    def window(self) -> int:
-        """Deliveries allowed in flight: the lower of the client's Receive Maximum and ours."""
-        return self.consumer.window or 0
+    def queue(self) -> Queue:
+        """The session's queue, made on first use."""
+        queue = self.made_queue
+        if queue is None:
+            queue = self._make()[0]
+        return queue
 
     @property
-    def inflight(self) -> dict[int, Delivery]:
-        """Deliveries sent and not yet settled, by core delivery id."""
-        return self.consumer.unsettled
+    def consumer(self) -> Consumer:
+        """The session's consumer on its queue, made (with the queue) on first use."""
+        consumer = self.made_consumer
+        if consumer is None:
+            consumer = self._make()[1]
+        return consumer
+
+    def _make(self) -> tuple[Queue, Consumer]:
+        made = self.make_queue(self)
+        self.made_queue, self.made_consumer = made
+        return made
+
+    def set_window(self, window: int) -> None:
+        """The window a new connection is granted (what is in flight counts against it)."""
+        self.granted_window = window
+        consumer = self.made_consumer
+        if consumer is not None:
+            consumer.set_window(window)
+
+    @property
+    def window(self) -> int:
+        """Deliveries allowed in flight: the lower of the client's Receive Maximum and ours."""
+        consumer = self.made_consumer
+        if consumer is None:
+            return self.granted_window
+        return consumer.window or 0
+
+    @property
+    def queued(self) -> int:
+        """Entries waiting in the session's queue (none before it has one)."""
+        queue = self.made_queue
+        return 0 if queue is None else queue.count
+
+    @property
+    def inflight(self) -> Mapping[int, Delivery]:
+        """Deliveries sent and not yet settled, by core delivery id (read-only)."""
+        consumer = self.made_consumer
+        return NO_DELIVERIES if consumer is None else consumer.unsettled

@@ -193,7 +193,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
     session.add_member(subscription.full_filter, member)
     group.queue.attach(member.consumer)
     group.refresh()
-    if session.link is not None and session.consumer.receiver is not None:
+    if session.link is not None and session.delivering:
         member.consumer.receiver = MemberReceiver(broker, member, session.link)
         broker.pump_soon(group)
 

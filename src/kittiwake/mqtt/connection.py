@@ -90,6 +90,13 @@ class Transport(Protocol):
         """Bytes written but not yet sent; QoS 0 messages are dropped above a limit."""
 
 
+class PeerName(Protocol):
+    """Where a connection's peer address comes from when asked (the socket's shell)."""
+
+    def peer_text(self) -> str:
+        """The client's address as text ("host:port"), for logs and the console."""
+
+
 # Runs a callable on a later turn of the event loop (the shell passes ``loop.call_soon``).
 CallSoon = Callable[[Callable[[], None]], object]
 
@@ -113,15 +120,14 @@ class MQTTConnection:
         "_held_bytes",
         "_held_input",
         "_incoming_aliases",
+        "_limits",
         "_login",
         "_max_backlog",
-        "_max_topic_levels",
         "_outgoing_aliases",
         "_packet_ids",
-        "_pause_bytes",
+        "_peer",
         "_problem_information",
         "_publish_heads",
-        "_receive_maximum",
         "_watched",
         "admission_refusal",
         "broker",
@@ -129,7 +135,6 @@ class MQTTConnection:
         "closed",
         "keepalive",
         "last_received",
-        "peer",
         "peer_max_packet_size",
         "peer_topic_alias_maximum",
         "permissions",
@@ -145,14 +150,16 @@ class MQTTConnection:
         self,
         broker: Broker,
         transport: Transport,
-        peer: str = "?",
+        peer: str | PeerName = "?",
         login: Login | None = None,
         *,
         call_soon: CallSoon | None = None,
     ) -> None:
         self.broker = broker
         self.transport = transport
-        self.peer = peer
+        # The client's address as text, or where to get it when asked (the shell: a
+        # formatted copy kept per connection would cost each idle one 64 bytes).
+        self._peer = peer
         # Defers work to a later loop turn; without a loop (unit tests) it runs at once.
         self._call_soon: CallSoon = _call_now if call_soon is None else call_soon
         # MQTT's message counts (/metrics): one increment per publication each way.
@@ -202,11 +209,12 @@ class MQTTConnection:
         # the broker stops reading from this connection until half of them are answered, so
         # a publisher held back by flow control cannot push in more than that meanwhile.
         self._held_bytes = 0
-        self._pause_bytes = limits.publisher_pause_bytes or sys.maxsize
         self.reading_paused = False
-        self._receive_maximum = limits.receive_maximum
+        # The broker's limits, shared: read where they apply, but for the one read per
+        # delivery, kept in a slot of its own (a slot per limit would cost each idle
+        # connection a size class, 16 bytes).
+        self._limits = limits
         self._max_backlog = limits.max_queued_bytes
-        self._max_topic_levels = limits.max_topic_levels
         # What this connection's principal may do (set once its CONNECT is accepted).
         self.permissions = broker.authorizer.permissions(None, "")
         # The start of the QoS 1/2 PUBLISH this connection was last sent per topic, with the
@@ -221,6 +229,11 @@ class MQTTConnection:
             return  # not connected yet: CONNECT will ask for the rules in force then
         principal = self.principal
         self.permissions = renew(principal.name if principal is not None else None, self.client_id)
+
+    @property
+    def peer(self) -> str:
+        peer = self._peer
+        return peer if isinstance(peer, str) else peer.peer_text()
 
     @property
     def _log(self) -> ConnectionLog:
@@ -585,7 +598,7 @@ class MQTTConnection:
         allowed = permissions.publish_verdicts.get(topic)
         if allowed is None:
             try:
-                validate_topic_name(topic, self._max_topic_levels)
+                validate_topic_name(topic, self._limits.max_topic_levels)
             except TopicError as exc:
                 raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
             allowed = permissions.may_publish(topic)
@@ -602,11 +615,12 @@ class MQTTConnection:
         if (
             qos
             and version == 5
-            and (self._awaiting_commit + len(session.exactly_once_keys) >= self._receive_maximum)
+            and self._awaiting_commit + len(session.exactly_once_keys)
+            >= self._limits.receive_maximum
         ):
             raise MQTTProtocolError(
                 ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
-                f"more than {self._receive_maximum} unacknowledged QoS 1/2 publications",
+                f"more than {self._limits.receive_maximum} unacknowledged QoS 1/2 publications",
             )
         if not allowed:
             self._log.info(
@@ -1194,7 +1208,8 @@ class MQTTConnection:
             self._awaiting_commit += 1
         if size:
             self._held_bytes += size
-            if self._held_bytes > self._pause_bytes and not self.reading_paused:
+            pause = self._limits.publisher_pause_bytes or sys.maxsize
+            if self._held_bytes > pause and not self.reading_paused:
                 self._pause_reading()
         if completion is not None and (completion is not self._watched or completion.done()):
             self._watched = completion
@@ -1233,7 +1248,8 @@ class MQTTConnection:
             answers.clear()
             return
         self._write_all(ready)
-        if self.reading_paused and self._held_bytes <= self._pause_bytes // 2:
+        pause = self._limits.publisher_pause_bytes or sys.maxsize
+        if self.reading_paused and self._held_bytes <= pause // 2:
             self._resume_reading()
 
     def _pause_reading(self) -> None:

@@ -94,6 +94,10 @@ class ListenerContext:
     allowed_origins: frozenset[str] = frozenset()
 
 
+def _peer_text(peer: object) -> str:
+    """A socket's peer address as "host:port" (what logs and the console show)."""
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
 class MQTTServerProtocol(asyncio.Protocol):
     """One TCP connection; implements the connection's Transport."""
 
@@ -104,7 +108,6 @@ class MQTTServerProtocol(asyncio.Protocol):
         "_first_read",
         "_flush_scheduled",
         "_linger",
-        "_loop",
         "_paused",
         "_reading",
         "_server",
@@ -116,7 +119,6 @@ class MQTTServerProtocol(asyncio.Protocol):
     def __init__(self, server: MQTTServer, context: ListenerContext) -> None:
         self._server = server
         self._context = context
-        self._loop = asyncio.get_running_loop()
         # What waits for the next flush: made by a write, dropped by the flush.
         self._buffer: list[bytes] | None = None
         self._flush_scheduled = False
@@ -139,9 +141,8 @@ class MQTTServerProtocol(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
-        peer_text = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         if len(self._server.connections) >= self._server.broker.config.limits.max_connections:
-            log.warning("refusing %s: max_connections reached", peer_text)
+            log.warning("refusing %s: max_connections reached", _peer_text(peer))
             transport.close()
             return
         context = self._context
@@ -161,7 +162,8 @@ class MQTTServerProtocol(asyncio.Protocol):
         call_soon = server.call_soon
         if call_soon is None:
             server.call_soon = call_soon = self._loop.call_soon
-        self.connection = MQTTConnection(broker, self, peer_text, login, call_soon=call_soon)
+        # The peer's text is worked out when asked (see peer_text).
+        self.connection = MQTTConnection(broker, self, self, login, call_soon=call_soon)
         refusal = broker.admission.admit(address)
         if refusal is None:
             # Interned: the connections from one address (behind a NAT, a load balancer)
@@ -169,7 +171,7 @@ class MQTTServerProtocol(asyncio.Protocol):
             self._admitted = sys.intern(address)
         else:
             # Its CONNECT is answered with the reason (a CONNACK), then it is closed.
-            log.warning("refusing %s: %s", peer_text, refusal.value)
+            log.warning("refusing %s: %s", _peer_text(peer), refusal.value)
             self.connection.admission_refusal = refusal
         self._server.connections.add(self)
 
@@ -241,6 +243,16 @@ class MQTTServerProtocol(asyncio.Protocol):
         if not self._flush_scheduled and not self._reading:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        # Asked for where needed (never per packet): a slot would cost each connection 16
+        # bytes (its object grows past a size class).
+        return asyncio.get_running_loop()
+
+    def peer_text(self) -> str:
+        transport = self.transport
+        return "?" if transport is None else _peer_text(transport.get_extra_info("peername"))
 
     def write_backlog(self) -> int:
         # Below the high-water mark the answer cannot matter, so skip asking the transport.

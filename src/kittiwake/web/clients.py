@@ -43,7 +43,7 @@ def clients(mqtt: MQTTServer, amqp: AMQPServer) -> list[ClientView]:
                 peer=connection.peer,
                 user=None if principal is None else principal.name,
                 keepalive=connection.keepalive,
-                in_flight=len(connection.session.consumer.unsettled),
+                in_flight=len(connection.session.inflight),
             )
         )
     for amqp_protocol in list(amqp.connections):

@@ -83,7 +83,9 @@ def snapshot(
     dead_lettered = sum(view.dead_lettered for view in labelled)
     session_messages = session_bytes = 0
     for session in broker.sessions.values():
-        queue = session.queue
+        queue = session.made_queue
+        if queue is None:
+            continue  # not made yet: nothing queued, nothing counted
         session_messages += queue.count
         session_bytes += queue.bytes
         expired += queue.counters.expired
