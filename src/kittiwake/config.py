@@ -157,6 +157,10 @@ class LimitsConfig:
     topic_alias_maximum: int = 64
     max_topic_levels: int = 128
     max_subscriptions_per_session: int = 10_000
+    # Message groups (JMSXGroupID) one queue keeps with their consumer at once; past it the
+    # group used longest ago whose consumer holds none of its messages is forgotten (its next
+    # message goes to whichever consumer takes it). 0 = no limit.
+    max_message_groups: int = 65_536
     # Topics whose receivers (route plan) are remembered, at the least: two per filter when
     # there are more filters, up to 16,384 (and as many again for recently published ones);
     # 0 remembers none.

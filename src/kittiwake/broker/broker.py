@@ -658,6 +658,7 @@ class Broker:
             policy=limits.queue_full_policy,
             totals=self.queue_totals,
             offers_at_most_once=True,  # QoS 0 goes out at once (or when due), never queued
+            max_groups=limits.max_message_groups,
         )
         queue.durable = session.persistent
         consumer = Consumer(None, window=session.granted_window, name=client_id)

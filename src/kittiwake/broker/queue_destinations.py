@@ -86,6 +86,7 @@ class QueueDestinations:
             on_removed=self._removed,
             destination=Destination.queue(name),
             totals=self.broker.queue_totals,
+            max_groups=limits.max_message_groups,
         )
 
     def delete(self, name: str) -> bool:

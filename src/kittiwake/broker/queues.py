@@ -9,6 +9,7 @@ leaves it for good is reported to its owner (``on_removed``), who does both.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -175,6 +176,8 @@ class QueueTotals:
 _NO_COUNTS: Final = QueueCounters()
 # Every queue's heaps until they get an entry: shared, so never written to (Queue._own_heap).
 _NO_ENTRIES: Final[list[Any]] = []
+# Groups looked at for one to forget when a queue is over its max_groups (Queue._keep_group).
+_GROUP_EVICTION_SEARCH: Final = 16
 
 
 class Queue:
@@ -196,6 +199,7 @@ class Queue:
         "_cursor",
         "_delayed",
         "_groups",
+        "_groups_over",
         "_heap",
         "_next_delivery_id",
         "_ready",
@@ -211,6 +215,7 @@ class Queue:
         "in_flight",
         "max_bytes",
         "max_delivery_attempts",
+        "max_groups",
         "max_messages",
         "name",
         "offers_at_most_once",
@@ -234,6 +239,7 @@ class Queue:
         destination: Destination | None = None,
         totals: QueueTotals | None = None,
         offers_at_most_once: bool = False,
+        max_groups: int = 0,
     ) -> None:
         self.name = name
         # Due at-most-once entries are offered, not queued for credit (see the class text);
@@ -247,6 +253,8 @@ class Queue:
         self.ordering = ordering
         # Settled "modified" this many times, an entry is dead-lettered; 0 = never.
         self.max_delivery_attempts = max_delivery_attempts
+        # Message groups kept with their consumer at once (0 = no limit): see _keep_group.
+        self.max_groups = max_groups
         # Its entries are written to the store; such an entry waits for its message's commit.
         self.durable = durable
         # Told of every entry that leaves for good (the owner removes its stored copy and moves
@@ -272,7 +280,11 @@ class Queue:
         self._selective = 0
         # Message group -> the consumer that has it (DESIGN.md section 5); None until the
         # first entry with a group comes, so queues without groups never look.
+        # Insertion order is use order (a group's use moves it to the end), so the group
+        # used longest ago comes first when the map is over ``max_groups``.
         self._groups: dict[str, Consumer] | None = None
+        # Whether the map has been over max_groups (logged once per queue).
+        self._groups_over = False
         self._sequence = 0
         self._next_delivery_id = 0
         # FIFO entries live in a deque, made on the first one (760 bytes that most idle
@@ -706,10 +718,14 @@ class Queue:
                     return None
                 if owner.selects is not None and not owner.selects(entry):
                     return None
+                if self.max_groups:
+                    # Used now: the last to be forgotten (see _keep_group).
+                    del groups[group]
+                    groups[group] = owner
                 return owner
             taker = self._next_taking(entry, excluded)
             if taker is not None:
-                groups[group] = taker
+                self._keep_group(groups, group, taker)
             return taker
         return self._next_taking(entry, excluded)
 
@@ -803,12 +819,53 @@ class Queue:
         receiver.deliver(delivery)
         return delivery
 
+    @property
+    def group_count(self) -> int:
+        """Message groups this queue keeps with a consumer now (bounded by ``max_groups``
+        plus those with messages in flight)."""
+        return len(self._groups) if self._groups is not None else 0
+
+    def group_owner(self, group: str) -> Consumer | None:
+        """The consumer that has the message group now, if any."""
+        return self._groups.get(group) if self._groups is not None else None
+
     def _start_grouping(self) -> dict[str, Consumer]:
         """The first entry with a message group: dispatch asks each entry who may take it
         from now on (the selective path), and groups are kept."""
         groups = self._groups = {}
         self._selective += 1
         return groups
+
+    def _keep_group(self, groups: dict[str, Consumer], group: str, consumer: Consumer) -> None:
+        """The group is now the consumer's. Past ``max_groups`` the group used longest ago
+        whose consumer holds none of its entries is forgotten (its next entry goes to whoever
+        takes it, as a new group's would; nothing of it is in flight, so its order holds),
+        which bounds the map whatever group ids producers invent. Groups with entries in
+        flight are never forgotten, so the map may exceed the limit by at most what is in
+        flight."""
+        groups[group] = consumer
+        limit = self.max_groups
+        if not limit or len(groups) <= limit:
+            return
+        if not self._groups_over:
+            self._groups_over = True
+            log.warning(
+                "queue %s holds more than %d message groups (queues.max_message_groups): the "
+                "groups used longest ago whose consumers hold none of their messages are "
+                "forgotten, so their next messages may go to another consumer",
+                self.name,
+                limit,
+            )
+        # A bounded look at the oldest few; a busy one counts as used now (to the end), so
+        # the next look sees others and the excess stays within what is in flight.
+        for candidate in list(itertools.islice(groups, _GROUP_EVICTION_SEARCH)):
+            if candidate == group:
+                continue
+            owner = groups.pop(candidate)
+            if any(d.entry.message.group_id == candidate for d in owner.unsettled.values()):
+                groups[candidate] = owner
+            elif len(groups) <= limit:
+                return
 
     def _ungroup(self, consumer: Consumer, group: str) -> None:
         """The consumer gave back an entry of its group: the group may move once it holds
@@ -832,7 +889,8 @@ class Queue:
         group = entry.message.group_id
         if group is not None:
             groups = self._groups if self._groups is not None else self._start_grouping()
-            groups.setdefault(group, consumer)
+            if group not in groups:
+                self._keep_group(groups, group, consumer)
         consumer.own_unsettled()[delivery.id] = delivery
         consumer.credit.available -= 1
         self.in_flight += 1

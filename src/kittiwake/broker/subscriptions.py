@@ -181,6 +181,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
                 policy=broker.config.limits.queue_full_policy,
                 totals=broker.queue_totals,
                 offers_at_most_once=True,
+                max_groups=broker.config.limits.max_message_groups,
             ),
         )
         group.queue.on_removed = broker._entry_removed

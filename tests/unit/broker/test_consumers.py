@@ -748,3 +748,73 @@ def test_unsettled_deliveries_are_each_consumers_own(clock: ManualClock) -> None
     for delivery in rx.take():
         queue.settle(delivery, Settlement.ACCEPTED)
     assert busy.unsettled == {}
+
+
+def test_groups_past_the_limit_are_forgotten_when_nothing_of_them_is_in_flight(
+    clock: ManualClock,
+) -> None:
+    """Producers inventing a group id a message must not grow the map without bound: past
+    max_groups the groups used longest ago, with nothing in flight, are forgotten."""
+    queue, _ = make_queue(ordering="priority", max_groups=4)
+    first, r1 = consumer(10, "first")
+    second, r2 = consumer(10, "second")
+    queue.attach(first)
+    queue.attach(second)
+    for n in range(200):
+        queue.push(grouped(b"m%d" % n, f"g{n}"))
+        assert queue.dispatch(clock.now()) == 1
+        for receiver in (r1, r2):
+            for delivery in receiver.take():
+                queue.settle(delivery, Settlement.ACCEPTED)
+        assert queue.group_count <= 4
+
+
+def test_groups_with_messages_in_flight_are_kept_past_the_limit(clock: ManualClock) -> None:
+    """A group whose consumer holds one of its messages is never forgotten (its next message
+    must go to the same consumer, after the one in flight); once they settle, the map shrinks
+    back to the limit on the next new group."""
+    queue, _ = make_queue(ordering="priority", max_groups=2)
+    first, r1 = consumer(100, "first")
+    second, r2 = consumer(100, "second")
+    queue.attach(first)
+    queue.attach(second)
+    for n in range(10):
+        queue.push(grouped(b"a%d" % n, f"g{n}"))
+    assert queue.dispatch(clock.now()) == 10
+    assert queue.group_count == 10, "all ten have a message in flight"
+    owners = {n: queue.group_owner(f"g{n}") for n in range(10)}
+    for n in range(10):
+        queue.push(grouped(b"b%d" % n, f"g{n}"))
+    assert queue.dispatch(clock.now()) == 10
+    for n in range(10):
+        owner = owners[n]
+        assert owner is not None
+        held = [d.entry.message.payload for d in owner.unsettled.values()]
+        assert b"b%d" % n in held, "the group's second message went to its consumer"
+    for receiver in (r1, r2):
+        for delivery in receiver.take():
+            queue.settle(delivery, Settlement.ACCEPTED)
+    queue.push(grouped(b"new", "new"))
+    queue.dispatch(clock.now())
+    assert queue.group_count <= 2
+
+
+def test_a_group_in_use_outlives_groups_used_longer_ago(clock: ManualClock) -> None:
+    """The group forgotten first is the one used longest ago, not the one made first."""
+    queue, _ = make_queue(ordering="priority", max_groups=2)
+    only, receiver = consumer(100, "only")
+    queue.attach(only)
+
+    def send(payload: bytes, group: str) -> None:
+        queue.push(grouped(payload, group))
+        queue.dispatch(clock.now())
+        for delivery in receiver.take():
+            queue.settle(delivery, Settlement.ACCEPTED)
+
+    send(b"A0", "A")
+    send(b"B0", "B")
+    send(b"A1", "A")  # A used after B
+    send(b"C0", "C")
+    assert queue.group_owner("A") is only
+    assert queue.group_owner("B") is None, "B was used longest ago"
+    assert queue.group_owner("C") is only
