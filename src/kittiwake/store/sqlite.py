@@ -58,6 +58,7 @@ from kittiwake.store.codec import (
 from kittiwake.store.commit_times import CommitTimes
 from kittiwake.store.journal_selection import JournalSelection
 from kittiwake.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
+from kittiwake.store.size_retention import SizeRetention
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ LAZY_MARK_DELAY = 0.05
 
 _MESSAGE_PLACES = ", ".join("?" * len(MESSAGE_COLUMNS))
 _INSERT_JOURNAL = f"INSERT INTO journal VALUES ({_MESSAGE_PLACES}, ?)"
+# Where a journal row (and a block of journal columns) has its payload.
+_PAYLOAD = MESSAGE_COLUMNS.index("payload")
 # Journal rows given as columns (Store.journal_rows): each row of this operation is one block,
 # (wide, shared values, columns), written by _insert_columns. Its own string, compared by
 # identity like every operation's SQL.
@@ -122,6 +125,8 @@ _RAISE_DROPPED_THROUGH = (
 # row, which reads the whole journal whenever nothing is past the retention (every second,
 # ~120 ms of CPU for 2,000,000 rows); the index reads only the rows past it, which this very
 # sweep deletes.
+# The size retention's step of a sweep, run by the writer's SizeRetention (not SQL itself).
+_SWEEP_BY_SIZE = "/* journal size retention */"
 _PAST_TIME_RETENTION = (
     "SELECT MAX(message_id) FROM journal INDEXED BY journal_by_age WHERE stored_at <= ?"
 )
@@ -222,6 +227,12 @@ class SQLiteStore:
         self._acceptance_window = acceptance_window
         self._retention = journal_retention_seconds
         self._retention_bytes = journal_retention_bytes
+        # Writer-thread state of the size retention (see size_retention.py).
+        self._size_retention = (
+            SizeRetention(journal_retention_bytes, DROPPED_THROUGH_KEY)
+            if journal_retention_bytes
+            else None
+        )
         # With a retention, the publications the selection names are journalled (for the Spark
         # source), not only those several durable queues reference.
         self._keeps_journal = journal_retention_seconds > 0 or journal_retention_bytes > 0
@@ -1126,15 +1137,7 @@ class SQLiteStore:
                 )
             )
         if self._retention_bytes:
-            self._ops.append(
-                (
-                    _RAISE_DROPPED_THROUGH.format(
-                        "SELECT MAX(message_id) FROM (SELECT message_id, SUM(length(payload)) "
-                        "OVER (ORDER BY message_id DESC) AS newer FROM journal) WHERE newer > ?"
-                    ),
-                    [(self._retention_bytes,)],
-                )
-            )
+            self._ops.append((_SWEEP_BY_SIZE, [()]))
         self._ops.append((_DELETE_DROPPED, [()]))
 
     # -- the writer thread ----------------------------------------------------------------
@@ -1171,8 +1174,18 @@ class SQLiteStore:
             # A measurement of the disk, not a broker time: the real clock even under a test's.
             started = time.perf_counter()
             connection.execute("BEGIN")
-            for sql, rows in ops:
-                _execute(connection, sql, rows)
+            sizes = self._size_retention
+            if sizes is None:
+                for sql, rows in ops:
+                    _execute(connection, sql, rows)
+            else:
+                sizes.begin(connection)
+                for sql, rows in ops:
+                    if sql is _SWEEP_BY_SIZE:
+                        sizes.sweep(connection)
+                        continue
+                    sizes.added(_journal_payload_bytes(sql, rows))
+                    _execute(connection, sql, rows)
             connection.execute("COMMIT")
             self.commit_times.record(time.perf_counter() - started)
         except Exception as exc:  # not only sqlite3.Error: the writer thread must never die
@@ -1185,6 +1198,8 @@ class SQLiteStore:
             )
             with contextlib.suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
+            if self._size_retention is not None:
+                self._size_retention.rollback()
             return exc
         return None
 
@@ -1237,6 +1252,20 @@ def _execute(connection: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...
                 connection.execute(_bulk_remove(len(chunk)), [queue_name, *chunk])
     else:
         connection.executemany(sql, rows)
+
+
+def _journal_payload_bytes(sql: str, rows: list[Any]) -> int:
+    """Payload bytes of the journal rows an operation inserts (0 for any other)."""
+    if sql is _INSERT_JOURNAL:
+        return sum(len(row[_PAYLOAD]) for row in rows if row[_PAYLOAD] is not None)
+    if sql is _INSERT_JOURNAL_COLUMNS:
+        return sum(
+            len(payload)
+            for _wide, _shared, columns in rows
+            for payload in columns[_PAYLOAD]
+            if payload is not None
+        )
+    return 0
 
 
 def _weight(sql: str, rows: list[tuple[Any, ...]]) -> int:
