@@ -95,6 +95,8 @@ def raise_nofile(want: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # `timeout` and kill send SIGTERM: report what ran and stop the brokers, as on Ctrl-C.
+    signal.signal(signal.SIGTERM, _interrupted)
     from kwbench import brokers as brokers_mod
     from kwbench import report, runner, workloads
 
@@ -267,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results: {out}")
     shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def summary(r: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ import argparse
 import os
 import platform
 import shutil
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -71,6 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # `timeout` and kill send SIGTERM: report what ran and stop the brokers, as on Ctrl-C.
+    signal.signal(signal.SIGTERM, _interrupted)
     from kwbench import jms_brokers, jms_runner, jms_workloads, report
     from kwbench.brokers import BrokerUnavailable, make_workdir
 
@@ -241,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def profile(b: Any, args: argparse.Namespace, opt: Any) -> dict[str, Any]:
     """Re-run scenarios on kittiwake under py-spy; print the hottest functions and lines."""
-    import signal
     import subprocess
 
     from kwbench import jms_runner, jms_workloads
@@ -287,6 +289,10 @@ def profile(b: Any, args: argparse.Namespace, opt: Any) -> dict[str, Any]:
             print(f"| {pct:.1f} | {fn} |")
         print()
     return out
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def summary(r: dict[str, Any]) -> str:
