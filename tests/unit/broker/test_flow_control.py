@@ -8,44 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from held_commits import RecordingConsumer, run
 
 from kittiwake.broker.broker import Broker, SubscriptionOptions
-from kittiwake.broker.consumers import Delivery
 from kittiwake.broker.flow_control import RELEASE_BATCH
 from kittiwake.broker.message import Message
 from kittiwake.broker.queue_destinations import QueueDestinations
-from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
 from kittiwake.clock import ManualClock
 from kittiwake.config import config_from_dict
 
 DEPTH = 4
 TIMEOUT = 5.0
-
-
-class RecordingConsumer:
-    def __init__(self) -> None:
-        self.deliveries: list[Delivery] = []
-
-    def tag(self, delivery: Delivery) -> int:
-        return delivery.id
-
-    def deliver(self, delivery: Delivery) -> None:
-        self.deliveries.append(delivery)
-
-    def deliver_settled(self, entry: QueuedMessage) -> None:
-        pass
-
-    def taken_over(self) -> None:
-        pass
-
-
-def run(body: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(body(), 10))
 
 
 def subscriber(**limits: Any) -> tuple[Broker, ManualClock, Session, RecordingConsumer]:
