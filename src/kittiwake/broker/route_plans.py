@@ -27,7 +27,7 @@ from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, is_wildcard
 # Plans kept in each of the cache's two generations (see RoutePlans): two per filter in the
 # tree (a fleet's devices each publish on their own topic), at least the configured minimum
 # (limits.match_cache_size) and at most MAX_PLANS (a plan costs about 500 bytes, a topic
-# matching one subscription alone shares that subscription's: past that many topics in use
+# matching one subscription alone shares its session's for those options: past that many in use
 # the uncached path serves, and memory per filter stays as it was).
 MIN_PLANS = 4096
 MAX_PLANS = 16384
