@@ -166,6 +166,9 @@ class Session:
 
     def clear_subscriptions(self) -> None:
         self.subscriptions = _NONE_YET
+        # Its shared copies point back at it (and their plans at its last connection): a
+        # cycle the collector may never see once frozen (kittiwake.collector), broken here.
+        self.plain_copies = None
 
     def add_member(self, full_filter: str, member: Member) -> None:
         members = self.members

@@ -196,6 +196,18 @@ def test_a_sessions_plain_filters_share_one_copy_and_one_plan(harness: Any) -> N
     assert routes.plan("s/0/v") is plans[0]
 
 
+def test_an_ended_session_keeps_no_shared_copy(harness: Any) -> None:
+    """The shared copies point back at their session: ending it breaks that cycle, since the
+    collector may never look at a frozen one."""
+    session, _, _ = harness.connect("sub")
+    harness.subscribe(session, "s/1/v", 0)
+    assert harness.broker.routes.plan("s/1/v").copies[0].session is session
+    assert session.plain_copies
+    harness.broker.disconnect(session, publish_will=False)  # clean: the session ends
+    assert session.plain_copies is None
+    assert harness.broker.routes.plan("s/1/v").copies == ()
+
+
 def test_a_device_connecting_forgets_only_the_plans_of_its_own_filters(
     harness: Any,
 ) -> None:
