@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kittiwake.broker.sessions import Session, Subscription
+
+if TYPE_CHECKING:
+    from kittiwake.broker.route_plans import RoutePlan
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,7 +30,7 @@ class CopyOptions:
 class SessionCopy:
     """One session's copy of whatever is published on a topic."""
 
-    __slots__ = ("options", "own", "plain", "session")
+    __slots__ = ("options", "own", "plain", "plan", "session")
 
     def __init__(self, session: Session, options: CopyOptions, own: CopyOptions | None) -> None:
         self.session = session
@@ -37,6 +41,9 @@ class SessionCopy:
         self.own = own
         # Nothing to merge per message: no noLocal, no subscription identifier.
         self.plain = own is options and not options.subscription_ids
+        # The route plan of a topic that gives this copy alone (route_plans.py); None until
+        # one is worked out, and again when the session's connection changes.
+        self.plan: RoutePlan | None = None
 
     def __repr__(self) -> str:
         return f"<SessionCopy {self.session.client_id!r} {self.options!r}>"
@@ -80,14 +87,25 @@ _LONE_OPTIONS = {
 
 def sole_copy(subscription: Subscription) -> SessionCopy:
     """The copy one subscription alone gives its session, kept on it (Subscription.copy): what
-    :func:`_copy` makes of it, without merging a list of one (a fleet's first publication on
-    each topic after a routing change makes one)."""
+    :func:`_copy` makes of it, without merging a list of one. A plain subscription's copy is
+    its session's one for those options (Session.plain_copies), so a fleet's first publication
+    on each topic allocates nothing and its filters keep no copy of their own."""
     copy = subscription.copy
     if copy is not None:
         return copy
     retain = bool(subscription.retain_as_published)
     sid = subscription.subscription_id
     options = None if sid is not None else _LONE_OPTIONS.get((subscription.max_qos, retain))
+    if options is not None and not subscription.no_local:
+        session = subscription.session
+        shared = session.plain_copies
+        if shared is None:
+            shared = session.plain_copies = {}
+        copy = shared.get(options)
+        if copy is None:
+            copy = shared[options] = SessionCopy(session, options, options)
+        subscription.copy = copy
+        return copy
     if options is None:
         ids = () if sid is None else (sid,)
         options = CopyOptions(subscription.max_qos, ids, retain)

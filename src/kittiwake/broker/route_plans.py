@@ -8,9 +8,10 @@ The chain is: the topic tree's uncached walk under it (no second per-topic cache
 only be filled and cleared under a fleet's many topics), and, on each plan, a slot where a
 front end keeps what it derives from the plan (the MQTT front end: the connections one encoded
 QoS 0 frame goes to), dropped with the plan. A topic that matches one subscription alone (a
-fleet's device topics) gets that subscription's plan, kept on the subscription until its
-options or its session's connection change: a topic never published before, or forgotten by a
-change elsewhere, costs a tree walk, not a plan. Never enqueues anything.
+fleet's device topics) gets the plan of that subscription's copy, kept until its session's
+connection changes, and shared by all the session's plain subscriptions of the same options: a
+topic never published before, or forgotten by a change elsewhere, costs a tree walk, not a
+plan. Never enqueues anything.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, is_wildcard
 # Plans kept in each of the cache's two generations (see RoutePlans): two per filter in the
 # tree (a fleet's devices each publish on their own topic), at least the configured minimum
 # (limits.match_cache_size) and at most MAX_PLANS (a plan costs about 500 bytes, a topic
-# matching one subscription alone shares that subscription's: past that many topics in use
+# matching one subscription alone shares its session's for those options: past that many in use
 # the uncached path serves, and memory per filter stays as it was).
 MIN_PLANS = 4096
 MAX_PLANS = 16384
@@ -108,8 +109,9 @@ class RoutePlans:
 
     def subscription_changed(self, subscription: Subscription) -> None:
         """A subscription (or a shared group's member) came, went or changed its options: the
-        plans of the topics its filter matches are forgotten, and its own plan."""
-        subscription.plan = None
+        plans of the topics its filter matches are forgotten. Its copy's own plan stays: what
+        it says changes only with the session's connection (session_changed), and new options
+        come with a new copy (subscriptions.subscribe)."""
         self._filter_changed(subscription.topic_filter)
 
     def session_changed(self, session: Session) -> None:
@@ -119,8 +121,15 @@ class RoutePlans:
         if session.members:
             # A shared group's members are not in the plans; any doubt forgets everything.
             self.changed()
+        plain = session.plain_copies
+        if plain:
+            for shared in plain.values():
+                shared.plan = None
         for subscription in session.subscriptions.values():
-            self.subscription_changed(subscription)
+            copy = subscription.copy
+            if copy is not None:
+                copy.plan = None
+            self._filter_changed(subscription.topic_filter)
 
     def _filter_changed(self, topic_filter: str) -> None:
         if is_wildcard(topic_filter):
@@ -173,18 +182,19 @@ class RoutePlans:
             if type(match) is Subscription:
                 permissions = match.session.permissions
                 if permissions is None or not permissions.restricts_reading:
-                    # Nothing here depends on the topic: the subscription's plan serves them all.
-                    plan = match.plan
+                    # Nothing here depends on the topic: the copy's plan serves them all (a
+                    # plain one's is shared by its session's plain filters).
+                    copy = sole_copy(match)
+                    plan = copy.plan
                     if plan is None:
-                        plan = match.plan = self._sole_plan(match)
+                        plan = copy.plan = self._sole_plan(copy)
                     return plan
         return self._work_out(topic, matches, journaled)
 
-    def _sole_plan(self, subscription: Subscription) -> RoutePlan:
+    def _sole_plan(self, copy: SessionCopy) -> RoutePlan:
         """What :meth:`_work_out` makes of one readable subscription on a topic not journaled,
-        without its lists: made once per subscription, and again when its options or its
-        session's connection change."""
-        copy = sole_copy(subscription)
+        without its lists: made once per copy, and again when its session's connection
+        changes."""
         direct: tuple[Session, ...] | None = None
         if copy.plain:
             # Offline sessions never queue QoS 0.

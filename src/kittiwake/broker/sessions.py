@@ -21,8 +21,7 @@ from kittiwake.broker.routing import Binding
 
 if TYPE_CHECKING:
     from kittiwake.broker.authorization import Permissions
-    from kittiwake.broker.mqtt_subscriptions import SessionCopy
-    from kittiwake.broker.route_plans import RoutePlan
+    from kittiwake.broker.mqtt_subscriptions import CopyOptions, SessionCopy
     from kittiwake.broker.shared_groups import Member
 
 # A session expiry interval meaning "never expires" (the MQTT 5 value 0xFFFFFFFF).
@@ -88,9 +87,6 @@ class Subscription(Binding):
     # worked out once (mqtt_subscriptions.session_copies); None until then, and again
     # whenever its options change.
     copy: SessionCopy | None = field(default=None, repr=False)
-    # The route plan of a topic that matches this subscription alone (route_plans.py), valid
-    # in the routing generation it carries; None until one is worked out.
-    plan: RoutePlan | None = field(default=None, repr=False)
 
     @property
     def full_filter(self) -> str:
@@ -131,6 +127,10 @@ class Session:
     exactly_once_keys: Set[int] = _NO_KEYS
     # The connection, while there is one.
     link: SessionLink | None = None
+    # The copy shared by its plain subscriptions (no noLocal, no identifier) of each option
+    # set, with its route plan (mqtt_subscriptions.sole_copy): a fleet's thousands of filters
+    # on one session share one plan instead of building and keeping one each.
+    plain_copies: dict[CopyOptions, SessionCopy] | None = field(default=None, repr=False)
     will: Message | None = None
     will_delay: int = 0
     # Seconds the will lives once published (MQTT 5 will Message Expiry Interval).
@@ -166,6 +166,9 @@ class Session:
 
     def clear_subscriptions(self) -> None:
         self.subscriptions = _NONE_YET
+        # Its shared copies point back at it (and their plans at its last connection): a
+        # cycle the collector may never see once frozen (kittiwake.collector), broken here.
+        self.plain_copies = None
 
     def add_member(self, full_filter: str, member: Member) -> None:
         members = self.members

@@ -34,11 +34,15 @@ class _Node(Generic[V]):
         self.plus: _Node[V] | None = None
         # Values of the filter "<this path>/#"; None rather than {} keeps idle nodes small.
         self.multi: dict[V, None] | None = None
-        # Values of the filter that ends exactly at this node.
-        self.values: dict[V, None] | None = None
+        # Values of the filter that ends exactly at this node: the value itself while it is
+        # the only one (a fleet's filter each has one subscriber: no dict of one per filter,
+        # about 180 bytes and an object for the collector), a dict from the second on.
+        self.values: dict[V, None] | V | None = None
 
     def is_empty(self) -> bool:
-        return not self.children and self.plus is None and not self.multi and not self.values
+        return (
+            not self.children and self.plus is None and not self.multi and self.values is None
+        )
 
 
 class TopicTree(Generic[V]):
@@ -95,9 +99,17 @@ class TopicTree(Generic[V]):
                     child = children[level] = _Node()
                 node = child
         else:
-            if node.values is None:
-                node.values = {}
-            bucket = node.values
+            values = node.values
+            if values is None:
+                node.values = value
+                self._count += 1
+                self._invalidate(topic_filter)
+                return
+            if type(values) is not dict:
+                if values is value or values == value:
+                    return
+                values = node.values = {values: None}  # type: ignore[dict-item]
+            bucket = values
         if value in bucket:
             return
         bucket[value] = None
@@ -129,11 +141,17 @@ class TopicTree(Generic[V]):
             path.append((node, level))
             node = nxt
         else:
-            if node.values is None or value not in node.values:
-                return False
-            del node.values[value]
-            if not node.values:
+            values = node.values
+            if type(values) is dict:
+                if value not in values:
+                    return False
+                del values[value]
+                if len(values) == 1:
+                    node.values = next(iter(values))  # back to the value alone
+            elif values is not None and (values is value or values == value):
                 node.values = None
+            else:
+                return False
         self._count -= 1
         for parent, level in reversed(path):
             if not node.is_empty():
@@ -173,7 +191,7 @@ class TopicTree(Generic[V]):
         stack: list[tuple[_Node[V], list[str]]] = [(self._root, [])]
         while stack:
             node, prefix = stack.pop()
-            if node.values:
+            if node.values is not None:
                 out.append("/".join(prefix))
             if node.multi:
                 out.append("/".join([*prefix, "#"]))
@@ -199,10 +217,10 @@ class TopicTree(Generic[V]):
             if node is None:
                 return ()
             depth = 1
-        # The first bucket found, and a list only once a second one is (a fleet's topic
-        # matches one filter: no list is built for it).
-        first: dict[V, None] | None = None
-        more: list[dict[V, None]] | None = None
+        # The first bucket found (a dict, or a filter's value alone), and a list only once a
+        # second one is (a fleet's topic matches one filter: no list is built for it).
+        first: dict[V, None] | V | None = None
+        more: list[dict[V, None] | V] | None = None
         # '+' branches still to walk, with the depth below them; None until there is one, so
         # a topic no '+' filter shares costs no stacking. Walked after the literal descent:
         # literal matches come first.
@@ -221,7 +239,7 @@ class TopicTree(Generic[V]):
                         more.append(multi)
                 if depth == last:
                     values = node.values
-                    if values:
+                    if values is not None:
                         if first is None:
                             first = values
                         elif more is None:
@@ -243,10 +261,15 @@ class TopicTree(Generic[V]):
         if first is None:
             return ()
         if more is None:
-            return tuple(first)
-        merged = dict(first)
-        for bucket in more:
-            merged.update(bucket)
+            if type(first) is dict:
+                return tuple(first)
+            return (first,)  # type: ignore[return-value]
+        merged: dict[V, None] = {}
+        for bucket in (first, *more):
+            if type(bucket) is dict:
+                merged.update(bucket)
+            else:
+                merged[bucket] = None  # type: ignore[index]
         return tuple(merged)
 
     def _invalidate(self, topic_filter: str) -> None:

@@ -167,11 +167,45 @@ def test_a_lone_subscriptions_plan_is_the_general_one(
         harness.broker.disconnect(session, publish_will=False)
     routes = harness.broker.routes
     plan = routes.plan("a/1")
-    assert subscription.plan is plan  # the shortcut was taken
+    assert sole_copy(subscription).plan is plan  # the shortcut was taken
     general = routes._work_out("a/1", (subscription,), False)
     assert plan.copies == general.copies
     assert plan.groups == general.groups == ()
     assert plan.direct == general.direct
+
+
+def test_a_sessions_plain_filters_share_one_copy_and_one_plan(harness: Any) -> None:
+    """A subscriber of thousands of filters holds one plan per option set, not one per filter;
+    a noLocal or identified filter keeps its own."""
+    session, _, _ = harness.connect("sub")
+    routes = harness.broker.routes
+    for i in range(3):
+        harness.subscribe(session, f"s/{i}/v", 1)
+    harness.subscribe(session, "s/3/v", 0)
+    harness.subscribe(session, "s/4/v", 1, no_local=True)
+    harness.subscribe(session, "s/5/v", 1, subscription_id=7)
+    plans = [routes.plan(f"s/{i}/v") for i in range(6)]
+    assert plans[0] is plans[1] is plans[2]
+    assert len({id(plan) for plan in plans[2:]}) == 4
+    assert plans[0].copies[0].options.max_qos == 1
+    assert plans[3].copies[0].options.max_qos == 0
+    assert plans[4].copies[0].own is None
+    assert plans[5].copies[0].options.subscription_ids == (7,)
+    harness.subscribe(session, "s/1/v", 0)  # new options: the plan of QoS 0 filters
+    assert routes.plan("s/1/v") is plans[3]
+    assert routes.plan("s/0/v") is plans[0]
+
+
+def test_an_ended_session_keeps_no_shared_copy(harness: Any) -> None:
+    """The shared copies point back at their session: ending it breaks that cycle, since the
+    collector may never look at a frozen one."""
+    session, _, _ = harness.connect("sub")
+    harness.subscribe(session, "s/1/v", 0)
+    assert harness.broker.routes.plan("s/1/v").copies[0].session is session
+    assert session.plain_copies
+    harness.broker.disconnect(session, publish_will=False)  # clean: the session ends
+    assert session.plain_copies is None
+    assert harness.broker.routes.plan("s/1/v").copies == ()
 
 
 def test_a_device_connecting_forgets_only_the_plans_of_its_own_filters(

@@ -177,6 +177,57 @@ TreeMachine.TestCase.settings = settings(
 TestTreeMachine = TreeMachine.TestCase
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), _deep_filters(), VALUES), max_size=60),
+    st.lists(st.lists(DEEP_NAMES, min_size=1, max_size=7).map("/".join).filter(bool), max_size=10),
+)
+def test_inserts_and_removes_agree_with_the_reference(
+    steps: list[tuple[bool, str, str]], topics: list[str]
+) -> None:
+    """A filter's values go from none to one (kept alone), to several (a dict) and back."""
+    tree: TopicTree[str] = TopicTree(cache_size=0)
+    model: dict[str, dict[str, None]] = {}
+    for insert, topic_filter, value in steps:
+        if insert:
+            tree.insert(topic_filter, value)
+            model.setdefault(topic_filter, {})[value] = None
+        else:
+            there = value in model.get(topic_filter, {})
+            assert tree.remove(topic_filter, value) == there
+            if there:
+                del model[topic_filter][value]
+                if not model[topic_filter]:
+                    del model[topic_filter]
+        assert len(tree) == sum(len(v) for v in model.values())
+        for topic in topics:
+            result = tree.match_uncached(topic)
+            assert len(result) == len(set(result)), (topic, result)
+            assert set(result) == brute_force(model, topic), topic
+    assert sorted(tree.filters()) == sorted(model)
+    for topic_filter, values in model.items():
+        for value in values:
+            assert tree.remove(topic_filter, value)
+    assert len(tree) == 0 and tree._root.is_empty()
+
+
+def test_a_filters_values_keep_their_order_through_one_and_many() -> None:
+    tree: TopicTree[str] = TopicTree(cache_size=0)
+    tree.insert("a/b", "x")
+    assert tree.match_uncached("a/b") == ("x",)
+    tree.insert("a/b", "y")
+    tree.insert("a/b", "z")
+    assert tree.remove("a/b", "y")
+    assert tree.match_uncached("a/b") == ("x", "z")
+    assert tree.remove("a/b", "x")
+    assert tree.match_uncached("a/b") == ("z",)
+    assert not tree.remove("a/b", "x")
+    tree.insert("a/b", "z")
+    assert len(tree) == 1
+    tree.insert("a/+", "z")
+    assert tree.match_uncached("a/b") == ("z",)
+
+
 def test_insert_is_idempotent_and_keeps_insertion_order() -> None:
     tree: TopicTree[str] = TopicTree()
     tree.insert("a/b", "x")
