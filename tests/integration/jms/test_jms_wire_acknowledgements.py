@@ -13,6 +13,7 @@ from proton import Transport
 
 from kittiwake.jms import (
     AUTO_ACKNOWLEDGE,
+    CLIENT_ACKNOWLEDGE,
     DUPS_OK_ACKNOWLEDGE,
     Connection,
     MessageConsumer,
@@ -96,6 +97,27 @@ def test_dups_ok_acknowledges_a_range_in_one_frame(
     assert [m.get_body() if m else None for m in received] == [str(i) for i in range(5)]
     assert wait_until(wire.dispositions, 10.0)
     assert len(wire.seen) == 1
+    first, last = wire.seen[0]
+    assert last - first == 4
+    assert drain_queue(connect(), queue) == []
+
+
+def test_client_acknowledge_settles_what_the_session_consumed_in_one_frame(
+    connect: Connect, capfd: pytest.CaptureFixture[str]
+) -> None:
+    queue = Queue(unique("wire-client"))
+    fill(connect(), queue, 5)
+    consumer = traced_consumer(connect, CLIENT_ACKNOWLEDGE, queue)
+    wire = Wire(capfd)
+    wire.dispositions()
+    wire.seen.clear()
+    received = [consumer.receive(5) for _ in range(5)]
+    assert [m.get_body() if m else None for m in received] == [str(i) for i in range(5)]
+    assert wire.dispositions() == []  # nothing acknowledged yet
+    last_message = received[-1]
+    assert last_message is not None
+    last_message.acknowledge()  # returns once written
+    assert len(wire.dispositions()) == 1
     first, last = wire.seen[0]
     assert last - first == 4
     assert drain_queue(connect(), queue) == []
