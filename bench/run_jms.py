@@ -51,6 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prefetch", type=int, default=1000,
                    help="consumer credit of the Python clients (kittiwake.jms's default; "
                         "ActiveMQ's client keeps its own defaults: 1000 queue, 32766 topic)")
+    p.add_argument("--jms-ack", choices=("auto", "dups_ok"), default="auto",
+                   help="kittiwake.jms consumers' acknowledgement mode outside transactions "
+                        "(default auto, as the other clients; dups_ok: batched, what the "
+                        "broker pays without AUTO's acknowledgement per receive)")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the warm-up pass (every scenario at smoke size through every "
                         "client, not reported) and the Java client's in-JVM warm-up")
@@ -106,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     opt = jms_runner.Options(gen_procs=args.gen_procs, gen_cpus=gen_cpus, deadline_s=deadline,
                              idle_timeout_s=5.0 if args.smoke else 10.0, prefetch=args.prefetch,
                              java=shutil.which("java") or "java",
-                             java_warmup=0 if args.smoke or args.no_warmup else 2000)
+                             java_warmup=0 if args.smoke or args.no_warmup else 2000,
+                             jms_ack=args.jms_ack)
     warmup = not (args.smoke or args.no_warmup)
     notes = [
         f"{len(cpus)} CPU(s); "
@@ -123,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         "(proton: credit kept full, outcomes counted as they come; kittiwake.jms and the "
         "OpenWire client: JMS defaults); transacted = producer and consumer commit every "
         f"{jms_workloads.COMMIT_EVERY} messages. Consumers AUTO_ACKNOWLEDGE (proton: accept "
-        f"every message) with prefetch {args.prefetch} (OpenWire: its defaults).",
+        "every message, the accepts of one read written together after it, as its Container "
+        "does: a range a frame, where kittiwake.jms and OpenWire write one a receive) "
+        f"with prefetch {args.prefetch} (OpenWire: its defaults)"
+        + ("; kittiwake.jms consumers DUPS_OK_ACKNOWLEDGE (--jms-ack dups_ok)."
+           if args.jms_ack == "dups_ok" else "."),
         "Stores: kittiwake SQLite (WAL, synchronous=full: an fsync per group commit); ActiveMQ "
         "KahaDB with its default journal disk syncs. Both brokers run with their store on for "
         "every scenario; disk KB/msg = bytes the broker process wrote to storage "

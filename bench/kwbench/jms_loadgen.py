@@ -11,7 +11,8 @@ Three clients:
   commits).
 - ``jms``: ``kittiwake.jms``, the blocking API as an application uses it: ``send`` in a loop
   (PERSISTENT waits for the broker, NON_PERSISTENT does not), ``receive`` in a loop on one
-  thread per consumer, AUTO_ACKNOWLEDGE or ``commit()`` every batch.
+  thread per consumer, AUTO_ACKNOWLEDGE (``--jms-ack dups_ok``: DUPS_OK_ACKNOWLEDGE) or
+  ``commit()`` every batch.
 - ``java``: the OpenWire JMS 1.1 client (bench/jms/JmsBench.java, compiled by the harness);
   this worker runs the JVM and relays its READY / GO / RESULT lines.
 """
@@ -484,9 +485,11 @@ def _jms_consumers(spec: dict[str, Any], ready_q: Any, go: Any, result_q: Any) -
     errors: list[str] = []
     timed_out = [False]
     try:
+        mode = (jms.DUPS_OK_ACKNOWLEDGE if spec.get("jms_ack") == "dups_ok"
+                else jms.AUTO_ACKNOWLEDGE)
         for _ in range(spec["consumers"]):
             connection = factory.create_connection()
-            session = connection.create_session(transacted, jms.AUTO_ACKNOWLEDGE)
+            session = connection.create_session(transacted, mode)
             consumer = session.create_consumer(_jms_destination(spec))
             connection.start()
             opened.append((connection, session, consumer))

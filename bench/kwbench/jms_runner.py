@@ -37,6 +37,9 @@ class Options:
     java: str = "java"
     classpath: str = ""
     java_warmup: int = 0  # the Java client's JIT warm-up round trips before READY
+    # kittiwake.jms consumers' acknowledgement mode outside transactions: "auto" (what the
+    # tables report, as the other clients' rows) or "dups_ok" (batched acknowledgements).
+    jms_ack: str = "auto"
 
 
 class _JmsWorkers(_Workers):
@@ -63,7 +66,7 @@ def run_scenario(broker: Any, client: str, s: Scenario, opt: Options) -> dict[st
               "start_timeout_s": 90.0 if client == "java" else 60.0,
               "deadline_s": opt.deadline_s, "idle_timeout_s": opt.idle_timeout_s,
               "prefetch": opt.prefetch, "java": opt.java, "classpath": opt.classpath,
-              "warmup": opt.java_warmup}
+              "warmup": opt.java_warmup, "jms_ack": opt.jms_ack}
     # Python clients spread several consumers over processes; a JVM runs them on threads.
     consumer_procs = 1 if client == "java" else opt.gen_procs
     specs = [{**common, "id": f"cons{n}", "role": "consumer", "consumers": k}

@@ -10,13 +10,15 @@ call the C functions here directly; everything else keeps using proton's classes
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from cproton_ffi import ffi as _ffi  # type: ignore[import-not-found]
 from cproton_ffi import lib as _lib
 from proton import Delivery, Event, Link
+
+from kittiwake.proton_calls import delivery_tag as delivery_tag
+from kittiwake.proton_calls import scratch as _scratch
 
 # Event types (pn_event_type_t).
 DELIVERY: int = _lib.PN_DELIVERY
@@ -68,7 +70,6 @@ delivery_remote_state: Callable[[Any], int] = _lib.pn_delivery_remote_state
 delivery_remote: Callable[[Any], Any] = _lib.pn_delivery_remote
 disposition_is_failed: Callable[[Any], bool] = _lib.pn_disposition_is_failed
 disposition_is_undeliverable: Callable[[Any], bool] = _lib.pn_disposition_is_undeliverable
-_delivery_tag = _lib.pn_delivery_tag
 _unpack = _ffi.unpack
 link_state: Callable[[Any], int] = _lib.pn_link_state
 link_advance: Callable[[Any], bool] = _lib.pn_link_advance
@@ -83,39 +84,12 @@ _transport_peek = _lib.pn_transport_peek
 _transport_pop = _lib.pn_transport_pop
 _transport_push = _lib.pn_transport_push
 _from_buffer = _ffi.from_buffer
-_new = _ffi.new
 _cast = _ffi.cast
 
 
 def address(impl: Any) -> int:
     """A C object's address: the key of its Python-side state (proton's wrappers hash so)."""
     return int(_cast("uint64_t", impl))
-
-
-def delivery_tag(delivery: Any) -> bytes:
-    """A delivery's tag as bytes (proton's wrapper decodes it as UTF-8 text)."""
-    tag = _delivery_tag(delivery)
-    return bytes(_unpack(tag.start, tag.size))
-
-
-class _Scratch(threading.local):
-    """A C buffer the engine copies into (a transfer's bytes, its output), reused: one per
-    thread (C calls release the GIL, so threads cannot share one; each use is a copy in and
-    a copy out with nothing in between). Passing a new bytearray through ``ffi.from_buffer``
-    instead cost more than the copy itself on every call."""
-
-    def __init__(self) -> None:
-        self.size = 64 * 1024
-        self.buffer: Any = _new("char[]", self.size)
-
-    def at_least(self, size: int) -> Any:
-        if size > self.size:
-            self.size = max(size, 2 * self.size)
-            self.buffer = _new("char[]", self.size)
-        return self.buffer
-
-
-_scratch = _Scratch()
 
 
 def receive(link: Any, size: int) -> bytes:

@@ -1502,10 +1502,14 @@ class MessageConsumer:
         self.endpoint.notify()
 
     def _settled(self) -> None:
+        """One of this consumer's deliveries was settled: its credit may come back. Not
+        flushed here: every settling caller flushes once after its batch, so the settlements
+        of a batch (DUPS_OK's, acknowledge()'s, a recover's) go out as one range, not cut by
+        a flow written after the first few."""
         self.outstanding = max(0, self.outstanding - 1)
-        self._top_up()
+        self._top_up(flush=False)
 
-    def _top_up(self) -> None:
+    def _top_up(self, *, flush: bool = True) -> None:
         if self.closed or self.prefetch == 0:
             return
         if self._drain_mode:
@@ -1515,7 +1519,8 @@ class MessageConsumer:
         want = self.prefetch - credit - self.outstanding
         if want > 0 and (want >= max(1, self.prefetch // 4) or credit == 0):
             self.link.flow(want)
-            self.session.engine.flush()
+            if flush:
+                self.session.engine.flush()
 
     def _wake(self) -> None:
         self.endpoint.notify()

@@ -12,8 +12,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-from cproton_ffi import ffi as _ffi  # type: ignore[import-not-found]
-from cproton_ffi import lib as _lib
+from cproton_ffi import lib as _lib  # type: ignore[import-not-found]
 from proton import (
     SASL,
     UNDESCRIBED,
@@ -44,11 +43,37 @@ from kittiwake.jms.exceptions import (
     JMSSecurityException,
     from_condition,
 )
+from kittiwake.proton_calls import collector_peek as _collector_peek
+from kittiwake.proton_calls import collector_pop as _collector_pop
+from kittiwake.proton_calls import delivery_link as _delivery_link
+from kittiwake.proton_calls import delivery_partial as _delivery_partial
+from kittiwake.proton_calls import delivery_pending as delivery_pending
+from kittiwake.proton_calls import delivery_readable as _delivery_readable
+from kittiwake.proton_calls import delivery_remote as _delivery_remote
+from kittiwake.proton_calls import delivery_remote_state as _delivery_remote_state
+from kittiwake.proton_calls import delivery_settle as delivery_settle
+from kittiwake.proton_calls import delivery_settled as delivery_settled
+from kittiwake.proton_calls import delivery_tag as delivery_tag
+from kittiwake.proton_calls import delivery_update as delivery_update
+from kittiwake.proton_calls import delivery_updated as _delivery_updated
+from kittiwake.proton_calls import event_delivery as _event_delivery
+from kittiwake.proton_calls import event_type as _event_type
+from kittiwake.proton_calls import from_buffer as _from_buffer
+from kittiwake.proton_calls import link_advance as link_advance
+from kittiwake.proton_calls import link_credit as link_credit
+from kittiwake.proton_calls import link_recv as _link_recv
+from kittiwake.proton_calls import link_send as _link_send
+from kittiwake.proton_calls import new_delivery as _new_delivery
+from kittiwake.proton_calls import scratch as _scratch
+from kittiwake.proton_calls import transport_capacity as _transport_capacity
+from kittiwake.proton_calls import transport_peek as _transport_peek
+from kittiwake.proton_calls import transport_pending as _transport_pending
+from kittiwake.proton_calls import transport_pop as _transport_pop
+from kittiwake.proton_calls import transport_push_raw as _transport_push
+from kittiwake.proton_calls import unpack as _unpack
 
-# The engine's collector read through python-qpid-proton's C calls (see flush).
-_collector_peek: Callable[[Any], Any] = _lib.pn_collector_peek
-_collector_pop: Callable[[Any], Any] = _lib.pn_collector_pop
-_event_type: Callable[[Any], int] = _lib.pn_event_type
+# The engine's collector is read, and deliveries handled, through the C calls above (see
+# flush); these are the client's own.
 _wrap_event: Callable[[Any], Event] = Event.wrap
 _wrap_delivery: Callable[[Any], Delivery] = Delivery.wrap
 _TRANSPORT: int = _lib.PN_TRANSPORT
@@ -59,31 +84,8 @@ _ACCEPTED: int = _lib.PN_ACCEPTED
 TRANSACTIONAL_STATE = 0x34
 _ACCEPTED_DESCRIPTOR = 0x24
 _DATA_ONLY = frozenset((0x33, TRANSACTIONAL_STATE))
-# A delivery's C calls (the fast path of flush and of the client's sends and settlements).
-_event_delivery: Callable[[Any], Any] = _lib.pn_event_delivery
-_delivery_link: Callable[[Any], Any] = _lib.pn_delivery_link
-_delivery_readable: Callable[[Any], bool] = _lib.pn_delivery_readable
-_delivery_partial: Callable[[Any], bool] = _lib.pn_delivery_partial
-_delivery_updated: Callable[[Any], bool] = _lib.pn_delivery_updated
-_delivery_remote_state: Callable[[Any], int] = _lib.pn_delivery_remote_state
-_delivery_tag = _lib.pn_delivery_tag
 _delivery_local: Callable[[Any], Any] = _lib.pn_delivery_local
-_delivery_remote: Callable[[Any], Any] = _lib.pn_delivery_remote
-delivery_pending: Callable[[Any], int] = _lib.pn_delivery_pending
-delivery_settled: Callable[[Any], bool] = _lib.pn_delivery_settled
-delivery_update: Callable[[Any, int], None] = _lib.pn_delivery_update
-delivery_settle: Callable[[Any], None] = _lib.pn_delivery_settle
-link_advance: Callable[[Any], bool] = _lib.pn_link_advance
 link_snd_settle_mode: Callable[[Any], int] = _lib.pn_link_snd_settle_mode
-link_credit: Callable[[Any], int] = _lib.pn_link_credit
-_transport_capacity: Callable[[Any], int] = _lib.pn_transport_capacity
-_transport_push = _lib.pn_transport_push
-_transport_pending: Callable[[Any], int] = _lib.pn_transport_pending
-_transport_peek = _lib.pn_transport_peek
-_transport_pop = _lib.pn_transport_pop
-_link_recv = _lib.pn_link_recv
-_link_send = _lib.pn_link_send
-_new_delivery = _lib.pn_delivery
 _incref: Callable[[Any], Any] = _lib.pn_incref
 _decref: Callable[[Any], None] = _lib.pn_decref
 _set_failed: Callable[[Any, bool], None] = _lib.pn_disposition_set_failed
@@ -96,9 +98,6 @@ _data_put_binary = _lib.pn_data_put_binary
 _data_put_ulong: Callable[[Any, int], int] = _lib.pn_data_put_ulong
 _data_enter: Callable[[Any], bool] = _lib.pn_data_enter
 _data_exit: Callable[[Any], bool] = _lib.pn_data_exit
-_unpack = _ffi.unpack
-_from_buffer = _ffi.from_buffer
-_new = _ffi.new
 # The event types _dispatch acts on (PN_TRANSPORT only before the open: see flush).
 _DISPATCHED: frozenset[int] = frozenset(
     (
@@ -143,29 +142,6 @@ def _outcome(delivery: Any, state: int) -> Outcome:
         return Outcome(state, value)
     remote = _wrap_delivery(delivery).remote  # rare: a refusal (its condition), a release...
     return Outcome(state, remote.data, remote.condition)
-
-
-def delivery_tag(delivery: Any) -> bytes:
-    tag = _delivery_tag(delivery)
-    return bytes(_unpack(tag.start, tag.size))
-
-
-class _Scratch(threading.local):
-    """A C buffer a transfer's bytes are copied into, reused (one per thread: C calls release
-    the GIL); as kittiwake.amqp.engine_calls' (the client imports nothing of the broker)."""
-
-    def __init__(self) -> None:
-        self.size = 64 * 1024
-        self.buffer: Any = _new("char[]", self.size)
-
-    def at_least(self, size: int) -> Any:
-        if size > self.size:
-            self.size = max(size, 2 * self.size)
-            self.buffer = _new("char[]", self.size)
-        return self.buffer
-
-
-_scratch = _Scratch()
 
 
 def receive_transfer(link: Any, delivery: Any) -> bytes | None:
