@@ -37,6 +37,7 @@ from kittiwake.logs import ConnectionLog, connection_log
 from kittiwake.mqtt.answers import encode_answer, response_information
 from kittiwake.mqtt.codec import (
     encode_ack,
+    encode_puback,
     encode_publish,
     encode_publish_head,
     encode_suback_v3,
@@ -278,7 +279,18 @@ class MQTTConnection:
             return
         # Connected: the session goes only with the connection (taken over, closed).
         handlers = self._handlers
+        session = self.session
+        acknowledge = self.broker.acknowledge
         for packet in packets:
+            if isinstance(packet, PubAck):
+                # _on_puback, inlined: a subscriber's reads are runs of these, one per
+                # delivery. (The session goes only with the connection: see the check below.)
+                delivery = self._packet_ids.pop(packet.packet_id, None)
+                if delivery is not None:
+                    acknowledge(session, delivery)
+                    if self.closed:
+                        return
+                continue
             handler = handlers.get(type(packet))
             if handler is None:
                 self.handle(packet)  # a packet a client may not send
@@ -651,7 +663,7 @@ class MQTTConnection:
         if version == 5 and packet.retain and self.broker.retained_too_large(message):
             self._answer_not_retained(session, message, commit, packet_id)
             return
-        ack = encode_ack(0x40 if qos == 1 else 0x50, packet_id)
+        ack = encode_puback(packet_id) if qos == 1 else encode_ack(0x50, packet_id)
         if commit is None and not self._answers:
             self.transport.write(ack)
             return
