@@ -280,17 +280,23 @@ class MQTTConnection:
         # Connected: the session goes only with the connection (taken over, closed).
         handlers = self._handlers
         session = self.session
-        acknowledge = self.broker.acknowledge
+        # _on_puback, for a run of PUBACKs (a subscriber's reads are runs of them, one per
+        # delivery): their deliveries, settled in one call before the next other packet.
+        acknowledged: list[Delivery] | None = None
         for packet in packets:
             if isinstance(packet, PubAck):
-                # _on_puback, inlined: a subscriber's reads are runs of these, one per
-                # delivery. (The session goes only with the connection: see the check below.)
                 delivery = self._packet_ids.pop(packet.packet_id, None)
                 if delivery is not None:
-                    acknowledge(session, delivery)
-                    if self.closed:
-                        return
+                    if acknowledged is None:
+                        acknowledged = [delivery]
+                    else:
+                        acknowledged.append(delivery)
                 continue
+            if acknowledged is not None:
+                self.broker.acknowledge_all(session, acknowledged)
+                acknowledged = None
+                if self.closed:
+                    return
             handler = handlers.get(type(packet))
             if handler is None:
                 self.handle(packet)  # a packet a client may not send
@@ -298,6 +304,8 @@ class MQTTConnection:
                 handler(self, packet)
             if self.closed:
                 return
+        if acknowledged is not None:
+            self.broker.acknowledge_all(session, acknowledged)
 
     def protocol_error(self, error: MQTTProtocolError, decoded_version: int = 4) -> None:
         """The peer broke the protocol: answer as its version says, then close.
