@@ -6,6 +6,7 @@ enough to compare changes on a loaded machine (CPU time, or instruction counts u
     python bench/inprocess.py qos1            # QoS 1 1->1: publish, route, deliver, PUBACK, settle
     python bench/inprocess.py qos1 --publishers 10   # QoS 1 fan-in 10->1
     python bench/inprocess.py qos1 --subscribers 50  # QoS 1 fan-out 1->50 (CPU per delivery)
+    python bench/inprocess.py qos1 --publishers 10 --qos 0   # the same shapes at QoS 0
     python bench/inprocess.py qos1 --durable  # the same to a persistent session, SQLite store
     python bench/inprocess.py connections --connections 2000   # bytes per idle connection
     python bench/inprocess.py topics --filters 10000
@@ -183,16 +184,19 @@ def close_store(broker: Broker) -> None:
         ENTRY_WRITES.append((written, getattr(store, "cancelled_writes", 0)))
 
 
-async def qos1(messages: int, batch: int, publishers: int = 1, subscribers: int = 1) -> float:
+async def qos1(
+    messages: int, batch: int, publishers: int = 1, subscribers: int = 1, qos: int = 1
+) -> float:
     """QoS 1 1->1: batches of `batch` PUBLISHes in one read, their PUBACKs in one read.
 
     With `publishers` > 1 (fan-in), each publisher reads a batch in turn, then the subscriber
     acknowledges what it was sent, a window at a time, until every message is settled.
     With `subscribers` > 1 (fan-out), every subscriber acknowledges each batch in a read of
     its own; `messages` then counts deliveries, and the cost is per delivery.
+    With `qos` 0 the same shapes publish at QoS 0: nothing to acknowledge.
     """
     if publishers > 1:
-        return await qos1_fan_in(messages, batch, publishers)
+        return await qos1_fan_in(messages, batch, publishers, qos)
     broker = make_broker()
     cancel = broker.schedule_ticks(asyncio.get_running_loop())
     subs = [
@@ -216,18 +220,20 @@ async def qos1(messages: int, batch: int, publishers: int = 1, subscribers: int 
             pid = pid + 1 if pid < 0xFFFF else 1
             ids.append(pid)
         publish_reads.append(
-            frames([Publish("bench/q1", payload, 1, False, False, i) for i in ids])
+            frames([Publish("bench/q1", payload, qos, False, False, i if qos else None)
+                    for i in ids])
         )
-        ack_reads.append(frames([PubAck(i) for i in ids]))
+        ack_reads.append(frames([PubAck(i) for i in ids]) if qos else b"")
     await turns()
     gc.collect()
     start = time.process_time()
     for publishes, acks in zip(publish_reads, ack_reads, strict=True):
         pub.read(publishes)
         await asyncio.sleep(0)
-        for sub in subs:
-            sub.read(acks)
-        await asyncio.sleep(0)
+        if acks:
+            for sub in subs:
+                sub.read(acks)
+            await asyncio.sleep(0)
     await settled(broker)
     elapsed = time.process_time() - start
     cancel()
@@ -238,7 +244,7 @@ async def qos1(messages: int, batch: int, publishers: int = 1, subscribers: int 
     return elapsed / (rounds * batch * subscribers)
 
 
-async def qos1_fan_in(messages: int, batch: int, publishers: int) -> float:
+async def qos1_fan_in(messages: int, batch: int, publishers: int, qos: int = 1) -> float:
     """QoS 1 N->1: per round every publisher reads `batch` PUBLISHes (one loop turn after
     each read), then the subscriber acknowledges its window's deliveries, one read and one
     loop turn per window, until the round is settled."""
@@ -261,7 +267,10 @@ async def qos1_fan_in(messages: int, batch: int, publishers: int) -> float:
             for _ in range(batch):
                 pid = pid + 1 if pid < 0xFFFF else 1
                 ids.append(pid)
-            reads.append(frames([Publish("bench/q1", payload, 1, False, False, i) for i in ids]))
+            reads.append(
+                frames([Publish("bench/q1", payload, qos, False, False, i if qos else None)
+                        for i in ids])
+            )
         publish_reads.append(reads)
     # The subscriber's packet ids run 1, 2, ... as the broker hands them out (every earlier
     # one is acknowledged before the window moves on).
@@ -544,6 +553,13 @@ def main() -> None:
         help="qos1: subscribers one publisher fans out to (--messages counts deliveries)",
     )
     parser.add_argument(
+        "--qos",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="qos1: publish at this QoS (0: the same shapes, nothing acknowledged)",
+    )
+    parser.add_argument(
         "--durable",
         action="store_true",
         help="qos1: a persistent subscriber session on the SQLite store (writer thread included)",
@@ -562,12 +578,13 @@ def main() -> None:
         median, low, high = spread(
             args.runs,
             lambda: asyncio.run(
-                qos1(args.messages, args.batch, args.publishers, args.subscribers)
+                qos1(args.messages, args.batch, args.publishers, args.subscribers, args.qos)
             ),
         )
         unit = "delivery" if args.subscribers > 1 else "message"
         print(
-            f"qos1 {args.publishers}->{args.subscribers}: {low * 1e6:.2f} us CPU per {unit} "
+            f"qos{args.qos} {args.publishers}->{args.subscribers}: "
+            f"{low * 1e6:.2f} us CPU per {unit} "
             f"(best of {args.runs}; median {median * 1e6:.2f}, max {high * 1e6:.2f})"
         )
         if ENTRY_WRITES:

@@ -566,6 +566,26 @@ class Broker:
             self.pump_soon(session)
         return True, completion
 
+    def acknowledge_all(self, session: Session, deliveries: list[Delivery]) -> None:
+        """:meth:`acknowledge` for the deliveries one read acknowledged (a subscriber's run of
+        PUBACKs) when nobody waits for the answers: one call for the run, and the store's
+        batch and the session's pump seen to once."""
+        stored = False
+        waiting = False
+        for delivery in deliveries:
+            queue = delivery.consumer.queue
+            if queue is None or not queue.settle(delivery, _ACCEPTED):
+                continue
+            if delivery.entry.persistent and queue.durable:
+                stored = True
+            if queue.count:
+                waiting = True
+        if stored:
+            # As acknowledge: an acceptance nobody waits for may let its batch wait for more.
+            self.store.commit_unhurried()
+        if (waiting or self.retained_cursors) and session not in self.pumps.pending:
+            self.pump_soon(session)
+
     def settle(
         self,
         session: Session,

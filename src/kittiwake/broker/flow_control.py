@@ -127,7 +127,9 @@ class FlowControl:
         for receiver in receivers:
             if not isinstance(receiver, Session):
                 continue
-            queue = receiver.queue
+            queue = receiver.made_queue  # (a receiver was given a copy: it has its queue)
+            if queue is None:
+                continue
             if (
                 (queue.count >= depth or queue.bytes >= depth_bytes)
                 and receiver.link is not None

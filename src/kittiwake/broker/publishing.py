@@ -200,7 +200,10 @@ def route(
     """Enqueue the message on every session and group that should get it; returns those
     that need pumping. ``stored``, when given, gets the name of every queue that stored a
     copy."""
-    plan = broker.routes.plan(message.topic)
+    routes = broker.routes
+    plan = routes.by_topic.get(message.topic)  # RoutePlans.plan, inlined: once a message
+    if plan is None:
+        plan = routes.missed(message.topic)
     touched: list[Session | SharedGroup] = []
     # The delivery rule's row for this message (what QueuedMessage.of looks up), once, not
     # once per copy: a fan-out makes every copy here.
@@ -226,8 +229,10 @@ def route(
         session = copy.session
         if enqueue(broker, session, entry):
             touched.append(session)
-            if stored is not None and entry.persistent and session.queue.durable:
-                stored.append(session.queue.name)
+            if stored is not None and entry.persistent:
+                queue = session.made_queue  # (enqueue made it: the attribute, not the property)
+                if queue is not None and queue.durable:
+                    stored.append(queue.name)
     for group in plan.groups:
         if enqueue_shared(broker, group, message):
             touched.append(group)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final
 
 from kittiwake.mqtt.errors import (
@@ -741,6 +742,8 @@ def encode_ack(first_byte: int, packet_id: int) -> bytes:
 # encode_ack's bytes: one precompiled pack (every QoS 1 publication's PUBACK) is about half
 # the cost of building them from a tuple of four ints.
 _ACK_FRAME: Final = struct.Struct(">BBH").pack
+# encode_ack(0x40, packet_id) as a partial of the pack: no Python frame per QoS 1 publication.
+encode_puback: Final[Callable[[int], bytes]] = partial(_ACK_FRAME, 0x40, 2)
 
 
 def _encode_ack(p: PubAck | PubRec | PubRel | PubComp, version: int) -> bytes:

@@ -37,6 +37,7 @@ from kittiwake.logs import ConnectionLog, connection_log
 from kittiwake.mqtt.answers import encode_answer, response_information
 from kittiwake.mqtt.codec import (
     encode_ack,
+    encode_puback,
     encode_publish,
     encode_publish_head,
     encode_suback_v3,
@@ -278,7 +279,24 @@ class MQTTConnection:
             return
         # Connected: the session goes only with the connection (taken over, closed).
         handlers = self._handlers
+        session = self.session
+        # _on_puback, for a run of PUBACKs (a subscriber's reads are runs of them, one per
+        # delivery): their deliveries, settled in one call before the next other packet.
+        acknowledged: list[Delivery] | None = None
         for packet in packets:
+            if isinstance(packet, PubAck):
+                delivery = self._packet_ids.pop(packet.packet_id, None)
+                if delivery is not None:
+                    if acknowledged is None:
+                        acknowledged = [delivery]
+                    else:
+                        acknowledged.append(delivery)
+                continue
+            if acknowledged is not None:
+                self.broker.acknowledge_all(session, acknowledged)
+                acknowledged = None
+                if self.closed:
+                    return
             handler = handlers.get(type(packet))
             if handler is None:
                 self.handle(packet)  # a packet a client may not send
@@ -286,6 +304,8 @@ class MQTTConnection:
                 handler(self, packet)
             if self.closed:
                 return
+        if acknowledged is not None:
+            self.broker.acknowledge_all(session, acknowledged)
 
     def protocol_error(self, error: MQTTProtocolError, decoded_version: int = 4) -> None:
         """The peer broke the protocol: answer as its version says, then close.
@@ -651,7 +671,7 @@ class MQTTConnection:
         if version == 5 and packet.retain and self.broker.retained_too_large(message):
             self._answer_not_retained(session, message, commit, packet_id)
             return
-        ack = encode_ack(0x40 if qos == 1 else 0x50, packet_id)
+        ack = encode_puback(packet_id) if qos == 1 else encode_ack(0x50, packet_id)
         if commit is None and not self._answers:
             self.transport.write(ack)
             return

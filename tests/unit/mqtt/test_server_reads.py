@@ -145,3 +145,43 @@ async def deliveries_an_ack_frees_leave_by_the_end_of_its_read(server: MQTTServe
     assert (writes, [p.payload for p in last]) == (1, [b"m6"])  # type: ignore[attr-defined]
     await settle()
     assert sub.take() == (0, [])
+
+
+def test_a_run_of_pubacks_around_a_publish_settles_each_once_in_order() -> None:
+    run(a_run_of_pubacks_around_a_publish_settles_each_once_in_order)
+
+
+async def a_run_of_pubacks_around_a_publish_settles_each_once_in_order(
+    server: MQTTServer,
+) -> None:
+    sub = await subscriber(server)
+    pub = Client(server, "pub")
+    pub.read(*(Publish("t", b"m%d" % i, 1, False, False, 1 + i) for i in range(7)))
+    await settle()
+    _, first = sub.take()
+    ids = [p.packet_id for p in first]  # type: ignore[attr-defined]
+    assert len(ids) == WINDOW
+    # One read: a PUBACK, the same one again, one for an id never sent, the subscriber's own
+    # publication (nobody subscribes to its topic), then the rest of the window's PUBACKs.
+    unknown = max(ids) + 100
+    sub.read(
+        PubAck(ids[0]),
+        PubAck(ids[0]),
+        PubAck(unknown),
+        Publish("elsewhere", b"own", 1, False, False, 50),
+        *(PubAck(i) for i in ids[1:]),
+    )
+    # Its publication is answered in place, and the window the acknowledgements freed is
+    # refilled once, by the end of the read: the same write, after the answer.
+    writes, out = sub.take()
+    assert writes == 1
+    assert [(type(p), getattr(p, "payload", None)) for p in out] == [
+        (PubAck, None),
+        (Publish, b"m3"),
+        (Publish, b"m4"),
+        (Publish, b"m5"),
+    ]
+    assert out[0].packet_id == 50  # type: ignore[attr-defined]
+    session = server.broker.sessions["sub"]
+    assert len(session.inflight) == WINDOW
+    assert session.queued == 1
