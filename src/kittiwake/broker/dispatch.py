@@ -132,6 +132,33 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
     return True
 
 
+def deliver_stored_now(
+    broker: Broker, session: Session, queue: Queue, entry: QueuedMessage
+) -> bool:
+    """A stored at-least-once copy of a store-and-dispatch publication (DESIGN.md section 3)
+    on the session's durable ``queue`` goes in flight at once, as :func:`enqueue` sends a copy
+    nobody stores, when nothing waits ahead of it and the window has room: its stored entry
+    first, so that the in-flight mark its delivery makes joins the pending insert (and is
+    dropped with it on acceptance); no push, pump and dispatch round. False when it cannot
+    (nothing done): the caller enqueues it."""
+    consumer = session.made_consumer
+    if (
+        queue.count
+        or consumer is None
+        or consumer.credit.available <= 0
+        or consumer.receiver is None
+        or entry.message.delivery_time is not None
+    ):
+        return False
+    message = entry.message
+    if message.message_id == 0:
+        broker.store.journal(message)
+    broker.store.enqueue(queue.name, entry)
+    queue.deliver_now(consumer, entry)
+    broker.stats.messages_sent += 1
+    return True
+
+
 def enqueue_shared(broker: Broker, group: SharedGroup, message: Message) -> bool:
     """Queue one copy for a shared group (each member's own cap applies when it is sent
     one); QoS 0 goes to a connected member or nowhere. True when pumping is needed."""
