@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage
-from kittiwake.broker.sessions import Session, SessionLink
+from kittiwake.broker.sessions import Session, SessionLink, session_queue_name
 from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.store import Store
 
@@ -27,12 +27,15 @@ class DurableReceiver:
     link itself, so the common path costs no extra call.
     """
 
-    __slots__ = ("link", "session", "store")
+    __slots__ = ("link", "queue_name", "session", "store")
 
     def __init__(self, store: Store, session: Session, link: SessionLink) -> None:
         self.store = store
         self.session = session
         self.link = link
+        # The store's key of the session's queue (what session.queue.name says, without
+        # making the queue or a property call per delivery).
+        self.queue_name = session_queue_name(session.client_id)
 
     def deliver(self, delivery: Delivery) -> None:
         entry = delivery.entry
@@ -45,7 +48,7 @@ class DurableReceiver:
         # An at-least-once mark may be written late (or never, if the acknowledgement comes
         # first): recovery counts an unmarked entry within the window as possibly delivered.
         self.store.mark_delivery(
-            self.session.queue.name,
+            self.queue_name,
             entry.message.message_id,
             tag,
             "sent",
