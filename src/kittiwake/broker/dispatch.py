@@ -44,22 +44,20 @@ class DurableReceiver:
             link.deliver(delivery)
             return
         tag = link.tag(delivery)
-        exactly_once = entry.qos == 2
-        # An at-least-once mark may be written late (or never, if the acknowledgement comes
-        # first): recovery counts an unmarked entry within the window as possibly delivered.
-        self.store.mark_delivery(
-            self.queue_name,
-            entry.message.message_id,
-            tag,
-            "sent",
-            lazy=not exactly_once,
-        )
-        if exactly_once:
-            # The client holds this id until the release: the broker must not forget it.
-            commit = self.store.commit()
-            if commit is not None:
-                commit.add_done_callback(lambda done: self._send_committed(done, delivery, link))
-                return
+        if entry.qos != 2:
+            # An at-least-once mark may be written late (or never, if the acknowledgement
+            # comes first): recovery counts an unmarked entry within the window as possibly
+            # delivered.
+            self.store.mark_delivery(self.queue_name, entry.message.message_id, tag, "sent", True)
+            link.deliver(delivery)
+            return
+        self.store.mark_delivery(self.queue_name, entry.message.message_id, tag, "sent")
+        # Exactly once: the client holds this id until the release, so the broker must not
+        # forget it.
+        commit = self.store.commit()
+        if commit is not None:
+            commit.add_done_callback(lambda done: self._send_committed(done, delivery, link))
+            return
         link.deliver(delivery)
 
     def _send_committed(
