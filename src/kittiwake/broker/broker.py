@@ -719,15 +719,17 @@ class Broker:
 
     def _entry_removed(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
         """An entry left a session's or a group's queue for good: the store forgets it too."""
-        if reason is not Removal.ACCEPTED:
+        accepted = reason is _REMOVAL_ACCEPTED
+        if not accepted:
             # Expired or pushed out of a full queue: never delivered. (MQTT's queues do not
             # dead-letter: they have no maximum delivery count.)
             self.stats.messages_dropped += 1
         if entry.persistent and queue.durable:
             message_id = entry.message.message_id
-            self.store.remove(queue.name, message_id)
-            if reason is Removal.ACCEPTED:
-                self.acceptances.accepted(queue.name, message_id)
+            name = queue.name
+            self.store.remove(name, message_id)
+            if accepted:
+                self.acceptances.accepted(name, message_id)
 
     def _entry_given_up(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
         """An entry left a dead-lettering session's queue for good: as any session's, and
@@ -786,3 +788,4 @@ class Broker:
 
 # Read per acknowledgement; an Enum class attribute lookup costs several plain ones.
 _ACCEPTED = Settlement.ACCEPTED
+_REMOVAL_ACCEPTED = Removal.ACCEPTED

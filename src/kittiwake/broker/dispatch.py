@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from kittiwake.broker.consumers import Delivery, DeliveryState
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage
-from kittiwake.broker.sessions import Session, SessionLink
+from kittiwake.broker.sessions import Session, SessionLink, session_queue_name
 from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.store import Store
 
@@ -27,12 +27,15 @@ class DurableReceiver:
     link itself, so the common path costs no extra call.
     """
 
-    __slots__ = ("link", "session", "store")
+    __slots__ = ("link", "queue_name", "session", "store")
 
     def __init__(self, store: Store, session: Session, link: SessionLink) -> None:
         self.store = store
         self.session = session
         self.link = link
+        # The store's key of the session's queue (what session.queue.name says, without
+        # making the queue or a property call per delivery).
+        self.queue_name = session_queue_name(session.client_id)
 
     def deliver(self, delivery: Delivery) -> None:
         entry = delivery.entry
@@ -41,22 +44,20 @@ class DurableReceiver:
             link.deliver(delivery)
             return
         tag = link.tag(delivery)
-        exactly_once = entry.qos == 2
-        # An at-least-once mark may be written late (or never, if the acknowledgement comes
-        # first): recovery counts an unmarked entry within the window as possibly delivered.
-        self.store.mark_delivery(
-            self.session.queue.name,
-            entry.message.message_id,
-            tag,
-            "sent",
-            lazy=not exactly_once,
-        )
-        if exactly_once:
-            # The client holds this id until the release: the broker must not forget it.
-            commit = self.store.commit()
-            if commit is not None:
-                commit.add_done_callback(lambda done: self._send_committed(done, delivery, link))
-                return
+        if entry.qos != 2:
+            # An at-least-once mark may be written late (or never, if the acknowledgement
+            # comes first): recovery counts an unmarked entry within the window as possibly
+            # delivered.
+            self.store.mark_delivery(self.queue_name, entry.message.message_id, tag, "sent", True)
+            link.deliver(delivery)
+            return
+        self.store.mark_delivery(self.queue_name, entry.message.message_id, tag, "sent")
+        # Exactly once: the client holds this id until the release, so the broker must not
+        # forget it.
+        commit = self.store.commit()
+        if commit is not None:
+            commit.add_done_callback(lambda done: self._send_committed(done, delivery, link))
+            return
         link.deliver(delivery)
 
     def _send_committed(
@@ -129,6 +130,33 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
         if entry.message.message_id == 0:
             broker.store.journal(entry.message)
         broker.store.enqueue(queue.name, entry)
+    return True
+
+
+def deliver_stored_now(
+    broker: Broker, session: Session, queue: Queue, entry: QueuedMessage
+) -> bool:
+    """A stored at-least-once copy of a store-and-dispatch publication (DESIGN.md section 3)
+    on the session's durable ``queue`` goes in flight at once, as :func:`enqueue` sends a copy
+    nobody stores, when nothing waits ahead of it and the window has room: its stored entry
+    first, so that the in-flight mark its delivery makes joins the pending insert (and is
+    dropped with it on acceptance); no push, pump and dispatch round. False when it cannot
+    (nothing done): the caller enqueues it."""
+    consumer = session.made_consumer
+    if (
+        queue.count
+        or consumer is None
+        or consumer.credit.available <= 0
+        or consumer.receiver is None
+        or entry.message.delivery_time is not None
+    ):
+        return False
+    message = entry.message
+    if message.message_id == 0:
+        broker.store.journal(message)
+    broker.store.enqueue(queue.name, entry)
+    queue.deliver_now(consumer, entry)
+    broker.stats.messages_sent += 1
     return True
 
 

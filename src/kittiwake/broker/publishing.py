@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.delivery import LEVELS
-from kittiwake.broker.dispatch import enqueue, enqueue_shared
+from kittiwake.broker.dispatch import deliver_stored_now, enqueue, enqueue_shared
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import QueuedMessage
 from kittiwake.broker.sessions import Session
@@ -71,18 +71,19 @@ def publish(broker: Broker, message: Message) -> Completion:
             if session not in pending:
                 broker.pump_soon(session)
         return drained
-    if touched:
-        if dispatch_now:
-            # Store-and-dispatch: a failed commit refuses the publisher, who resends; a copy
-            # delivered meanwhile is then a duplicate, which QoS 1 allows.
+    if dispatch_now:
+        # Store-and-dispatch: a failed commit refuses the publisher, who resends; a copy
+        # delivered meanwhile is then a duplicate, which QoS 1 allows. (A copy that went at
+        # once is in no touched list, so this is not under ``if touched``.)
+        if touched:
             pending = broker.pumps.pending
             for session in touched:
                 if session not in pending:
                     broker.pump_soon(session)
-            if early and stored and not commit.done():
-                commit = broker.acceptances.watch(commit, message.message_id, stored)
-        else:
-            broker.pending_commits.hold(commit, message, touched)
+        if early and stored and not commit.done():
+            commit = broker.acceptances.watch(commit, message.message_id, stored)
+    elif touched:
+        broker.pending_commits.hold(commit, message, touched)
     if drained is None:
         return commit
     return broker.flow.commit_and_drain(commit, drained)
@@ -227,6 +228,16 @@ def route(
                 continue
             entry = own
         session = copy.session
+        if stored is not None and entry.persistent:
+            queue = session.made_queue
+            if queue is not None and queue.durable:
+                # A stored copy that may go before its commit: at once, when it can.
+                if not deliver_stored_now(broker, session, queue, entry):
+                    if not enqueue(broker, session, entry):
+                        continue  # dropped (a full queue): nothing stored
+                    touched.append(session)
+                stored.append(queue.name)
+                continue
         if enqueue(broker, session, entry):
             touched.append(session)
             if stored is not None and entry.persistent:

@@ -994,7 +994,19 @@ class MQTTConnection:
     # -- SessionLink: deliveries from the broker -------------------------------------------
 
     def tag(self, delivery: Delivery) -> int:
-        return self._own_packet_ids().assign(delivery)
+        ids = self._packet_ids
+        if ids is _NO_PACKET_IDS:
+            ids = self._own_packet_ids()
+        # OutgoingPacketIds.assign, its usual case inlined (every stored delivery's tag).
+        delivery_id = delivery.tag
+        if not delivery_id:
+            last = ids.last
+            delivery_id = last + 1 if last < MAX_PACKET_ID else 1
+            if delivery_id in ids:
+                return ids.assign(delivery)
+            ids.last = delivery.tag = delivery_id
+        ids[delivery_id] = delivery
+        return delivery_id
 
     def _own_packet_ids(self) -> OutgoingPacketIds:
         """This connection's packet-id map, made on first use (the shared empty one until

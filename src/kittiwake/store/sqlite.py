@@ -157,24 +157,21 @@ class _EntryInsert:
     __slots__ = (
         "cancelled",
         "delivery_count",
+        "entry",
         "inline",
         "mark",
         "message",
-        "qos",
         "queue",
-        "retain",
-        "subscription_ids",
     )
 
     def __init__(
         self, queue: str, entry: QueuedMessage, message: Message, inline: bool
     ) -> None:
         self.queue = queue
+        # Its level, RETAIN flag and subscription ids are read from the entry when the row
+        # is built (they never change); its attempts so far are taken now.
+        self.entry = entry
         self.message = message
-        self.qos = entry.qos
-        self.retain = 1 if entry.retain else 0
-        ids = entry.subscription_ids
-        self.subscription_ids = subscription_ids_text(ids) if ids else ""
         self.delivery_count = entry.delivery_count
         # Whether the entry carries the message's columns (else its journal row holds them).
         self.inline = inline
@@ -183,12 +180,14 @@ class _EntryInsert:
 
     def row(self, clock_to_wall_ms: float) -> tuple[Any, ...]:
         message = self.message
+        entry = self.entry
+        ids = entry.subscription_ids
         return (
             self.queue,
             message.message_id,
-            self.qos,
-            self.retain,
-            self.subscription_ids,
+            entry.qos,
+            1 if entry.retain else 0,
+            subscription_ids_text(ids) if ids else "",
             self.delivery_count,
             *(message_columns(message, clock_to_wall_ms) if self.inline else _NO_MESSAGE),
         )
@@ -544,15 +543,18 @@ class SQLiteStore:
         self, queue: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
     ) -> None:
         bump = 1 if state == "sent" else 0
+        key = (queue, message_id)
         if self._marks:
-            earlier = self._marks.pop((queue, message_id), None)
+            earlier = self._marks.pop(key, None)
             if earlier is not None:
                 bump += earlier[2]
-        pending = (
-            self._pending_insert((queue, message_id))
-            if self._open_inserts or self._sealed_inserts
-            else None
-        )
+        # The entry's insert if it is the only one pending and not built yet (a None in the
+        # open inserts: two are): the mark of nearly every stored at-least-once delivery
+        # joins it.
+        inserts = self._open_inserts
+        pending = inserts.get(key) if inserts else None
+        if pending is None and self._sealed_inserts and key not in inserts:
+            pending = self._sealed_inserts.get(key)
         if pending is not None and pending.mark is not None:
             bump += pending.mark[2]
             pending.mark = None
@@ -563,19 +565,12 @@ class SQLiteStore:
                 pending.mark = (delivery_id, state, bump)
                 return
             due = self._clock.now() + LAZY_MARK_DELAY
-            self._marks[(queue, message_id)] = (delivery_id, state, bump, due)
+            self._marks[key] = (delivery_id, state, bump, due)
             if self._mark_timer is None:
                 loop = self._loop or self._get_loop()
                 self._mark_timer = loop.call_later(LAZY_MARK_DELAY, self._on_mark_timer)
         else:
             self._add(_MARK, (delivery_id, state, bump, queue, message_id))
-
-    def _pending_insert(self, key: tuple[str, int]) -> _EntryInsert | None:
-        """The entry's insert if it is the only one pending and not built yet."""
-        pending = self._open_inserts.get(key)
-        if pending is None and key not in self._open_inserts:
-            pending = self._sealed_inserts.get(key)
-        return pending
 
     def count_possible_delivery(self, queue: str, message_id: int) -> None:
         self._add(_COUNT_POSSIBLE_DELIVERY, (queue, message_id))
@@ -584,27 +579,24 @@ class SQLiteStore:
         key = (queue, message_id)
         if self._marks:
             self._marks.pop(key, None)
-        if (self._open_inserts or self._sealed_inserts) and self._cancel_insert(key):
-            return
-        self._add(_REMOVE, key)
-        self._removed += 1
-
-    def _cancel_insert(self, key: tuple[str, int]) -> bool:
-        """Write cancellation: drop the entry's insert if the writer has not taken it yet;
-        then its delete is not needed either. False when it has (or may have) been taken."""
-        pending = self._open_inserts.pop(key, None)
-        if pending is None:
+        # Write cancellation: drop the entry's insert if the writer has not taken it yet;
+        # then its delete is not needed either. (None: it has, or may have, been taken; a
+        # None left in the open inserts goes too, as the entry does.)
+        pending = self._open_inserts.pop(key, None) if self._open_inserts else None
+        if pending is None and self._sealed_inserts:
             pending = self._sealed_inserts.pop(key, None)
-            if pending is None:
-                return False
+        if pending is None:
+            self._add(_REMOVE, key)
+            self._removed += 1
+            return
         pending.cancelled = True
         self._trimmed = True
-        # A second reference in this turn must not rewrite the cancelled row.
-        self._inline.pop(key[1], None)
+        if self._inline:
+            # A second reference in this turn must not rewrite the cancelled row.
+            self._inline.pop(message_id, None)
         self.cancelled_writes += 1
         if self._held is not None and not self._sealed_inserts:
             self._send()  # every held entry was accepted: nothing to wait for any more
-        return True
 
     def _not_cancellable(self, key: tuple[str, int]) -> None:
         """Another insert of an entry whose insert is pending: cancelling only one of them

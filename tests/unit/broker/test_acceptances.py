@@ -191,3 +191,55 @@ def test_with_the_sqlite_store_only_copies_for_connected_subscribers_wait_for_ac
         store.close()
 
     run(body)
+
+
+def test_a_stored_copy_goes_in_flight_during_its_publish_with_its_mark_stored(
+    tmp_path: Path,
+) -> None:
+    """A stored QoS 1 copy for a connected subscriber with nothing queued ahead and room in
+    its window is sent while its publication is routed (no pump round), its entry stored
+    with the delivery's in-flight mark; one that finds the window full waits in the queue
+    and goes once the window opens. A restart finds both entries, the one sent as sent."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
+        broker.schedule_ticks(asyncio.get_running_loop())
+        consumer = RecordingConsumer()
+        session, _, _ = broker.connect(
+            "sub", consumer, clean_start=False, expiry_interval=3600, window=1
+        )
+        broker.start_delivery(session)
+        broker.subscribe(session, "t", SubscriptionOptions(max_qos=1))
+        first = broker.publish(Message("t", b"1", qos=1, persistent=True))
+        assert [d.entry.message.payload for d in consumer.deliveries] == [b"1"]
+        assert session.queue.count == 0
+        second = broker.publish(Message("t", b"2", qos=1, persistent=True))
+        assert session.queue.count == 1, "the window is full: the second copy waits"
+        assert first is not None and second is not None
+        await asyncio.wait_for(second, 10)
+        store.close()
+        recovered = SQLiteStore(tmp_path, clock=ManualClock()).recover()
+        states = {
+            recovered.messages[r.message_id].payload: (r.state, r.delivery_id)
+            for r in recovered.queued
+        }
+        assert states == {b"1": ("sent", consumer.deliveries[0].id), b"2": ("queued", 0)}
+
+    run(body)
+
+
+def test_a_copy_queued_behind_a_full_window_goes_when_the_window_opens() -> None:
+    async def body() -> None:
+        broker, store, subs = durable_broker(1)
+        session, consumer = subs[0]
+        session.set_window(1)
+        publish(broker, b"1")
+        publish(broker, b"2")
+        assert [d.entry.message.payload for d in consumer.deliveries] == [b"1"]
+        accept_all(broker, session, consumer)
+        await asyncio.sleep(0)
+        assert [d.entry.message.payload for d in consumer.deliveries] == [b"2"]
+        store.resolve()
+
+    run(body)
