@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -24,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +51,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def die_with_parent() -> None:
-    """In a child before exec: it gets SIGTERM when the harness that started it dies, killed or
-    timed out included, so no run leaves a broker behind on a pinned core (Linux prctl
-    PR_SET_PDEATHSIG; elsewhere nothing)."""
+def death_signal() -> Callable[[], None]:
+    """What a child runs before exec so that it gets SIGTERM when the harness that started it
+    dies, killed or timed out included: no run leaves a broker behind on a pinned core (Linux
+    prctl PR_SET_PDEATHSIG; elsewhere nothing). Resolved here, in the parent: between fork and
+    exec the child may not load libraries (a thread of the parent may hold the loader's lock)."""
     if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        return lambda: None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the harness died before the signal was armed
+            os._exit(1)
+
+    return arm
+
 
 class BrokerUnavailable(RuntimeError):
     pass
@@ -106,9 +115,11 @@ class Broker:
         cmd = self.command()
         cpus = self.cpus
 
+        arm_death_signal = death_signal()
+
         def preexec() -> None:
             os.setsid()
-            die_with_parent()
+            arm_death_signal()
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
@@ -341,8 +352,9 @@ class Mosquitto(Broker):
     def write_config(self) -> None:
         # `listener` replaces the default listener; nothing binds beyond 127.0.0.1:port.
         # Nagle stays on (mosquitto's default; set_tcp_nodelay true costs it ~35% here).
-        # `user`: started as root, mosquitto would switch to its own user, and a change of
-        # user clears the death signal that stops it with the harness (die_with_parent).
+        # `user root`: started as root, mosquitto would switch to its own user, and a change
+        # of user clears the death signal that stops it with the harness (death_signal).
+        user = "user root\n" if os.geteuid() == 0 else ""
         persistence = "persistence false"
         if self.durable:
             data_dir = self.workdir / "mosquitto-data"
@@ -352,8 +364,7 @@ class Mosquitto(Broker):
         self.config_path.write_text(f"""\
 listener {self.port} 127.0.0.1
 allow_anonymous true
-user {pwd.getpwuid(os.getuid()).pw_name}
-{persistence}
+{user}{persistence}
 sys_interval 0
 max_inflight_messages 100
 max_queued_messages 1000000

@@ -439,8 +439,13 @@ class Broker:
         if queue is not None:
             queue.drain()
             queue.end_drop_report()
-            session.consumer.unsettled.clear()
+            consumer = session.consumer
+            consumer.unsettled.clear()
             queue.in_flight = 0
+            # The queue and its consumer point at each other: a cycle the collector may never
+            # see once frozen (kittiwake.collector), broken here.
+            queue.consumers.clear()
+            consumer.queue = None
         session.clear_keys()
         self.timers.attach(session)
         if self.sessions.get(session.client_id) is session:

@@ -176,8 +176,6 @@ class QueueTotals:
 _NO_COUNTS: Final = QueueCounters()
 # Every queue's heaps until they get an entry: shared, so never written to (Queue._own_heap).
 _NO_ENTRIES: Final[list[Any]] = []
-# Groups looked at for one to forget when a queue is over its max_groups (Queue._keep_group).
-_GROUP_EVICTION_SEARCH: Final = 16
 
 
 class Queue:
@@ -837,12 +835,12 @@ class Queue:
         return groups
 
     def _keep_group(self, groups: dict[str, Consumer], group: str, consumer: Consumer) -> None:
-        """The group is now the consumer's. Past ``max_groups`` the group used longest ago
-        whose consumer holds none of its entries is forgotten (its next entry goes to whoever
-        takes it, as a new group's would; nothing of it is in flight, so its order holds),
-        which bounds the map whatever group ids producers invent. Groups with entries in
-        flight are never forgotten, so the map may exceed the limit by at most what is in
-        flight."""
+        """The group is now the consumer's. Past ``max_groups`` the groups used longest ago
+        whose consumers hold none of their entries are forgotten, a tenth of the limit at once
+        (their next entries go to whoever takes them, as a new group's would; nothing of them
+        is in flight, so their order holds), which bounds the map whatever group ids producers
+        invent. Groups with entries in flight are never forgotten, so the map may exceed the
+        limit by at most what is in flight."""
         groups[group] = consumer
         limit = self.max_groups
         if not limit or len(groups) <= limit:
@@ -850,21 +848,24 @@ class Queue:
         if not self._groups_over:
             self._groups_over = True
             log.warning(
-                "queue %s holds more than %d message groups (queues.max_message_groups): the "
+                "queue %s holds more than %d message groups (limits.max_message_groups): the "
                 "groups used longest ago whose consumers hold none of their messages are "
                 "forgotten, so their next messages may go to another consumer",
                 self.name,
                 limit,
             )
-        # A bounded look at the oldest few; a busy one counts as used now (to the end), so
-        # the next look sees others and the excess stays within what is in flight.
-        for candidate in list(itertools.islice(groups, _GROUP_EVICTION_SEARCH)):
-            if candidate == group:
-                continue
+        # Which groups are in flight, from one walk over the unsettled deliveries: paid once
+        # per tenth of the limit of new groups, not per new group.
+        busy = {d.entry.message.group_id for c in self.consumers for d in c.unsettled.values()}
+        busy.add(group)
+        excess = len(groups) - (limit - limit // 10)
+        for candidate in list(itertools.islice(groups, excess + len(busy))):
             owner = groups.pop(candidate)
-            if any(d.entry.message.group_id == candidate for d in owner.unsettled.values()):
-                groups[candidate] = owner
-            elif len(groups) <= limit:
+            if candidate in busy:
+                groups[candidate] = owner  # stays, as if used now
+                continue
+            excess -= 1
+            if not excess:
                 return
 
     def _ungroup(self, consumer: Consumer, group: str) -> None:

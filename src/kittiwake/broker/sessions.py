@@ -166,8 +166,13 @@ class Session:
 
     def clear_subscriptions(self) -> None:
         self.subscriptions = _NONE_YET
-        # Its shared copies point back at it (and their plans at its last connection): a
-        # cycle the collector may never see once frozen (kittiwake.collector), broken here.
+        # Its shared copies point back at it, and their plans at them (and at its last
+        # connection): cycles the collector may never see once frozen (kittiwake.collector),
+        # broken here.
+        plain = self.plain_copies
+        if plain:
+            for copy in plain.values():
+                copy.plan = None
         self.plain_copies = None
 
     def add_member(self, full_filter: str, member: Member) -> None:

@@ -95,7 +95,7 @@ def subscribe(
         existing.retain_as_published = options.retain_as_published
         existing.retain_handling = options.retain_handling
         existing.subscription_id = options.subscription_id
-        existing.copy = None
+        _drop_copy(existing)
         subscription = existing
         broker.routes.subscription_changed(existing)
         member = session.members.get(full_filter)
@@ -202,6 +202,7 @@ def add_subscription(broker: Broker, subscription: Subscription) -> None:
 def remove_subscription(broker: Broker, subscription: Subscription) -> None:
     """Unbind a subscription; a group's last member leaving ends the group and its queue."""
     broker.routes.subscription_changed(subscription)
+    _drop_copy(subscription)
     if subscription.share_group is None:
         broker.tree.remove(subscription.topic_filter, subscription)
         if broker.retained_cursors:
@@ -225,6 +226,19 @@ def remove_subscription(broker: Broker, subscription: Subscription) -> None:
     for entry in group.queue.drain():  # nobody left to take them
         broker._entry_removed(group.queue, entry, Removal.PURGED)
     group.queue.end_drop_report()
+
+
+def _drop_copy(subscription: Subscription) -> None:
+    """The subscription lets its copy go (removed, or new options). A copy of its own loses
+    its plan too: the plan holds the copy, a cycle the collector may never see once frozen
+    (kittiwake.collector); a session's shared plain copy keeps it for its other filters."""
+    copy = subscription.copy
+    if copy is None:
+        return
+    subscription.copy = None
+    plain = subscription.session.plain_copies
+    if not plain or plain.get(copy.options) is not copy:
+        copy.plan = None
 
 
 def may_send_retained(broker: Broker) -> bool:

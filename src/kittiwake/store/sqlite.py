@@ -1162,16 +1162,19 @@ class SQLiteStore:
         self, connection: sqlite3.Connection, ops: list[Operation]
     ) -> BaseException | None:
         """Write ``ops`` in order in one transaction; the error, if it failed."""
+        sizes = self._size_retention
+        # Whether the size retention counted this batch (so a failure takes it back).
+        counting = False
         try:
             # A measurement of the disk, not a broker time: the real clock even under a test's.
             started = time.perf_counter()
             connection.execute("BEGIN")
-            sizes = self._size_retention
             if sizes is None:
                 for sql, rows in ops:
                     _execute(connection, sql, rows)
             else:
                 sizes.begin(connection)
+                counting = True
                 for sql, rows in ops:
                     if sql is _SWEEP_BY_SIZE:
                         sizes.sweep(connection)
@@ -1190,8 +1193,9 @@ class SQLiteStore:
             )
             with contextlib.suppress(sqlite3.Error):
                 connection.execute("ROLLBACK")
-            if self._size_retention is not None:
-                self._size_retention.rollback()
+            if counting:
+                assert sizes is not None
+                sizes.rollback()
             return exc
         return None
 

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from pathlib import Path
 
 import pytest
 
+from kittiwake.broker.message import Message
+from kittiwake.clock import ManualClock
+from kittiwake.store import sqlite as sqlite_store
+from kittiwake.store.codec import message_row
 from kittiwake.store.size_retention import SizeRetention
+from kittiwake.store.sqlite import SQLiteStore
 
 KEY = "journal_dropped_through"
 
@@ -97,3 +103,49 @@ def test_a_new_writer_counts_the_journal_it_finds() -> None:
     retention.sweep(connection)
     connection.execute("COMMIT")
     assert start(connection) == 8, "the two newest fit in 250 bytes"
+
+
+class FailingBegin:
+    """The writer's connection, whose next BEGIN fails once (what SQLite says when a
+    transaction is still open after a failed ROLLBACK)."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+        self.fail_next_begin = False
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql == "BEGIN" and self.fail_next_begin:
+            self.fail_next_begin = False
+            raise sqlite3.OperationalError("cannot start a transaction within a transaction")
+        return self.connection.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.connection, name)
+
+
+def test_a_batch_that_never_began_takes_back_nothing_counted(tmp_path: Path) -> None:
+    """A batch whose BEGIN fails counted nothing: the committed batch before it stays counted,
+    so the journal keeps to the limit afterwards."""
+    store = SQLiteStore(tmp_path, clock=ManualClock(), journal_retention_bytes=1000)
+    connection = FailingBegin(store._connect())
+    sweep = [(sqlite_store._SWEEP_BY_SIZE, [()]), (sqlite_store._DELETE_DROPPED, [()])]
+
+    def batch(message_id: int, with_sweep: bool = True) -> BaseException | None:
+        message = Message("t", bytes(900), qos=1, persistent=True)
+        message.message_id = message_id
+        row = (*message_row(message, 0.0), 0)
+        ops = [(sqlite_store._INSERT_JOURNAL, [row]), *(sweep if with_sweep else [])]
+        return store._write_batch(connection, ops)  # type: ignore[arg-type]
+
+    assert batch(1) is None
+    connection.fail_next_begin = True
+    assert batch(2, with_sweep=False) is not None
+    for message_id in range(3, 7):
+        assert batch(message_id) is None
+    content = connection.execute(
+        "SELECT SUM(length(payload)) FROM journal WHERE message_id > "
+        "(SELECT CAST(value AS INTEGER) FROM meta WHERE key = ?)",
+        (sqlite_store.DROPPED_THROUGH_KEY,),
+    ).fetchone()[0]
+    assert content <= 1000
+    store.close()
