@@ -267,19 +267,68 @@ def _scan_fast(encoded: bytes) -> tuple[list[tuple[int, bytes]], _Read]:
     sections: list[tuple[int, bytes]] = []
     read = _Read()
     decode = values_codec.decode
+    cache = _SECTION_VALUES
     position = 0
     end = len(encoded)
     while position < end:
         if position + 3 > end or encoded[position] != 0x00 or encoded[position + 1] != 0x53:
             raise values_codec.Unsupported("not a section with a small descriptor")
         code = encoded[position + 2]
-        value, stop = decode(encoded, position + 3)
-        sections.append((code, encoded[position:stop]))
+        stop = _cacheable_end(encoded, position, end) if code in _CACHED_SECTIONS else 0
+        if stop:
+            section = encoded[position:stop]
+            value = cache.get(section, _MISSING)
+            if value is _MISSING:
+                value, decoded_stop = decode(encoded, position + 3)
+                if decoded_stop != stop:
+                    raise values_codec.Unsupported("size and items disagree")
+                if len(cache) >= _SECTION_CACHE_SIZE:
+                    cache.clear()
+                cache[section] = value
+        else:
+            value, stop = decode(encoded, position + 3)
+            section = encoded[position:stop]
+        sections.append((code, section))
         _read_section(read, code, value)
         position = stop
     if not sections:
         raise values_codec.Unsupported("no sections")
     return sections, read
+
+
+# The header and the message annotations of a stream of messages are mostly the same bytes
+# message after message (a JMS producer's durable flag, message type and destination type):
+# decoded once and kept by their bytes, so the next message with the same bytes looks them
+# up. The values kept are only read (``_read_section`` and ``from_amqp`` never change them).
+_CACHED_SECTIONS = frozenset((HEADER, MESSAGE_ANNOTATIONS))
+_SECTION_CACHE_SIZE = 256
+_SECTION_VALUES: dict[bytes, Any] = {}
+_MISSING = object()
+
+
+def _cacheable_end(encoded: bytes, position: int, end: int) -> int:
+    """Where a section whose value is a list or map with a size (read from the size alone,
+    not the items) ends; 0 when it is another value, too long to be worth keeping, or cut
+    off (the section is then decoded as any other)."""
+    at = position + 3
+    if at >= end:
+        return 0
+    constructor = encoded[at]
+    if constructor == 0xC0 or constructor == 0xC1:  # list8, map8
+        if at + 1 >= end:
+            return 0
+        stop = at + 2 + encoded[at + 1]
+    elif constructor == 0xD0 or constructor == 0xD1:  # list32, map32
+        if at + 5 > end:
+            return 0
+        stop = at + 5 + int.from_bytes(encoded[at + 1 : at + 5], "big")
+    else:
+        return 0
+    return stop if stop <= end and stop - position <= _CACHED_SECTION_BYTES else 0
+
+
+# Longer sections are rare (annotations carrying data of their own): not kept.
+_CACHED_SECTION_BYTES = 256
 
 
 def _read_fast(sections: list[tuple[int, bytes]]) -> _Read:

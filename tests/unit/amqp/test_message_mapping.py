@@ -378,3 +378,41 @@ def test_every_delivery_gets_its_own_header_fields() -> None:
                         assert (out.durable, out.priority, out.delivery_count) == (
                             durable, priority, count)
                         assert out.ttl == (pytest.approx(2.0) if expiry else 0)
+
+
+def test_repeated_header_and_annotations_map_each_message_as_if_first() -> None:
+    """The header and annotations decoded once and kept by their bytes (message_mapping's
+    section cache): each message still maps by its own sections."""
+    first = jms("a", JMSMessageType.TEXT, durable=True, priority=7, ttl=30.0)
+    first.annotations[symbol("x-opt-delivery-delay")] = 1500
+    same_head = jms("b", JMSMessageType.TEXT, durable=True, priority=7, ttl=30.0)
+    same_head.annotations[symbol("x-opt-delivery-delay")] = 1500
+    other = jms("c", JMSMessageType.TEXT, durable=False)
+    other.annotations = {JMS_MSG_TYPE: byte(JMSMessageType.TEXT), JMS_DEST: byte(1)}
+    mapped = [
+        from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None)
+        for sent in (first, same_head, other, first)
+    ]
+    for incoming, payload in zip(mapped, (b"a", b"b", b"c", b"a"), strict=True):
+        assert incoming.message.payload == payload
+    for incoming in (mapped[0], mapped[1], mapped[3]):
+        message = incoming.message
+        assert (message.persistent, message.priority) == (True, 7)
+        assert message.expiry == pytest.approx(CLOCKS.now + 30.0)
+        assert message.delivery_time == pytest.approx(CLOCKS.now + 1.5)
+        assert incoming.to_type is DestinationType.QUEUE
+    message = mapped[2].message
+    assert (message.persistent, message.priority, message.expiry) == (False, 4, None)
+    assert message.delivery_time is None and mapped[2].to_type is DestinationType.TOPIC
+
+
+def test_a_header_whose_size_disagrees_with_its_items_is_refused_each_time() -> None:
+    """A section whose list size and items disagree is not kept: the message is decoded the
+    slow way (and refused) every time it comes."""
+    good = encode(jms("x", JMSMessageType.TEXT, durable=True))
+    assert good[:7] == b"\x00\x53\x70\xc0\x02\x01\x41"  # header: list8 of size 2, one item
+    bad = b"\x00\x53\x70\xc0\x03\x01\x41" + good[7:]  # size 3: one byte too many
+    for _ in range(2):
+        with pytest.raises(MappingError):
+            from_amqp(bad, topic="t", clocks=CLOCKS, origin=None)
+    assert from_amqp(good, topic="t", clocks=CLOCKS, origin=None).message.persistent
