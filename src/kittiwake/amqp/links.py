@@ -743,7 +743,7 @@ class ConsumerLink:
             entry.message,
             durable=entry.persistent,
             delivery_count=delivery_count,
-            clocks=self.layer.clocks(),
+            clocks=self.layer.clocks,
             destination_type=self.destination_type,
             retained=entry.retain,
         )

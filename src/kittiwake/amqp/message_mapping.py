@@ -11,6 +11,7 @@ fields it routes and filters by, and other protocols get the body as bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -489,7 +490,7 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
         delivery_time = clocks.now + delay / 1000.0
     properties = typed_properties(read.properties)
     retain = properties is not None and properties.get(RETAIN_PROPERTY) == 1
-    kept = b"".join(s for code, s in sections if code not in (HEADER, DELIVERY_ANNOTATIONS))
+    kept, head, footer = _kept_head_footer(encoded, sections)
     if read.data is not None:
         payload, kind = b"".join(read.data), BodyKind.DATA
     elif read.values and isinstance(read.body, str):  # one amqp-value: a TextMessage
@@ -511,11 +512,7 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
         origin=origin,
         properties=properties,
         encoded={SECTIONS_KEY: kept},
-        amqp=AMQPFields(
-            head=b"".join(s for code, s in sections if code in _HEAD_SECTIONS),
-            body=kind,
-            footer=b"".join(s for code, s in sections if code == FOOTER),
-        ),
+        amqp=AMQPFields(head=head, body=kind, footer=footer),
         group_id=group if isinstance(group, str) and group else None,
     )
     to_type = annotations.get(JMS_DEST)
@@ -525,6 +522,42 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
         to_type=_destination_type(to_type),
         durable=durable,
     )
+
+
+def _kept_head_footer(
+    encoded: bytes, sections: list[tuple[int, bytes]]
+) -> tuple[bytes, bytes, bytes]:
+    """What a message keeps of its sections: all but the header and delivery annotations
+    (what it is sent with again); the annotations, properties and application properties
+    (``AMQPFields.head``); the footer. ``sections`` cover ``encoded`` from end to end, so
+    when the header and delivery annotations come first (as the spec orders them), what is
+    kept is the bytes after them, sliced rather than joined."""
+    kept: list[bytes] = []
+    head: list[bytes] = []
+    footer: list[bytes] = []
+    # Bytes of the header and delivery annotations before the first section kept; False
+    # once one comes after it (the kept sections are then joined).
+    prefix: int | bool = 0
+    for code, section in sections:
+        if code in _NOT_KEPT:
+            if kept:
+                prefix = False
+            elif prefix is not False:
+                prefix += len(section)
+            continue
+        kept.append(section)
+        if code in _HEAD_SECTIONS:
+            head.append(section)
+        elif code == FOOTER:
+            footer.append(section)
+    return (
+        b"".join(kept) if prefix is False else encoded[prefix:],
+        head[0] if len(head) == 1 else b"".join(head),
+        footer[0] if len(footer) == 1 else b"".join(footer),
+    )
+
+
+_NOT_KEPT = (HEADER, DELIVERY_ANNOTATIONS)
 
 
 def _destination_type(value: object) -> DestinationType | None:
@@ -726,12 +759,16 @@ def to_amqp(
     *,
     durable: bool,
     delivery_count: int,
-    clocks: Clocks,
+    clocks: Clocks | Callable[[], Clocks],
     destination_type: DestinationType = DestinationType.TOPIC,
     retained: bool | None = None,
 ) -> bytes:
     """The encoded AMQP message for one delivery: a header of this delivery's own, then the
-    message's sections (kept as received from AMQP, or built once from the core fields)."""
+    message's sections (kept as received from AMQP, or built once from the core fields).
+
+    ``clocks`` may be a function that reads them: most deliveries need no clock (no ttl, the
+    sections built already), so a front end passes that rather than reading two clocks per
+    delivery."""
     encoded = message.encoded
     sections = encoded.get(SECTIONS_KEY) if encoded is not None else None
     if sections is None:
@@ -739,6 +776,7 @@ def to_amqp(
         if amqp is not None:
             sections = restored_sections(message, amqp)
         else:
+            clocks = _read_clocks(clocks)
             sections = build_sections(message, clocks, destination_type)
         if encoded is None:
             encoded = message.encoded = {SECTIONS_KEY: sections}
@@ -752,7 +790,15 @@ def to_amqp(
         if variant is None:
             variant = encoded[key] = with_property(sections, RETAIN_PROPERTY, int32(retained))
         sections = variant
-    return header_section(message, durable, delivery_count, clocks) + sections
+    if message.expiry is None and delivery_count < _CACHED_DELIVERY_COUNTS:
+        header = _HEADERS.get((durable, message.priority, delivery_count))
+        if header is not None:
+            return header + sections
+    return header_section(message, durable, delivery_count, _read_clocks(clocks)) + sections
+
+
+def _read_clocks(clocks: Clocks | Callable[[], Clocks]) -> Clocks:
+    return clocks if isinstance(clocks, Clocks) else clocks()
 
 
 def with_property(sections: bytes, name: str, value: object) -> bytes:
