@@ -577,14 +577,15 @@ class ProducerLink:
                 return
         if engine_calls.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
             wrapped = wrap(delivery)
-            staged = layer.coordinator.find(wrapped.remote.data)
+            state_data = wrapped.remote.data
+            staged = layer.coordinator.find(state_data)
             if staged is None:
                 self._reject(wrapped, UNKNOWN_ID, "the transfer names no declared transaction")
                 return
             destination = (
                 Destination.topic(name) if kind is NodeKind.TOPIC else Destination.queue(name)
             )
-            layer.coordinator.stage_send(wrapped, staged, destination, message)
+            layer.coordinator.stage_send(wrapped, staged, destination, message, state_data)
             return
         if kind is NodeKind.TOPIC:
             completion = layer.broker.publish(message)
