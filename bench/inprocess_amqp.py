@@ -6,6 +6,7 @@ calls), so the figure holds on a loaded machine and compares two versions of the
     python bench/inprocess_amqp.py                     # queue NON_PERSISTENT 1 -> 1, batch 1
     python bench/inprocess_amqp.py --batch 20 --runs 5
     python bench/inprocess_amqp.py --body jms          # a TextMessage as kittiwake.jms encodes it
+    python bench/inprocess_amqp.py --topic 10 --batch 10  # topic fan-out, CPU per delivery
 
 ``--batch``: messages the producer writes per read of the broker (the consumer's
 acknowledgements and flow of one batch are one read too). In the socket benchmark the
