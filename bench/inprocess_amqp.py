@@ -6,6 +6,7 @@ calls), so the figure holds on a loaded machine and compares two versions of the
     python bench/inprocess_amqp.py                     # queue NON_PERSISTENT 1 -> 1, batch 1
     python bench/inprocess_amqp.py --batch 20 --runs 5
     python bench/inprocess_amqp.py --body jms          # a TextMessage as kittiwake.jms encodes it
+    python bench/inprocess_amqp.py --topic 10 --batch 10  # topic fan-out, CPU per delivery
 
 ``--batch``: messages the producer writes per read of the broker (the consumer's
 acknowledgements and flow of one batch are one read too). In the socket benchmark the
@@ -119,13 +120,14 @@ async def turns(count: int = 2) -> None:
         await asyncio.sleep(0)
 
 
-async def idle_turns(rounds: int) -> float:
+async def idle_turns(rounds: int, consumers: int = 1) -> float:
     """Process time of the loop turns one round takes with nothing to do (subtracted: a
     socket's loop turns are not these)."""
     started = time.process_time()
     for _ in range(rounds):
         await turns()
-        await turns()
+        for _ in range(consumers):
+            await turns()
     return (time.process_time() - started) / rounds
 
 
@@ -143,21 +145,29 @@ def encoded_body(kind: str) -> bytes:
     return bytes(Message(body=text, durable=False).encode())
 
 
-async def queue_run(messages: int, batch: int, body: bytes, credit: int) -> float:
+async def queue_run(
+    messages: int, batch: int, body: bytes, credit: int, subscribers: int = 0
+) -> float:
+    """Broker CPU per delivery: a queue 1 -> 1 (``subscribers`` 0), else a topic
+    1 -> ``subscribers`` (each message delivered to every one of them)."""
     config = Config()
     broker = Broker(config, store=MemoryStore())
     queues = QueueDestinations(broker)
     server = AMQPServer(broker, link_layer_factory(broker, queues, TemporaryDestinations(queues)))
+    address = "topic://t" if subscribers else "q"
     producer = Client(server, "producer")
-    consumer = Client(server, "consumer")
+    consumers = [Client(server, f"consumer{i}") for i in range(max(1, subscribers))]
     sender = producer.session.sender("p")
-    sender.target.address = "q"
+    sender.target.address = address
     sender.open()
-    receiver = consumer.session.receiver("c")
-    receiver.source.address = "q"
-    receiver.open()
-    receiver.flow(credit)
-    for client in (producer, consumer):
+    receivers = []
+    for index, consumer in enumerate(consumers):
+        receiver = consumer.session.receiver(f"c{index}")
+        receiver.source.address = address
+        receiver.open()
+        receiver.flow(credit)
+        receivers.append(receiver)
+    for client in (producer, *consumers):
         client.to_broker()
         await turns()
         client.from_broker()
@@ -166,13 +176,14 @@ async def queue_run(messages: int, batch: int, body: bytes, credit: int) -> floa
         client.from_broker()
         client.events()
     assert sender.credit > 0, "the broker gave the producer no credit"
+    deliveries = messages * len(consumers)
     sent = received = settled = 0
     CLIENT[0] = 0.0
     tag = 0
     gc.collect()
     started = time.process_time()
     rounds = 0
-    while received < messages:
+    while received < deliveries:
         rounds += 1
         assert rounds < 10 * messages, "no progress"
         t0 = time.process_time()
@@ -186,21 +197,22 @@ async def queue_run(messages: int, batch: int, body: bytes, credit: int) -> floa
         producer.to_broker()
         await turns()
         producer.from_broker()
-        consumer.from_broker()
-        for kind, delivery in consumer.events():
-            if kind is Event.DELIVERY and delivery is not None and delivery.readable:
-                t0 = time.process_time()
-                receiver.recv(delivery.pending)
-                receiver.advance()
-                delivery.update(Delivery.ACCEPTED)
-                delivery.settle()
-                received += 1
-                if receiver.credit < credit // 2:
-                    receiver.flow(credit - receiver.credit)
-                CLIENT[0] += time.process_time() - t0
-        consumer.to_broker()
-        await turns()
-        consumer.from_broker()
+        for consumer, receiver in zip(consumers, receivers, strict=True):
+            consumer.from_broker()
+            for kind, delivery in consumer.events():
+                if kind is Event.DELIVERY and delivery is not None and delivery.readable:
+                    t0 = time.process_time()
+                    receiver.recv(delivery.pending)
+                    receiver.advance()
+                    delivery.update(Delivery.ACCEPTED)
+                    delivery.settle()
+                    received += 1
+                    if receiver.credit < credit // 2:
+                        receiver.flow(credit - receiver.credit)
+                    CLIENT[0] += time.process_time() - t0
+            consumer.to_broker()
+            await turns()
+            consumer.from_broker()
         producer.from_broker()
         for kind, delivery in producer.events():
             if kind is Event.DELIVERY and delivery is not None and delivery.settled:
@@ -210,10 +222,10 @@ async def queue_run(messages: int, batch: int, body: bytes, credit: int) -> floa
                 CLIENT[0] += time.process_time() - t0
         producer.to_broker()
     await turns()
-    total = time.process_time() - started - rounds * await idle_turns(rounds)
+    total = time.process_time() - started - rounds * await idle_turns(rounds, len(consumers))
     assert settled >= messages - batch, (settled, messages)
     await server.close()
-    return (total - CLIENT[0]) / messages
+    return (total - CLIENT[0]) / deliveries
 
 
 def main() -> None:
@@ -223,6 +235,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--credit", type=int, default=1000)
     parser.add_argument("--body", choices=("proton", "jms"), default="proton")
+    parser.add_argument("--topic", type=int, default=0, metavar="N",
+                        help="a topic with N subscribers instead of a queue (per delivery)")
     args = parser.parse_args()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
     try:
@@ -232,11 +246,13 @@ def main() -> None:
     except ImportError:
         run = asyncio.run
     body = encoded_body(args.body)
-    costs = [run(queue_run(args.messages, args.batch, body, args.credit))
+    costs = [run(queue_run(args.messages, args.batch, body, args.credit, args.topic))
              for _ in range(args.runs)]
     costs_us = sorted(c * 1e6 for c in costs)
-    print(f"amqp queue 1->1 batch {args.batch} ({args.body} body): broker "
-          f"{statistics.median(costs_us):.1f} us CPU per message (median of {args.runs}; "
+    scenario = f"topic 1->{args.topic}" if args.topic else "queue 1->1"
+    unit = "delivery" if args.topic else "message"
+    print(f"amqp {scenario} batch {args.batch} ({args.body} body): broker "
+          f"{statistics.median(costs_us):.1f} us CPU per {unit} (median of {args.runs}; "
           f"min {costs_us[0]:.1f}, max {costs_us[-1]:.1f})")
 
 

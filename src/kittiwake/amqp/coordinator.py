@@ -132,13 +132,19 @@ class Coordinator:
         return self.transactions.get(txn_id) if txn_id is not None else None
 
     def stage_send(
-        self, delivery: ProtonDelivery, staged: Staged, destination: Destination, message: Message
+        self,
+        delivery: ProtonDelivery,
+        staged: Staged,
+        destination: Destination,
+        message: Message,
+        state_data: list[Any] | None,
     ) -> None:
+        """``state_data``: the transfer's transactional state as :meth:`find` read it (read
+        once: each read of a delivery's remote state decodes it again)."""
         staged.transaction.send(destination, message)
-        txn_id = _txn_id(delivery.remote.data[0]) if delivery.remote.data else None
+        txn_id = _txn_id(state_data[0]) if state_data else None
         # Transactional state: accepted, pending the discharge.
-        accepted = Described(ulong(ACCEPTED_OUTCOME), [])
-        delivery.local.data = [txn_id, accepted]  # type: ignore[list-item]
+        delivery.local.data = [txn_id, _ACCEPTED]  # type: ignore[list-item]
         delivery.update(TRANSACTIONAL_STATE)
         delivery.settle()
 
@@ -151,6 +157,10 @@ class Coordinator:
         for staged in self.transactions.values():
             self.layer.queues.rollback(staged.transaction)
         self.transactions.clear()
+
+
+# The accepted outcome inside a transactional state (only encoded, never changed).
+_ACCEPTED = Described(ulong(ACCEPTED_OUTCOME), [])
 
 
 def _txn_id(value: object) -> bytes | None:

@@ -577,14 +577,15 @@ class ProducerLink:
                 return
         if engine_calls.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
             wrapped = wrap(delivery)
-            staged = layer.coordinator.find(wrapped.remote.data)
+            state_data = wrapped.remote.data
+            staged = layer.coordinator.find(state_data)
             if staged is None:
                 self._reject(wrapped, UNKNOWN_ID, "the transfer names no declared transaction")
                 return
             destination = (
                 Destination.topic(name) if kind is NodeKind.TOPIC else Destination.queue(name)
             )
-            layer.coordinator.stage_send(wrapped, staged, destination, message)
+            layer.coordinator.stage_send(wrapped, staged, destination, message, state_data)
             return
         if kind is NodeKind.TOPIC:
             completion = layer.broker.publish(message)
@@ -666,8 +667,11 @@ class ConsumerLink:
         self.link = link
         self.name = name
         self.presettled = presettled
-        # Core deliveries in flight on this link, by their wire tag.
-        self.unsettled: dict[bytes, Delivery] = {}
+        # Core deliveries in flight on this link, by the engine's delivery (its C object:
+        # hashed by address, alive until settled here, so a disposition finds its delivery
+        # without reading its tag); by the wire tag when sent settled (the engine reports
+        # nothing more about it).
+        self.unsettled: dict[Any, Delivery] = {}
         self.consumer: Consumer | None = None
         self.closed = False
         self._settled_tags = 0
@@ -723,12 +727,12 @@ class ConsumerLink:
         """Send one attempt (the core spent one credit on it)."""
         entry = delivery.entry
         tag = str(delivery.id).encode()
-        self._send(tag, delivery.view, entry.delivery_count)
+        wire = self._send(tag, delivery.view, entry.delivery_count)
         if self.presettled:
             # At most once: done as soon as it is sent.
             self._settle_core(delivery, Settlement.ACCEPTED)
             return
-        self.unsettled[tag] = delivery
+        self.unsettled[wire if wire is not None else tag] = delivery
 
     def deliver_settled(self, entry: QueuedMessage) -> None:
         """An at-most-once entry (spends no core credit; the link's credit still counts)."""
@@ -737,21 +741,25 @@ class ConsumerLink:
         self._settled_tags += 1
         self._send(b"s%d" % self._settled_tags, entry, entry.delivery_count)
 
-    def _send(self, tag: bytes, entry: QueuedMessage, delivery_count: int) -> None:
+    def _send(self, tag: bytes, entry: QueuedMessage, delivery_count: int) -> Any:
+        """Send one transfer; returns the engine's delivery (its C object), None when it
+        went settled."""
         link = self.link
         encoded = to_amqp(
             entry.message,
             durable=entry.persistent,
             delivery_count=delivery_count,
-            clocks=self.layer.clocks(),
+            clocks=self.layer.clocks,
             destination_type=self.destination_type,
             retained=entry.retain,
         )
         wire = engine_calls.send(link._impl, tag, encoded)
         self.layer.traffic.messages_sent += 1
+        self.layer.connection.wake()
         if self.presettled or entry.qos == 0:
             engine_calls.delivery_settle(wire)
-        self.layer.connection.wake()
+            return None
+        return wire
 
     # -- the client's side -------------------------------------------------------------------
 
@@ -764,7 +772,7 @@ class ConsumerLink:
             return
         if not engine_calls.delivery_settled(wire) and state not in _TERMINAL:
             return  # only a received state, or nothing yet
-        delivery = self.unsettled.pop(engine_calls.delivery_tag(wire), None)
+        delivery = self.unsettled.pop(wire, None)
         if delivery is None:
             engine_calls.delivery_settle(wire)
             return
@@ -796,7 +804,7 @@ class ConsumerLink:
         settlement = transactional_outcome(data)
         if staged is None or settlement is None:
             return  # not (yet) an outcome of a transaction we know: wait for one
-        delivery = self.unsettled.pop(engine_calls.delivery_tag(wire._impl), None)
+        delivery = self.unsettled.pop(wire._impl, None)
         wire.settle()
         if delivery is not None:
             coordinator.stage_settlement(staged, delivery, settlement)

@@ -11,6 +11,7 @@ fields it routes and filters by, and other protocols get the body as bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -267,19 +268,68 @@ def _scan_fast(encoded: bytes) -> tuple[list[tuple[int, bytes]], _Read]:
     sections: list[tuple[int, bytes]] = []
     read = _Read()
     decode = values_codec.decode
+    cache = _SECTION_VALUES
     position = 0
     end = len(encoded)
     while position < end:
         if position + 3 > end or encoded[position] != 0x00 or encoded[position + 1] != 0x53:
             raise values_codec.Unsupported("not a section with a small descriptor")
         code = encoded[position + 2]
-        value, stop = decode(encoded, position + 3)
-        sections.append((code, encoded[position:stop]))
+        stop = _cacheable_end(encoded, position, end) if code in _CACHED_SECTIONS else 0
+        if stop:
+            section = encoded[position:stop]
+            value = cache.get(section, _MISSING)
+            if value is _MISSING:
+                value, decoded_stop = decode(encoded, position + 3)
+                if decoded_stop != stop:
+                    raise values_codec.Unsupported("size and items disagree")
+                if len(cache) >= _SECTION_CACHE_SIZE:
+                    cache.clear()
+                cache[section] = value
+        else:
+            value, stop = decode(encoded, position + 3)
+            section = encoded[position:stop]
+        sections.append((code, section))
         _read_section(read, code, value)
         position = stop
     if not sections:
         raise values_codec.Unsupported("no sections")
     return sections, read
+
+
+# The header and the message annotations of a stream of messages are mostly the same bytes
+# message after message (a JMS producer's durable flag, message type and destination type):
+# decoded once and kept by their bytes, so the next message with the same bytes looks them
+# up. The values kept are only read (``_read_section`` and ``from_amqp`` never change them).
+_CACHED_SECTIONS = frozenset((HEADER, MESSAGE_ANNOTATIONS))
+_SECTION_CACHE_SIZE = 256
+_SECTION_VALUES: dict[bytes, Any] = {}
+_MISSING = object()
+
+
+def _cacheable_end(encoded: bytes, position: int, end: int) -> int:
+    """Where a section whose value is a list or map with a size (read from the size alone,
+    not the items) ends; 0 when it is another value, too long to be worth keeping, or cut
+    off (the section is then decoded as any other)."""
+    at = position + 3
+    if at >= end:
+        return 0
+    constructor = encoded[at]
+    if constructor == 0xC0 or constructor == 0xC1:  # list8, map8
+        if at + 1 >= end:
+            return 0
+        stop = at + 2 + encoded[at + 1]
+    elif constructor == 0xD0 or constructor == 0xD1:  # list32, map32
+        if at + 5 > end:
+            return 0
+        stop = at + 5 + int.from_bytes(encoded[at + 1 : at + 5], "big")
+    else:
+        return 0
+    return stop if stop <= end and stop - position <= _CACHED_SECTION_BYTES else 0
+
+
+# Longer sections are rare (annotations carrying data of their own): not kept.
+_CACHED_SECTION_BYTES = 256
 
 
 def _read_fast(sections: list[tuple[int, bytes]]) -> _Read:
@@ -440,7 +490,7 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
         delivery_time = clocks.now + delay / 1000.0
     properties = typed_properties(read.properties)
     retain = properties is not None and properties.get(RETAIN_PROPERTY) == 1
-    kept = b"".join(s for code, s in sections if code not in (HEADER, DELIVERY_ANNOTATIONS))
+    kept, head, footer = _kept_head_footer(encoded, sections)
     if read.data is not None:
         payload, kind = b"".join(read.data), BodyKind.DATA
     elif read.values and isinstance(read.body, str):  # one amqp-value: a TextMessage
@@ -462,11 +512,7 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
         origin=origin,
         properties=properties,
         encoded={SECTIONS_KEY: kept},
-        amqp=AMQPFields(
-            head=b"".join(s for code, s in sections if code in _HEAD_SECTIONS),
-            body=kind,
-            footer=b"".join(s for code, s in sections if code == FOOTER),
-        ),
+        amqp=AMQPFields(head=head, body=kind, footer=footer),
         group_id=group if isinstance(group, str) and group else None,
     )
     to_type = annotations.get(JMS_DEST)
@@ -476,6 +522,42 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
         to_type=_destination_type(to_type),
         durable=durable,
     )
+
+
+def _kept_head_footer(
+    encoded: bytes, sections: list[tuple[int, bytes]]
+) -> tuple[bytes, bytes, bytes]:
+    """What a message keeps of its sections: all but the header and delivery annotations
+    (what it is sent with again); the annotations, properties and application properties
+    (``AMQPFields.head``); the footer. ``sections`` cover ``encoded`` from end to end, so
+    when the header and delivery annotations come first (as the spec orders them), what is
+    kept is the bytes after them, sliced rather than joined."""
+    kept: list[bytes] = []
+    head: list[bytes] = []
+    footer: list[bytes] = []
+    # Bytes of the header and delivery annotations before the first section kept; False
+    # once one comes after it (the kept sections are then joined).
+    prefix: int | bool = 0
+    for code, section in sections:
+        if code in _NOT_KEPT:
+            if kept:
+                prefix = False
+            elif prefix is not False:
+                prefix += len(section)
+            continue
+        kept.append(section)
+        if code in _HEAD_SECTIONS:
+            head.append(section)
+        elif code == FOOTER:
+            footer.append(section)
+    return (
+        b"".join(kept) if prefix is False else encoded[prefix:],
+        head[0] if len(head) == 1 else b"".join(head),
+        footer[0] if len(footer) == 1 else b"".join(footer),
+    )
+
+
+_NOT_KEPT = (HEADER, DELIVERY_ANNOTATIONS)
 
 
 def _destination_type(value: object) -> DestinationType | None:
@@ -677,12 +759,16 @@ def to_amqp(
     *,
     durable: bool,
     delivery_count: int,
-    clocks: Clocks,
+    clocks: Clocks | Callable[[], Clocks],
     destination_type: DestinationType = DestinationType.TOPIC,
     retained: bool | None = None,
 ) -> bytes:
     """The encoded AMQP message for one delivery: a header of this delivery's own, then the
-    message's sections (kept as received from AMQP, or built once from the core fields)."""
+    message's sections (kept as received from AMQP, or built once from the core fields).
+
+    ``clocks`` may be a function that reads them: most deliveries need no clock (no ttl, the
+    sections built already), so a front end passes that rather than reading two clocks per
+    delivery."""
     encoded = message.encoded
     sections = encoded.get(SECTIONS_KEY) if encoded is not None else None
     if sections is None:
@@ -690,6 +776,7 @@ def to_amqp(
         if amqp is not None:
             sections = restored_sections(message, amqp)
         else:
+            clocks = _read_clocks(clocks)
             sections = build_sections(message, clocks, destination_type)
         if encoded is None:
             encoded = message.encoded = {SECTIONS_KEY: sections}
@@ -703,7 +790,15 @@ def to_amqp(
         if variant is None:
             variant = encoded[key] = with_property(sections, RETAIN_PROPERTY, int32(retained))
         sections = variant
-    return header_section(message, durable, delivery_count, clocks) + sections
+    if message.expiry is None and delivery_count < _CACHED_DELIVERY_COUNTS:
+        header = _HEADERS.get((durable, message.priority, delivery_count))
+        if header is not None:
+            return header + sections
+    return header_section(message, durable, delivery_count, _read_clocks(clocks)) + sections
+
+
+def _read_clocks(clocks: Clocks | Callable[[], Clocks]) -> Clocks:
+    return clocks if isinstance(clocks, Clocks) else clocks()
 
 
 def with_property(sections: bytes, name: str, value: object) -> bytes:

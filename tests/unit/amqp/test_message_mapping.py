@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import pytest
+from proton import (
+    Data,
+    Described,
+    byte,
+    char,
+    float32,
+    int32,
+    short,
+    symbol,
+    timestamp,
+    ubyte,
+    uint,
+    ulong,
+)
 from proton import Message as ProtonMessage
-from proton import byte, char, float32, int32, short, symbol, timestamp, ubyte, uint, ulong
 
 from kittiwake.amqp.message_mapping import (
     JMS_DEST,
@@ -378,3 +391,90 @@ def test_every_delivery_gets_its_own_header_fields() -> None:
                         assert (out.durable, out.priority, out.delivery_count) == (
                             durable, priority, count)
                         assert out.ttl == (pytest.approx(2.0) if expiry else 0)
+
+
+def test_repeated_header_and_annotations_map_each_message_as_if_first() -> None:
+    """The header and annotations decoded once and kept by their bytes (message_mapping's
+    section cache): each message still maps by its own sections."""
+    first = jms("a", JMSMessageType.TEXT, durable=True, priority=7, ttl=30.0)
+    first.annotations[symbol("x-opt-delivery-delay")] = 1500
+    same_head = jms("b", JMSMessageType.TEXT, durable=True, priority=7, ttl=30.0)
+    same_head.annotations[symbol("x-opt-delivery-delay")] = 1500
+    other = jms("c", JMSMessageType.TEXT, durable=False)
+    other.annotations = {JMS_MSG_TYPE: byte(JMSMessageType.TEXT), JMS_DEST: byte(1)}
+    mapped = [
+        from_amqp(encode(sent), topic="t", clocks=CLOCKS, origin=None)
+        for sent in (first, same_head, other, first)
+    ]
+    for incoming, payload in zip(mapped, (b"a", b"b", b"c", b"a"), strict=True):
+        assert incoming.message.payload == payload
+    for incoming in (mapped[0], mapped[1], mapped[3]):
+        message = incoming.message
+        assert (message.persistent, message.priority) == (True, 7)
+        assert message.expiry == pytest.approx(CLOCKS.now + 30.0)
+        assert message.delivery_time == pytest.approx(CLOCKS.now + 1.5)
+        assert incoming.to_type is DestinationType.QUEUE
+    message = mapped[2].message
+    assert (message.persistent, message.priority, message.expiry) == (False, 4, None)
+    assert message.delivery_time is None and mapped[2].to_type is DestinationType.TOPIC
+
+
+def test_a_header_whose_size_disagrees_with_its_items_is_refused_each_time() -> None:
+    """A section whose list size and items disagree is not kept: the message is decoded the
+    slow way (and refused) every time it comes."""
+    good = encode(jms("x", JMSMessageType.TEXT, durable=True))
+    assert good[:7] == b"\x00\x53\x70\xc0\x02\x01\x41"  # header: list8 of size 2, one item
+    bad = b"\x00\x53\x70\xc0\x03\x01\x41" + good[7:]  # size 3: one byte too many
+    for _ in range(2):
+        with pytest.raises(MappingError):
+            from_amqp(bad, topic="t", clocks=CLOCKS, origin=None)
+    assert from_amqp(good, topic="t", clocks=CLOCKS, origin=None).message.persistent
+
+
+@pytest.mark.parametrize("header_first", [True, False])
+def test_what_a_message_keeps_is_every_section_but_header_and_delivery_annotations(
+    header_first: bool,
+) -> None:
+    """Kept as received: the sections after the header and delivery annotations, a footer
+    included; in the spec's order or not (a header after the properties)."""
+    sent = jms("x", JMSMessageType.TEXT, durable=True, priority=6)
+    sent.instructions = {symbol("x-opt-hop"): 1}  # delivery annotations
+    footer = Data()
+    footer.put_object(Described(ulong(0x78), {symbol("x-opt-check"): "ok"}))
+    sections = split_sections(encode(sent) + bytes(footer.encode()))
+    assert [code for code, _ in sections][:2] == [0x70, 0x71]
+    if not header_first:
+        sections = sections[1:3] + sections[:1] + sections[3:]
+    encoded = b"".join(section for _, section in sections)
+    message = from_amqp(encoded, topic="t", clocks=CLOCKS, origin=None).message
+    assert message.persistent and message.priority == 6
+    assert message.encoded == {
+        SECTIONS_KEY: b"".join(s for code, s in sections if code not in (0x70, 0x71))
+    }
+    assert message.amqp is not None
+    assert message.amqp.head == b"".join(s for code, s in sections if code in (0x72, 0x73, 0x74))
+    assert message.amqp.footer == b"".join(s for code, s in sections if code == 0x78)
+    assert message.amqp.footer
+
+
+def test_clocks_given_as_a_function_are_read_only_when_a_delivery_needs_them() -> None:
+    """A front end passes a function reading the clocks: called for a ttl or for sections
+    not built yet, not for the usual delivery (the same bytes either way)."""
+    reads: list[Clocks] = []
+
+    def clocks() -> Clocks:
+        reads.append(CLOCKS)
+        return CLOCKS
+
+    plain = CoreMessage(topic="t", payload=b"p", priority=3)
+    first = to_amqp(plain, durable=True, delivery_count=1, clocks=clocks)
+    assert len(reads) == 1  # the sections are built once, with the clocks
+    again = to_amqp(plain, durable=True, delivery_count=1, clocks=clocks)
+    assert again == first and len(reads) == 1
+    expiring = CoreMessage(topic="t", payload=b"p", expiry=CLOCKS.now + 2.5)
+    given = to_amqp(expiring, durable=False, delivery_count=0, clocks=CLOCKS)
+    assert to_amqp(expiring, durable=False, delivery_count=0, clocks=clocks) == given
+    assert len(reads) == 2
+    out = ProtonMessage()
+    out.decode(given)
+    assert out.ttl == pytest.approx(2.5)
