@@ -17,7 +17,6 @@ from cproton_ffi import ffi as _ffi  # type: ignore[import-not-found]
 from cproton_ffi import lib as _lib
 from proton import Delivery, Event, Link
 
-from kittiwake.proton_calls import delivery_tag as delivery_tag
 from kittiwake.proton_calls import scratch as _scratch
 
 # Event types (pn_event_type_t).
