@@ -441,6 +441,14 @@ def _read_proton(encoded: bytes) -> _Read:
         body = bytes(body)  # a view into the decoder's memory, which goes with it
     elif not (body is None or isinstance(body, (str, bytes))):
         body = ENCODED_BODY
+    try:
+        return _read_fields(decoded, body)
+    except (ValueError, TypeError) as exc:  # a string that is not UTF-8, say: proton reads
+        # the fields only when asked, so its errors come from here, not from decode()
+        raise MappingError(f"undecodable message: {exc}") from None
+
+
+def _read_fields(decoded: ProtonMessage, body: object) -> _Read:
     return _Read(
         durable=bool(decoded.durable),
         priority=int(decoded.priority if decoded.priority is not None else DEFAULT_PRIORITY),

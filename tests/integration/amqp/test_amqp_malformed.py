@@ -8,7 +8,7 @@ import struct
 from collections.abc import Iterator
 
 import pytest
-from proton import Data
+from proton import Data, Delivery, Message
 from proton.utils import BlockingConnection
 
 from ..brokerproc import BrokerProcess
@@ -115,3 +115,24 @@ def test_broker_survives_many_bad_connections(
             read_all(sock)
     assert amqp_broker.alive()
     assert_alive(bystander)
+
+
+def test_a_message_that_does_not_decode_is_rejected_alone(amqp_url: str) -> None:
+    """A transfer whose message is malformed (a `to` that is not UTF-8) is rejected with
+    amqp:decode-error; the sender's connection and link go on (the next message is accepted)."""
+    message = Message(body="x", address="malformed/\u00ae", durable=True)
+    bad = message.encode().replace("\u00ae".encode(), b"\xaeA")  # same length, not UTF-8
+    connection = BlockingConnection(amqp_url, timeout=10)
+    try:
+        sender = connection.create_sender("malformed/q")
+        link = sender.link
+        delivery = link.delivery(b"bad")
+        link.send(bad)
+        link.advance()
+        connection.wait(lambda: delivery.remote_state != 0, msg="no outcome for the transfer")
+        assert delivery.remote_state == Delivery.REJECTED
+        condition = delivery.remote.condition
+        assert condition is not None and condition.name == "amqp:decode-error"
+        sender.send(Message(body="fine", durable=True))  # raises unless accepted
+    finally:
+        connection.close()

@@ -229,6 +229,19 @@ def test_garbage_is_a_mapping_error() -> None:
             from_amqp(garbage, topic="t", clocks=CLOCKS, origin=None)
 
 
+def test_a_string_field_that_is_not_utf8_is_a_mapping_error() -> None:
+    """proton reads a message's fields only when asked: a `to` that is not UTF-8 must still be
+    refused as this message's error (the link rejects the transfer), not escape as another
+    exception that would end the sender's whole connection."""
+    sent = jms("x", JMSMessageType.TEXT, durable=True)
+    sent.address = "q/\u00ae"
+    good = encode(sent)
+    assert good.count("\u00ae".encode()) == 1
+    bad = good.replace("\u00ae".encode(), b"\xaeA")  # same length, not UTF-8
+    with pytest.raises(MappingError):
+        from_amqp(bad, topic="t", clocks=CLOCKS, origin=None)
+
+
 def test_split_sections_names_each_section() -> None:
     sent = jms("x", JMSMessageType.TEXT, durable=True)
     sent.properties = {"a": 1}
