@@ -47,7 +47,17 @@ def publish(broker: Broker, message: Message) -> Completion:
     dispatch_now = message.qos == 1 and broker.store_and_dispatch
     # The stored copies of a store-and-dispatch publication, by queue name (see Acceptances).
     stored: list[str] | None = [] if dispatch_now and message.persistent else None
-    touched = route(broker, message, stored)
+    if stored is None:
+        touched = route(broker, message, None)
+        accepted_at_once = None
+    else:
+        # A copy may go, and be accepted, while it is routed (see Acceptances.routing).
+        acceptances = broker.acceptances
+        acceptances.routing = True
+        try:
+            touched = route(broker, message, stored)
+        finally:
+            accepted_at_once = acceptances.end_routing()
     # Acknowledged at the commit or once every stored copy is accepted (see Acceptances):
     # not a retained message, nor one the journal keeps (their rows are always written).
     early = bool(stored) and not message.retain and not broker.store.keeps_in_journal(message)
@@ -81,7 +91,7 @@ def publish(broker: Broker, message: Message) -> Completion:
                 if session not in pending:
                     broker.pump_soon(session)
         if early and stored and not commit.done():
-            commit = broker.acceptances.watch(commit, message.message_id, stored)
+            commit = broker.acceptances.watch(commit, message.message_id, stored, accepted_at_once)
     elif touched:
         broker.pending_commits.hold(commit, message, touched)
     if drained is None:
@@ -337,21 +347,47 @@ class Acceptances:
     for an absent session waits for its commit).
     """
 
-    __slots__ = ("_by_commit", "_by_copy")
+    __slots__ = ("_at_once", "_by_commit", "_by_copy", "routing")
 
     def __init__(self) -> None:
         # The watch publications of a pending commit join (None of its own once it is done).
         self._by_commit: dict[asyncio.Future[None], _Watch] = {}
         # Stored copies not yet accepted, by (queue name, message id).
         self._by_copy: dict[tuple[str, int], _Watch] = {}
+        # True while a publication is routed: a copy sent at once may be accepted before its
+        # watch exists (a receiver that settles as it is handed one: a selector refusing it),
+        # and such acceptances are kept for its watch instead of being missed.
+        self.routing = False
+        self._at_once: list[tuple[str, int]] = []
+
+    def end_routing(self) -> list[tuple[str, int]] | None:
+        """The routing is over: the copies accepted meanwhile (None for none)."""
+        self.routing = False
+        at_once = self._at_once
+        if not at_once:
+            return None
+        self._at_once = []
+        return at_once
 
     def watch(
-        self, commit: asyncio.Future[None], message_id: int, queues: list[str]
+        self,
+        commit: asyncio.Future[None],
+        message_id: int,
+        queues: list[str],
+        accepted_at_once: list[tuple[str, int]] | None = None,
     ) -> asyncio.Future[None]:
         """What the publisher of ``message_id``, stored on ``queues`` in ``commit``'s batch,
-        waits for instead of ``commit``."""
+        waits for instead of ``commit``; ``accepted_at_once``: copies accepted while it was
+        routed (:meth:`end_routing`), none to wait for."""
+        if accepted_at_once:
+            queues = [name for name in queues if (name, message_id) not in accepted_at_once]
         watch = self._by_commit.get(commit)
         if watch is None:
+            if not queues:
+                # Every copy is accepted already: the publisher goes now.
+                done: asyncio.Future[None] = commit.get_loop().create_future()
+                done.set_result(None)
+                return done
             watch = self._by_commit[commit] = _Watch(commit)
             commit.add_done_callback(self._committed)
         by_copy = self._by_copy
@@ -366,6 +402,8 @@ class Acceptances:
         """A stored copy was accepted (its subscriber acknowledged it)."""
         watch = self._by_copy.pop((queue, message_id), None)
         if watch is None:
+            if self.routing:
+                self._at_once.append((queue, message_id))
             return
         watch.outstanding -= 1
         if watch.outstanding == 0 and not watch.future.done():

@@ -17,6 +17,7 @@ from held_commits import HeldCommitStore, RecordingConsumer, run
 from kittiwake.broker.broker import Broker, SubscriptionOptions
 from kittiwake.broker.message import Message
 from kittiwake.broker.sessions import Session
+from kittiwake.broker.subscription_filters import FilteringReceiver
 from kittiwake.clock import ManualClock
 from kittiwake.config import config_from_dict
 from kittiwake.store.sqlite import SQLiteStore
@@ -240,6 +241,47 @@ def test_a_copy_queued_behind_a_full_window_goes_when_the_window_opens() -> None
         accept_all(broker, session, consumer)
         await asyncio.sleep(0)
         assert [d.entry.message.payload for d in consumer.deliveries] == [b"2"]
+        store.resolve()
+
+    run(body)
+
+
+def test_a_copy_accepted_as_it_is_handed_over_still_counts_for_the_early_answer() -> None:
+    """A receiver that settles a copy the moment it is handed one (a noLocal or selector filter
+    refusing it) accepts it while its publication is still being routed, before any watch
+    exists: the publisher still goes before the commit once every copy is accepted."""
+
+    async def body() -> None:
+        broker, store, subs = durable_broker(2)
+        (refusing, _), (taking, consumer) = subs
+        refusing.consumer.receiver = FilteringReceiver(
+            refusing.consumer.receiver, no_local_origin="me"
+        )
+        message = Message("t", b"x", qos=1, persistent=True)
+        message.origin = "me"
+        done = broker.publish(message)
+        assert done is not None and not done.done()
+        assert refusing.queue.count == 0 and not refusing.consumer.unsettled
+        accept_all(broker, taking, consumer)
+        await asyncio.sleep(0)
+        assert done.done(), "every stored copy is accepted: the publisher goes before the commit"
+        store.resolve()
+
+    run(body)
+
+
+def test_a_publication_whose_only_copy_is_accepted_as_it_is_handed_over_goes_at_once() -> None:
+    async def body() -> None:
+        broker, store, subs = durable_broker(1)
+        ((refusing, _),) = subs
+        refusing.consumer.receiver = FilteringReceiver(
+            refusing.consumer.receiver, no_local_origin="me"
+        )
+        message = Message("t", b"x", qos=1, persistent=True)
+        message.origin = "me"
+        done = broker.publish(message)
+        await asyncio.sleep(0)
+        assert done is not None and done.done()
         store.resolve()
 
     run(body)
