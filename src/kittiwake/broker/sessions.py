@@ -40,6 +40,20 @@ def _none_yet() -> Mapping[str, Any]:
     return _NONE_YET
 
 
+class SubscriptionMap(dict[str, "Subscription"]):
+    """A session's subscriptions by full filter, and the copies its plain ones share, one per
+    option set with its route plan (mqtt_subscriptions.sole_copy: a fleet's thousands of
+    filters on one session share one plan instead of building and keeping one each). Kept
+    here rather than on the session: a session without subscriptions (an idle device) pays
+    nothing for them."""
+
+    __slots__ = ("plain_copies",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain_copies: dict[CopyOptions, SessionCopy] | None = None
+
+
 def session_queue_name(client_id: str) -> str:
     """The name of the queue a session's subscriptions feed: its key in the store.
 
@@ -127,10 +141,6 @@ class Session:
     exactly_once_keys: Set[int] = _NO_KEYS
     # The connection, while there is one.
     link: SessionLink | None = None
-    # The copy shared by its plain subscriptions (no noLocal, no identifier) of each option
-    # set, with its route plan (mqtt_subscriptions.sole_copy): a fleet's thousands of filters
-    # on one session share one plan instead of building and keeping one each.
-    plain_copies: dict[CopyOptions, SessionCopy] | None = field(default=None, repr=False)
     will: Message | None = None
     will_delay: int = 0
     # Seconds the will lives once published (MQTT 5 will Message Expiry Interval).
@@ -151,10 +161,24 @@ class Session:
     # for by the front end that connects it (broker.connect), stored with a persistent one.
     queue_rules: QueueRules = DEFAULT_QUEUE_RULES
 
+    @property
+    def plain_copies(self) -> dict[CopyOptions, SessionCopy] | None:
+        """The copies its plain subscriptions share (see SubscriptionMap); None for none."""
+        subscriptions = self.subscriptions
+        return subscriptions.plain_copies if type(subscriptions) is SubscriptionMap else None
+
+    @plain_copies.setter
+    def plain_copies(self, copies: dict[CopyOptions, SessionCopy] | None) -> None:
+        subscriptions = self.subscriptions
+        if type(subscriptions) is SubscriptionMap:
+            subscriptions.plain_copies = copies
+        elif copies is not None:
+            raise ValueError("a session without subscriptions shares no copies")
+
     def add_subscription(self, full_filter: str, subscription: Subscription) -> None:
         subscriptions = self.subscriptions
         if not isinstance(subscriptions, dict):
-            self.subscriptions = subscriptions = {}
+            self.subscriptions = subscriptions = SubscriptionMap()
         subscriptions[full_filter] = subscription
 
     def pop_subscription(self, full_filter: str) -> Subscription | None:
@@ -165,7 +189,6 @@ class Session:
         return removed
 
     def clear_subscriptions(self) -> None:
-        self.subscriptions = _NONE_YET
         # Its shared copies point back at it, and their plans at them (and at its last
         # connection): cycles the collector may never see once frozen (kittiwake.collector),
         # broken here.
@@ -173,7 +196,7 @@ class Session:
         if plain:
             for copy in plain.values():
                 copy.plan = None
-        self.plain_copies = None
+        self.subscriptions = _NONE_YET
 
     def add_member(self, full_filter: str, member: Member) -> None:
         members = self.members
