@@ -140,7 +140,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--publishers", type=int, default=10)
     parser.add_argument("--window", type=int, default=100, help="each publisher's in-flight window")
-    parser.add_argument("--depth", type=int, default=200, help="limits.flow_control_depth")
+    parser.add_argument("--depth", type=int, default=1000, help="limits.flow_control_depth")
     parser.add_argument("--messages", type=int, default=60_000)
     args = parser.parse_args()
     print(asyncio.run(flood(args.publishers, args.window, args.depth, args.messages)))
