@@ -734,7 +734,7 @@ class Broker:
             name = queue.name
             self.store.remove(name, message_id)
             if accepted:
-                self.acceptances.accepted(name, message_id)
+                self.acceptances.accepted(entry)
 
     def _entry_given_up(self, queue: Queue, entry: QueuedMessage, reason: Removal) -> None:
         """An entry left a dead-lettering session's queue for good: as any session's, and

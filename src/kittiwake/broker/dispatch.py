@@ -160,10 +160,15 @@ def deliver_stored_now(
     return True
 
 
-def enqueue_shared(broker: Broker, group: SharedGroup, message: Message) -> bool:
+def enqueue_shared(
+    broker: Broker, group: SharedGroup, message: Message, entry: QueuedMessage | None = None
+) -> bool:
     """Queue one copy for a shared group (each member's own cap applies when it is sent
-    one); QoS 0 goes to a connected member or nowhere. True when pumping is needed."""
-    entry = QueuedMessage.of(message, group.max_qos)
+    one); QoS 0 goes to a connected member or nowhere. True when pumping is needed.
+    ``entry``: the copy, when the caller made it (``QueuedMessage.of(message,
+    group.max_qos)``)."""
+    if entry is None:
+        entry = QueuedMessage.of(message, group.max_qos)
     queue = group.queue
     if entry.qos == 0:
         if message.delivery_time is None:

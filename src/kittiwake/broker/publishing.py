@@ -45,19 +45,9 @@ def publish(broker: Broker, message: Message) -> Completion:
     safe (its commit, and room at its congested receivers: see flow_control.py)."""
     _accept(broker, message)
     dispatch_now = message.qos == 1 and broker.store_and_dispatch
-    # The stored copies of a store-and-dispatch publication, by queue name (see Acceptances).
-    stored: list[str] | None = [] if dispatch_now and message.persistent else None
-    if stored is None:
-        touched = route(broker, message, None)
-        accepted_at_once = None
-    else:
-        # A copy may go, and be accepted, while it is routed (see Acceptances.routing).
-        acceptances = broker.acceptances
-        acceptances.routing = True
-        try:
-            touched = route(broker, message, stored)
-        finally:
-            accepted_at_once = acceptances.end_routing()
+    # The stored copies of a store-and-dispatch publication (see Acceptances).
+    stored: list[QueuedMessage] | None = [] if dispatch_now and message.persistent else None
+    touched = route(broker, message, stored)
     # Acknowledged at the commit or once every stored copy is accepted (see Acceptances):
     # not a retained message, nor one the journal keeps (their rows are always written).
     early = bool(stored) and not message.retain and not broker.store.keeps_in_journal(message)
@@ -91,7 +81,7 @@ def publish(broker: Broker, message: Message) -> Completion:
                 if session not in pending:
                     broker.pump_soon(session)
         if early and stored and not commit.done():
-            commit = broker.acceptances.watch(commit, message.message_id, stored, accepted_at_once)
+            commit = broker.acceptances.watch(commit, stored)
     elif touched:
         broker.pending_commits.hold(commit, message, touched)
     if drained is None:
@@ -206,11 +196,10 @@ def retain(broker: Broker, message: Message) -> None:
 
 
 def route(
-    broker: Broker, message: Message, stored: list[str] | None = None
+    broker: Broker, message: Message, stored: list[QueuedMessage] | None = None
 ) -> list[Session | SharedGroup]:
     """Enqueue the message on every session and group that should get it; returns those
-    that need pumping. ``stored``, when given, gets the name of every queue that stored a
-    copy."""
+    that need pumping. ``stored``, when given, gets every copy a queue stored."""
     routes = broker.routes
     plan = routes.by_topic.get(message.topic)  # RoutePlans.plan, inlined: once a message
     if plan is None:
@@ -246,23 +235,20 @@ def route(
                     if not enqueue(broker, session, entry):
                         continue  # dropped (a full queue): nothing stored
                     touched.append(session)
-                stored.append(queue.name)
+                stored.append(entry)
                 continue
         if enqueue(broker, session, entry):
             touched.append(session)
             if stored is not None and entry.persistent:
                 queue = session.made_queue  # (enqueue made it: the attribute, not the property)
                 if queue is not None and queue.durable:
-                    stored.append(queue.name)
+                    stored.append(entry)
     for group in plan.groups:
-        if enqueue_shared(broker, group, message):
+        shared = QueuedMessage.of(message, group.max_qos)
+        if enqueue_shared(broker, group, message, shared):
             touched.append(group)
-            if (
-                stored is not None
-                and group.queue.durable
-                and QueuedMessage.of(message, group.max_qos).persistent
-            ):
-                stored.append(group.queue.name)
+            if stored is not None and group.queue.durable and shared.persistent:
+                stored.append(shared)
     return touched
 
 
@@ -321,15 +307,20 @@ class PendingCommits:
 
 class _Watch:
     """The publications of one commit that may be acknowledged before it (see Acceptances):
-    their stored copies not accepted yet, and the future their publishers wait on."""
+    how many of their stored copies are not accepted yet, and the future their publishers
+    wait on. Each such copy points to it (``QueuedMessage.watch``)."""
 
-    __slots__ = ("commit", "copies", "future", "outstanding")
+    __slots__ = ("commit", "future", "outstanding")
 
     def __init__(self, commit: asyncio.Future[None]) -> None:
         self.commit = commit
         self.future: asyncio.Future[None] = commit.get_loop().create_future()
         self.outstanding = 0
-        self.copies: list[tuple[str, int]] = []
+
+
+# QueuedMessage.watch of a stored copy accepted already (possibly before any watch existed:
+# a receiver that settles a copy as it is handed one, while its publication is routed).
+_ACCEPTED = object()
 
 
 class Acceptances:
@@ -344,67 +335,46 @@ class Acceptances:
     it is delivered again, which QoS 1 allows. One future per commit, shared by every
     publication of its batch (as the commit future is), never one per message: the batch goes
     early once every stored copy of each of its publications is accepted (a batch with a copy
-    for an absent session waits for its commit).
+    for an absent session waits for its commit). A watched copy points to its watch
+    (``QueuedMessage.watch``), so nothing is kept or looked up per copy here.
     """
 
-    __slots__ = ("_at_once", "_by_commit", "_by_copy", "routing")
+    __slots__ = ("_by_commit",)
 
     def __init__(self) -> None:
         # The watch publications of a pending commit join (None of its own once it is done).
         self._by_commit: dict[asyncio.Future[None], _Watch] = {}
-        # Stored copies not yet accepted, by (queue name, message id).
-        self._by_copy: dict[tuple[str, int], _Watch] = {}
-        # True while a publication is routed: a copy sent at once may be accepted before its
-        # watch exists (a receiver that settles as it is handed one: a selector refusing it),
-        # and such acceptances are kept for its watch instead of being missed.
-        self.routing = False
-        self._at_once: list[tuple[str, int]] = []
-
-    def end_routing(self) -> list[tuple[str, int]] | None:
-        """The routing is over: the copies accepted meanwhile (None for none)."""
-        self.routing = False
-        at_once = self._at_once
-        if not at_once:
-            return None
-        self._at_once = []
-        return at_once
 
     def watch(
-        self,
-        commit: asyncio.Future[None],
-        message_id: int,
-        queues: list[str],
-        accepted_at_once: list[tuple[str, int]] | None = None,
+        self, commit: asyncio.Future[None], copies: list[QueuedMessage]
     ) -> asyncio.Future[None]:
-        """What the publisher of ``message_id``, stored on ``queues`` in ``commit``'s batch,
-        waits for instead of ``commit``; ``accepted_at_once``: copies accepted while it was
-        routed (:meth:`end_routing`), none to wait for."""
-        if accepted_at_once:
-            queues = [name for name in queues if (name, message_id) not in accepted_at_once]
+        """What the publisher of a message whose stored ``copies`` are in ``commit``'s batch
+        waits for instead of ``commit``. A copy accepted already (while it was routed) is
+        not waited for."""
         watch = self._by_commit.get(commit)
         if watch is None:
-            if not queues:
+            for copy in copies:
+                if copy.watch is None:
+                    break
+            else:
                 # Every copy is accepted already: the publisher goes now.
                 done: asyncio.Future[None] = commit.get_loop().create_future()
                 done.set_result(None)
                 return done
             watch = self._by_commit[commit] = _Watch(commit)
             commit.add_done_callback(self._committed)
-        by_copy = self._by_copy
-        for name in queues:
-            key = (name, message_id)
-            by_copy[key] = watch
-            watch.copies.append(key)
-        watch.outstanding += len(queues)
+        for copy in copies:
+            if copy.watch is None:
+                copy.watch = watch
+                watch.outstanding += 1
         return watch.future
 
-    def accepted(self, queue: str, message_id: int) -> None:
+    def accepted(self, copy: QueuedMessage) -> None:
         """A stored copy was accepted (its subscriber acknowledged it)."""
-        watch = self._by_copy.pop((queue, message_id), None)
-        if watch is None:
-            if self.routing:
-                self._at_once.append((queue, message_id))
-            return
+        watch = copy.watch
+        copy.watch = _ACCEPTED
+        if not isinstance(watch, _Watch):
+            return  # not watched (yet: see watch), or accepted already
         watch.outstanding -= 1
         if watch.outstanding == 0 and not watch.future.done():
             watch.future.set_result(None)
@@ -414,16 +384,11 @@ class Acceptances:
 
     def _committed(self, commit: asyncio.Future[None]) -> None:
         """The commit is done: whoever still waits goes with its outcome (a failed commit
-        refuses the publishers whose copies were not all accepted)."""
+        refuses the publishers whose copies were not all accepted). Copies accepted later
+        find their watch done."""
         watch = self._by_commit.pop(commit, None)
         # A watch resolved early left _by_commit already; its copies are all accepted.
-        if watch is None:
-            return
-        by_copy = self._by_copy
-        for key in watch.copies:
-            if by_copy.get(key) is watch:
-                del by_copy[key]
-        if watch.future.done():
+        if watch is None or watch.future.done():
             return
         if commit.cancelled():
             watch.future.cancel()

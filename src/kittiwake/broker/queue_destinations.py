@@ -194,7 +194,7 @@ class QueueDestinations:
                 self.store.journal(message)
             self.store.enqueue(queue.name, entry)
             if self.broker.store_and_dispatch:
-                return True, self._send_dispatching(queue, message)
+                return True, self._send_dispatching(queue, entry)
             commit = self.store.commit()
             if commit is not None:
                 # Persist -> acknowledge -> dispatch: the entry waits for its commit.
@@ -204,7 +204,7 @@ class QueueDestinations:
         self.pump_soon(queue)
         return True, None
 
-    def _send_dispatching(self, queue: Queue, message: Message) -> Completion:
+    def _send_dispatching(self, queue: Queue, entry: QueuedMessage) -> Completion:
         """Store-and-dispatch (outside a transaction, DESIGN.md section 3): consumers may have
         the entry before its commit, and an acceptance before the writer takes it spares the
         write. The sender is answered at the commit or once a consumer accepted the entry,
@@ -216,6 +216,7 @@ class QueueDestinations:
         sender not answered yet, who may send again: a copy delivered meanwhile is then a
         duplicate."""
         store = self.store
+        message = entry.message
         early = not store.keeps_in_journal(message) and any(
             consumer.credit.available > 0 and not consumer.unsettled
             for consumer in queue.consumers
@@ -223,7 +224,7 @@ class QueueDestinations:
         commit = store.commit_unhurried() if early else store.commit()
         self.pump_soon(queue)
         if early and commit is not None and not commit.done():
-            return self.broker.acceptances.watch(commit, message.message_id, [queue.name])
+            return self.broker.acceptances.watch(commit, [entry])
         return commit
 
     def _after(self, queue: Queue, message: Message, done: asyncio.Future[None]) -> None:
@@ -283,7 +284,7 @@ class QueueDestinations:
             self.broker.stats.messages_dropped += 1
         self._forget(queue, entry)
         if reason is Removal.ACCEPTED and entry.persistent:
-            self.broker.acceptances.accepted(queue.name, entry.message.message_id)
+            self.broker.acceptances.accepted(entry)
         if self.router.queues.get(queue.name) is not queue:
             return  # a deleted queue's entries go nowhere
         self._move(queue, entry, reason)

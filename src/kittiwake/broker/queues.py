@@ -51,6 +51,10 @@ class QueuedMessage:
     sequence: int = 0
     # Consumers that settled it "modified, undeliverable here"; None (nearly always) = none.
     excluded: set[Consumer] | None = None
+    # Store-and-dispatch (broker.publishing.Acceptances): the watch of the publisher waiting
+    # for this stored copy's acceptance, or the marker of a copy accepted already; kept on
+    # the copy so that neither side looks it up by (queue, message id).
+    watch: object = None
 
     @property
     def size(self) -> int:
