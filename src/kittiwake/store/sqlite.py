@@ -104,6 +104,22 @@ _INSERT_ENTRY = (
     f"{', '.join(MESSAGE_COLUMNS[1:])}) "
     f"VALUES (?, ?, ?, ?, ?, ?, 0, 'queued', {', '.join('?' * (len(MESSAGE_COLUMNS) - 1))})"
 )
+# The same insert in the shapes nearly every entry takes, binding no NULL (sqlite3 binds a None,
+# as a bytes payload, through its adapter lookup: two attribute lookups that fail, each
+# formatting an AttributeError, several times a plain value's cost on the writer thread). A
+# reference to a journal row carries no message columns; a message with no expiry, no
+# delivery time and no properties leaves those three out. Its payload is bound as a
+# bytearray, which sqlite3 binds directly (the same BLOB as bytes).
+_INSERT_ENTRY_REFERENCE = (
+    "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
+    "subscription_ids, delivery_count, delivery_id, state) VALUES (?, ?, ?, ?, ?, ?, 0, 'queued')"
+)
+_INSERT_ENTRY_PLAIN = (
+    "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
+    "subscription_ids, delivery_count, delivery_id, state, topic, payload, qos, retain, "
+    "persistent, priority, timestamp, origin) "
+    "VALUES (?, ?, ?, ?, ?, ?, 0, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 _MARK = (
     "UPDATE queue_entries SET delivery_id=?, state=?, delivery_count=delivery_count+? "
     "WHERE queue=? AND message_id=?"
@@ -142,8 +158,6 @@ _UPSERT_RETAINED = f"INSERT OR REPLACE INTO retained VALUES ({_MESSAGE_PLACES})"
 _DELETE_SESSION = tuple(
     f"DELETE FROM {table} WHERE client_id=?" for table in ("sessions", "subscriptions", "wills")
 )
-# The message columns of a queue entry that leaves its message to the journal.
-_NO_MESSAGE: tuple[None, ...] = (None,) * (len(MESSAGE_COLUMNS) - 1)
 
 
 class _EntryInsert:
@@ -178,18 +192,59 @@ class _EntryInsert:
         self.cancelled = False
         self.mark: tuple[int, str, int] | None = None
 
-    def row(self, clock_to_wall_ms: float) -> tuple[Any, ...]:
+    def row(self, clock_to_wall_ms: float) -> tuple[str, tuple[Any, ...]]:
+        """The statement and the row that insert this entry (see _INSERT_ENTRY_PLAIN)."""
         message = self.message
         entry = self.entry
         ids = entry.subscription_ids
-        return (
+        head = (
             self.queue,
             message.message_id,
             entry.qos,
             1 if entry.retain else 0,
             subscription_ids_text(ids) if ids else "",
             self.delivery_count,
-            *(message_columns(message, clock_to_wall_ms) if self.inline else _NO_MESSAGE),
+        )
+        if not self.inline:
+            return _INSERT_ENTRY_REFERENCE, head
+        (
+            topic,
+            payload,
+            qos,
+            retain,
+            persistent,
+            priority,
+            timestamp,
+            expiry,
+            delivery_time,
+            origin,
+            properties,
+        ) = message_columns(message, clock_to_wall_ms)
+        if expiry is None and delivery_time is None and properties is None and origin is not None:
+            return _INSERT_ENTRY_PLAIN, (
+                *head,
+                topic,
+                bytearray(payload),
+                qos,
+                retain,
+                persistent,
+                priority,
+                timestamp,
+                origin,
+            )
+        return _INSERT_ENTRY, (
+            *head,
+            topic,
+            bytearray(payload),
+            qos,
+            retain,
+            persistent,
+            priority,
+            timestamp,
+            expiry,
+            delivery_time,
+            origin,
+            properties,
         )
 
 
@@ -1047,29 +1102,46 @@ class SQLiteStore:
         marks = self._marks
         due = 0.0
         for ops, _future in turns:
-            for index, (sql, inserts) in enumerate(ops):
-                if sql is _INSERT_ENTRY:
-                    rows = []
-                    for insert in inserts:
-                        if insert.cancelled:
-                            continue
-                        if pending is not None:
-                            key = (insert.queue, insert.message.message_id)
-                            # None (two pending inserts of one entry) stays: not cancellable.
-                            if pending.get(key) is insert:
-                                del pending[key]
-                        rows.append(insert.row(to_wall))
-                        if insert.mark is not None:
-                            # An ordinary lazy mark from now on, due a whole delay later
-                            # (lazier than it was: a lazy mark may be late). The latest due
-                            # time yet, so dict order stays due order.
-                            if not due:
-                                due = self._clock.now() + LAZY_MARK_DELAY
-                            key = (insert.queue, insert.message.message_id)
-                            marks.pop(key, None)
-                            marks[key] = (*insert.mark, due)
-                    self.written_entries += len(rows)
-                    ops[index] = (sql, rows)
+            if not any(sql is _INSERT_ENTRY for sql, _rows in ops):
+                continue
+            built: list[Operation] = []
+            for sql, inserts in ops:
+                if sql is not _INSERT_ENTRY:
+                    built.append((sql, inserts))
+                    continue
+                # Consecutive rows of one statement shape share a run (in order: a second
+                # insert of an entry must still come after the first).
+                shape = _INSERT_ENTRY
+                rows: list[Any] = []
+                written = 0
+                for insert in inserts:
+                    if insert.cancelled:
+                        continue
+                    if pending is not None:
+                        key = (insert.queue, insert.message.message_id)
+                        # None (two pending inserts of one entry) stays: not cancellable.
+                        if pending.get(key) is insert:
+                            del pending[key]
+                    statement, row = insert.row(to_wall)
+                    if statement is not shape:
+                        if rows:
+                            built.append((shape, rows))
+                            rows = []
+                        shape = statement
+                    rows.append(row)
+                    written += 1
+                    if insert.mark is not None:
+                        # An ordinary lazy mark from now on, due a whole delay later
+                        # (lazier than it was: a lazy mark may be late). The latest due
+                        # time yet, so dict order stays due order.
+                        if not due:
+                            due = self._clock.now() + LAZY_MARK_DELAY
+                        key = (insert.queue, insert.message.message_id)
+                        marks.pop(key, None)
+                        marks[key] = (*insert.mark, due)
+                self.written_entries += written
+                built.append((shape, rows))  # (left empty only when every one was cancelled)
+            ops[:] = built
         if due and self._mark_timer is None:
             self._mark_timer = self._get_loop().call_later(LAZY_MARK_DELAY, self._on_mark_timer)
 
@@ -1340,7 +1412,13 @@ def _bulk_remove(rows: int) -> str:
 # INSERT statements that can take many rows: (everything up to the values, one row's values).
 _BULK_INSERTS = {
     sql: (sql[: sql.index("VALUES") + 7], sql[sql.index("VALUES") + 7 :])
-    for sql in (_INSERT_JOURNAL, _INSERT_ENTRY, _INSERT_SUBSCRIPTION)
+    for sql in (
+        _INSERT_JOURNAL,
+        _INSERT_ENTRY,
+        _INSERT_ENTRY_REFERENCE,
+        _INSERT_ENTRY_PLAIN,
+        _INSERT_SUBSCRIPTION,
+    )
 }
 
 

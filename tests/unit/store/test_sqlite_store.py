@@ -34,6 +34,7 @@ from kittiwake.broker.store import (
 from kittiwake.clock import ManualClock
 from kittiwake.config import Config
 from kittiwake.store import sqlite as sqlite_module
+from kittiwake.store.codec import message_columns
 from kittiwake.store.schema import MIGRATIONS
 from kittiwake.store.sqlite import (
     DATABASE_FILE,
@@ -322,6 +323,87 @@ def test_every_stored_copy_keeps_property_types_ids_and_timestamps(tmp_path: Pat
     assert journalled.timestamp == ManualClock().wall_ms()
     assert retained.timestamp == journalled.timestamp + 2000
     assert will.timestamp == 0  # not published yet
+
+
+def test_every_shape_of_queue_entry_insert_stores_the_row_the_full_insert_stores(
+    tmp_path: Path,
+) -> None:
+    """The writer inserts most queue entries with statements that bind no NULL (a reference to
+    a journal row; a message without expiry, delivery time and properties): each row is the
+    one the statement naming every column stores, whatever mix of shapes a turn holds."""
+    clock = ManualClock()
+    plain = message("p", b"plain")
+    plain.origin = "c1"
+    expiring = message("e", b"expiring", expiry=clock.now() + 60)
+    expiring.origin = "c2"
+    typed = typed_message("t", b"typed")
+    typed.origin = "c3"
+    anonymous = message("n", b"no origin")
+    shared = message("s", b"shared")
+    shared.origin = "c4"
+    later = message("l", b"")
+    later.origin = "c5"
+    order = [
+        ("a", plain, {}),
+        ("a", expiring, {"subscription_ids": (2, 5)}),
+        ("a", shared, {}),
+        ("b", shared, {"retain": True}),
+        ("a", typed, {"delivery_count": 2}),
+        ("a", anonymous, {}),
+        ("a", later, {}),
+    ]
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path / "store", clock=clock)
+        for _queue, m, _fields in order:
+            m.created = clock.now()
+            if not m.message_id:
+                store.journal(m)
+        for queue, m, fields in order:
+            store.enqueue(queue, entry(m, **fields))
+        await settle(store)
+        store.close()
+
+    run(write)
+    columns = (
+        "queue, message_id, delivery_qos, delivery_retain, subscription_ids, delivery_count, "
+        "delivery_id, state, topic, payload, qos, retain, persistent, priority, timestamp, "
+        "expiry, delivery_time, origin, properties"
+    )
+    query = f"SELECT {columns}, typeof(payload) FROM queue_entries ORDER BY queue, message_id"
+    stored = db_rows(tmp_path / "store", query)
+    # The same rows through the statement that binds every column (None as NULL).
+    reference = SQLiteStore(tmp_path / "reference", clock=clock)
+    reference.close()
+    connection = sqlite3.connect(tmp_path / "reference" / DATABASE_FILE)
+    try:
+        for queue, m, fields in order:
+            copy = entry(m, **fields)
+            inline = m is not shared
+            connection.execute(
+                f"INSERT INTO queue_entries ({columns}) VALUES ({', '.join('?' * 19)})",
+                (
+                    queue,
+                    m.message_id,
+                    copy.qos,
+                    1 if copy.retain else 0,
+                    ",".join(str(i) for i in copy.subscription_ids),
+                    copy.delivery_count,
+                    0,
+                    "queued",
+                    *(
+                        message_columns(m, clock.wall_ms() - clock.now() * 1000)
+                        if inline
+                        else (None,) * 11
+                    ),
+                ),
+            )
+        expected = connection.execute(query).fetchall()
+    finally:
+        connection.close()
+    assert len(stored) == len(order)
+    assert stored == expected
+    assert {row[-1] for row in stored} == {"blob", "null"}
 
 
 # -- references and their release ------------------------------------------------------------
