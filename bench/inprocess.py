@@ -153,6 +153,10 @@ def frames(packets: list[object]) -> bytes:
 # acceptance window), as in run.py's qos1-persistent workloads; the writer thread's CPU
 # counts (process time).
 DURABLE = {"on": False}
+# qos1 --durable: the store's acceptance window, when not a serving broker's default (None);
+# --ack-after-commit: the subscriber acknowledges only what the store has committed.
+STORE_OPTIONS: dict[str, float | None] = {"acceptance_window": None}
+LATE_ACKS = {"on": False}
 # Per durable run: (queue entries written, inserts cancelled) by the store (write cancellation).
 ENTRY_WRITES: list[tuple[int, int]] = []
 
@@ -163,8 +167,21 @@ def make_broker() -> Broker:
     from kittiwake.store.sqlite import SQLiteStore
 
     directory = tempfile.mkdtemp(prefix="kw-inprocess-")
-    window = StoreConfig().acceptance_window
+    window = STORE_OPTIONS["acceptance_window"]
+    if window is None:
+        window = StoreConfig().acceptance_window
     return Broker(store=SQLiteStore(directory, acceptance_window=window))
+
+
+async def committed(broker: Broker) -> None:
+    """--ack-after-commit: wait for the store to commit what was published so far (at once,
+    without an acceptance window), so the copies are written before they are accepted and
+    then deleted: the durable 10->1 flood, where most copies wait behind a full window longer
+    than the acceptance window."""
+    if LATE_ACKS["on"]:
+        commit = broker.store.commit()
+        if commit is not None:
+            await commit
 
 
 async def settled(broker: Broker) -> None:
@@ -230,6 +247,7 @@ async def qos1(
     for publishes, acks in zip(publish_reads, ack_reads, strict=True):
         pub.read(publishes)
         await asyncio.sleep(0)
+        await committed(broker)
         if acks:
             for sub in subs:
                 sub.read(acks)
@@ -291,6 +309,7 @@ async def qos1_fan_in(messages: int, batch: int, publishers: int, qos: int = 1) 
         for pub, data in zip(pubs, reads, strict=True):
             pub.read(data)
             await asyncio.sleep(0)
+        await committed(broker)
         while consumer.unsettled:
             sub.read(next(acks))
             await asyncio.sleep(0)
@@ -564,7 +583,22 @@ def main() -> None:
         action="store_true",
         help="qos1: a persistent subscriber session on the SQLite store (writer thread included)",
     )
+    parser.add_argument(
+        "--acceptance-window",
+        type=float,
+        help="qos1 --durable: the store's acceptance window in seconds (default: a serving "
+        "broker's); a long one keeps every copy cancellable however slowly the run goes "
+        "(under valgrind)",
+    )
+    parser.add_argument(
+        "--ack-after-commit",
+        action="store_true",
+        help="qos1 --durable: the subscriber acknowledges only what the store has committed "
+        "(every copy written, then deleted)",
+    )
     args = parser.parse_args()
+    STORE_OPTIONS["acceptance_window"] = args.acceptance_window
+    LATE_ACKS["on"] = args.ack_after_commit
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
     SHELL["on"] = args.shell
     DURABLE["on"] = args.durable
