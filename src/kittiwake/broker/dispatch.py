@@ -118,6 +118,9 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
         # A QoS 2 copy of a message still being committed waits for the commit: if it
         # fails, the publisher is refused and resends, and this copy would be a duplicate.
         and (entry.qos < 2 or not entry.message.persistent)
+        # One the queue could never hold is its policy's to refuse (push, below), whether
+        # or not it would have to wait: the same copy is not kept or dropped by chance.
+        and len(entry.message.payload) + len(entry.message.topic) <= queue.max_bytes
     ):
         # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
         queue.deliver_now(consumer, entry)
@@ -141,17 +144,19 @@ def deliver_stored_now(
     nobody stores, when nothing waits ahead of it and the window has room: its stored entry
     first, so that the in-flight mark its delivery makes joins the pending insert (and is
     dropped with it on acceptance); no push, pump and dispatch round. False when it cannot
-    (nothing done): the caller enqueues it."""
+    (nothing done): the caller enqueues it (and the queue's policy refuses a copy larger than
+    its byte limit, as :func:`enqueue` leaves it to)."""
     consumer = session.made_consumer
+    message = entry.message
     if (
         queue.count
         or consumer is None
         or consumer.credit.available <= 0
         or consumer.receiver is None
-        or entry.message.delivery_time is not None
+        or message.delivery_time is not None
+        or len(message.payload) + len(message.topic) > queue.max_bytes
     ):
         return False
-    message = entry.message
     if message.message_id == 0:
         broker.store.journal(message)
     broker.store.enqueue(queue.name, entry)
