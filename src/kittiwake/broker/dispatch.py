@@ -121,6 +121,8 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
         # One the queue could never hold is its policy's to refuse (push, below), whether
         # or not it would have to wait: the same copy is not kept or dropped by chance.
         and len(entry.message.payload) + len(entry.message.topic) <= queue.max_bytes
+        # Retained messages a new subscription has not been sent yet go first (feed_retained).
+        and not (broker.retained_cursors and session in broker.retained_cursors)
     ):
         # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
         queue.deliver_now(consumer, entry)
@@ -155,6 +157,7 @@ def deliver_stored_now(
         or consumer.receiver is None
         or message.delivery_time is not None
         or len(message.payload) + len(message.topic) > queue.max_bytes
+        or (broker.retained_cursors and session in broker.retained_cursors)
     ):
         return False
     if message.message_id == 0:
@@ -221,13 +224,17 @@ def pump(broker: Broker, target: Session | SharedGroup) -> None:
     queue = session.made_queue
     if queue is None or not session.delivering:
         return  # (no queue: nothing queued, no retained messages to send, nothing in flight)
+    cursors = broker.retained_cursors
+    if cursors and session in cursors:
+        # A new subscription's retained messages go before what was queued since it started.
+        broker.feed_retained(session)
     if queue.count:
         broker.stats.messages_sent += queue.dispatch(broker.clock.now())
         broker.flow.pumped(session)
         if queue.next_visible_time() is not None:
             broker.pumps.delayed.add(session)
-    if broker.retained_cursors and session in broker.retained_cursors:
-        broker.feed_retained(session)
+        if cursors and session in cursors:
+            broker.feed_retained(session)  # what was queued before it may have gone now
     if session.members:
         for member in session.members.values():
             if member.group.queue.count:
