@@ -109,18 +109,19 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
         return False
     stored = entry.persistent and queue.durable
     consumer = session.made_consumer or session.consumer
+    message = entry.message
     if (
         not stored
         and not queue.count
         and consumer.credit.available > 0
         and consumer.receiver is not None
-        and entry.message.delivery_time is None
+        and message.delivery_time is None
         # A QoS 2 copy of a message still being committed waits for the commit: if it
         # fails, the publisher is refused and resends, and this copy would be a duplicate.
-        and (entry.qos < 2 or not entry.message.persistent)
+        and (entry.qos < 2 or not message.persistent)
         # One the queue could never hold is its policy's to refuse (push, below), whether
         # or not it would have to wait: the same copy is not kept or dropped by chance.
-        and len(entry.message.payload) + len(entry.message.topic) <= queue.max_bytes
+        and len(message.payload) + len(message.topic) <= queue.max_bytes
         # Retained messages a new subscription has not been sent yet go first (feed_retained).
         and not (broker.retained_cursors and session in broker.retained_cursors)
     ):
@@ -132,8 +133,8 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
         broker.stats.messages_dropped += 1
         return False
     if stored:
-        if entry.message.message_id == 0:
-            broker.store.journal(entry.message)
+        if message.message_id == 0:
+            broker.store.journal(message)
         broker.store.enqueue(queue.name, entry)
     return True
 
