@@ -321,6 +321,27 @@ def test_dropped_messages_are_logged_with_their_true_count_and_counted_in_metric
     assert [m.payload for m in back.get_many(5)] == [str(i).encode() for i in range(5)]
 
 
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_copy_larger_than_the_queue_byte_limit_is_dropped_even_with_nothing_waiting(
+    broker, paho, clean
+):
+    """A QoS 1 copy larger than its subscriber's max_queued_bytes is refused by the queue's
+    policy, as it would be behind a waiting entry, also when it could go at once (an empty
+    queue and room in the window). ``clean``: the copy is not stored (False: it is stored, a
+    persistent session's, and may go before its commit). Before, such a copy was delivered
+    whenever it took the at-once path."""
+    process = broker(limits={"max_queued_bytes": 1000})
+    topic = unique("limits/bytes")
+    sub = paho(process.address, unique("bytes"), clean=clean)
+    sub.subscribe(topic, 1)
+    pub = paho(process.address)
+    pub.publish(topic, b"x" * 2000, 1)
+    pub.publish(topic, b"fence", 1)
+    payloads = [m.payload for m in sub.get_many(1)]
+    assert payloads == [b"fence"], [len(p) for p in payloads]
+    assert "full" in process.log_text()
+
+
 # -- keepalive -------------------------------------------------------------------------------------
 
 

@@ -222,6 +222,44 @@ def test_every_retained_message_reaches_a_new_subscriber_past_its_queue_limit(br
     subscriber.no_packet(0.3)
 
 
+def test_a_live_copy_does_not_overtake_its_topics_retained_message_not_yet_sent(broker):
+    """A new wildcard subscriber's retained messages go out as its window opens; live copies
+    published meanwhile wait behind them, so no topic's newer live message reaches it before
+    that topic's older retained one (MQTT §4.6, ordered topics). Before, a copy that arrived
+    while the window was full went first as soon as it opened: the subscriber saw "new", then
+    the stale retained "old"."""
+    from kittiwake.mqtt.packets import PubAck, Publish
+
+    from .rawclient import RawClient
+
+    process = broker(limits={"max_inflight": 1})
+    prefix = unique("retained/order")
+    publisher = RawClient(process.address, 4)
+    publisher.connect(unique("ret-pub"))
+    for n in range(3):
+        publisher.publish(f"{prefix}/{n}", b"old %d" % n, 1, retain=True)
+    subscriber = RawClient(process.address, 4)
+    subscriber.connect(unique("ret-sub"))
+    subscriber.subscribe(f"{prefix}/+", 1)
+    packet = subscriber.expect(Publish)  # the window of one is full until this is acknowledged
+    for n in range(3):
+        publisher.publish(f"{prefix}/{n}", b"new %d" % n, 1)  # acknowledged: routed
+    got = []
+    while True:
+        got.append((packet.topic, packet.payload, packet.retain))
+        subscriber.send(PubAck(packet.packet_id))
+        if len(got) == 6:
+            break
+        packet = subscriber.expect(Publish)
+    for n in range(3):
+        topic = f"{prefix}/{n}"
+        assert [(p, r) for t, p, r in got if t == topic] == [
+            (b"old %d" % n, True),
+            (b"new %d" % n, False),
+        ], got
+    subscriber.no_packet(0.3)
+
+
 # -- limits.max_retained_payload ---------------------------------------------------------------
 
 RETAINED_LIMIT = 16

@@ -669,8 +669,8 @@ class ConsumerLink:
         self.presettled = presettled
         # Core deliveries in flight on this link, by the engine's delivery (its C object:
         # hashed by address, alive until settled here, so a disposition finds its delivery
-        # without reading its tag); by the wire tag when sent settled (the engine reports
-        # nothing more about it).
+        # without reading its tag). One sent settled is never here: the engine reports
+        # nothing more about it, so the core is done with it as it goes.
         self.unsettled: dict[Any, Delivery] = {}
         self.consumer: Consumer | None = None
         self.closed = False
@@ -726,13 +726,14 @@ class ConsumerLink:
     def deliver(self, delivery: Delivery) -> None:
         """Send one attempt (the core spent one credit on it)."""
         entry = delivery.entry
-        tag = str(delivery.id).encode()
-        wire = self._send(tag, delivery.view, entry.delivery_count)
-        if self.presettled:
-            # At most once: done as soon as it is sent.
+        wire = self._send(str(delivery.id).encode(), delivery.view, entry.delivery_count)
+        if wire is None:
+            # Sent settled (a presettled link, or an at-most-once entry: a JMS queue's
+            # message sent with acknowledgements disabled): done as soon as it is sent. No
+            # disposition will ever come for it.
             self._settle_core(delivery, Settlement.ACCEPTED)
             return
-        self.unsettled[wire if wire is not None else tag] = delivery
+        self.unsettled[wire] = delivery
 
     def deliver_settled(self, entry: QueuedMessage) -> None:
         """An at-most-once entry (spends no core credit; the link's credit still counts)."""

@@ -171,8 +171,8 @@ class Broker:
         # No match cache of its own: the route plans below are the per-topic cache over it.
         self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=0)
         self.shared_groups: dict[tuple[str, str], SharedGroup] = {}
-        # JMS durable subscriptions' topic, selector and noLocal (shared or not).
-        self.durable_definitions = DurableDefinitions()
+        # JMS durable subscriptions' topic, selector and noLocal (shared or not), stored.
+        self.durable_definitions = DurableDefinitions(self.store)
         # JMS shared subscriptions (a namespace apart from MQTT's groups, DESIGN.md section 5).
         self.shared_subscriptions = SharedSubscriptions(self)
         self.stats = BrokerStats()

@@ -109,15 +109,21 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
         return False
     stored = entry.persistent and queue.durable
     consumer = session.made_consumer or session.consumer
+    message = entry.message
     if (
         not stored
         and not queue.count
         and consumer.credit.available > 0
         and consumer.receiver is not None
-        and entry.message.delivery_time is None
+        and message.delivery_time is None
         # A QoS 2 copy of a message still being committed waits for the commit: if it
         # fails, the publisher is refused and resends, and this copy would be a duplicate.
-        and (entry.qos < 2 or not entry.message.persistent)
+        and (entry.qos < 2 or not message.persistent)
+        # One the queue could never hold is its policy's to refuse (push, below), whether
+        # or not it would have to wait: the same copy is not kept or dropped by chance.
+        and len(message.payload) + len(message.topic) <= queue.max_bytes
+        # Retained messages a new subscription has not been sent yet go first (feed_retained).
+        and not (broker.retained_cursors and session in broker.retained_cursors)
     ):
         # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
         queue.deliver_now(consumer, entry)
@@ -127,8 +133,8 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
         broker.stats.messages_dropped += 1
         return False
     if stored:
-        if entry.message.message_id == 0:
-            broker.store.journal(entry.message)
+        if message.message_id == 0:
+            broker.store.journal(message)
         broker.store.enqueue(queue.name, entry)
     return True
 
@@ -141,17 +147,20 @@ def deliver_stored_now(
     nobody stores, when nothing waits ahead of it and the window has room: its stored entry
     first, so that the in-flight mark its delivery makes joins the pending insert (and is
     dropped with it on acceptance); no push, pump and dispatch round. False when it cannot
-    (nothing done): the caller enqueues it."""
+    (nothing done): the caller enqueues it (and the queue's policy refuses a copy larger than
+    its byte limit, as :func:`enqueue` leaves it to)."""
     consumer = session.made_consumer
+    message = entry.message
     if (
         queue.count
         or consumer is None
         or consumer.credit.available <= 0
         or consumer.receiver is None
-        or entry.message.delivery_time is not None
+        or message.delivery_time is not None
+        or len(message.payload) + len(message.topic) > queue.max_bytes
+        or (broker.retained_cursors and session in broker.retained_cursors)
     ):
         return False
-    message = entry.message
     if message.message_id == 0:
         broker.store.journal(message)
     broker.store.enqueue(queue.name, entry)
@@ -221,13 +230,17 @@ def pump(broker: Broker, target: Session | SharedGroup) -> None:
     queue = session.made_queue
     if queue is None or not session.delivering:
         return  # (no queue: nothing queued, no retained messages to send, nothing in flight)
+    cursors = broker.retained_cursors
+    if cursors and session in cursors:
+        # A new subscription's retained messages go before what was queued since it started.
+        broker.feed_retained(session)
     if queue.count:
         broker.stats.messages_sent += queue.dispatch(broker.clock.now())
         broker.flow.pumped(session)
         if queue.next_visible_time() is not None:
             broker.pumps.delayed.add(session)
-    if broker.retained_cursors and session in broker.retained_cursors:
-        broker.feed_retained(session)
+        if cursors and session in cursors:
+            broker.feed_retained(session)  # what was queued before it may have gone now
     if session.members:
         for member in session.members.values():
             if member.group.queue.count:

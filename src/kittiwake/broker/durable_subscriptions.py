@@ -6,16 +6,22 @@ asked for with the same one, it is resumed. Shared durable subscriptions
 (shared_subscriptions.py) and unshared ones share the namespace and the rule. Knows no
 protocol.
 
-The topic is the subscription of the durable session, stored with it, so another topic is seen
-after a restart too. The selector and noLocal are kept here, in memory (the store has no place
-for them): after a restart, the first consumer of a durable subscription defines them.
+The topic is the subscription of the durable session, stored with it. The whole definition
+(topic, selector, noLocal) is stored too, with the session's record, and recovered before any
+listener accepts a publication, so after a restart another selector or noLocal replaces the
+subscription as it would have before. Only a subscription stored by a version that kept no
+definition (store schema 8 and older) is defined by its first consumer after the upgrade.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kittiwake.broker.sessions import Session
+if TYPE_CHECKING:
+    from kittiwake.broker.sessions import Session
+    from kittiwake.broker.store import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +47,7 @@ def redefined(
     """Whether asking for a durable subscription as ``asked`` replaces the one that exists
     (``existing``, its session; None when there is none): another topic than its session
     subscribes, or another selector or noLocal than ``previous``, the definition it was made
-    with (None when unknown: made before a restart)."""
+    with (None when unknown: stored by a version that kept no definition)."""
     if existing is None:
         return False
     if asked.topic not in existing.subscriptions:
@@ -50,13 +56,16 @@ def redefined(
 
 
 class DurableDefinitions:
-    """The definitions of the durable subscriptions made or resumed since the broker started,
-    by their session's client id."""
+    """The definitions of the durable subscriptions, by their session's client id: recovered
+    from the store at start-up, then as made or resumed."""
 
-    __slots__ = ("_by_client_id",)
+    __slots__ = ("_by_client_id", "_store")
 
-    def __init__(self) -> None:
+    def __init__(self, store: Store | None = None) -> None:
         self._by_client_id: dict[str, SubscriptionDefinition] = {}
+        # Where a definition is kept with its session (None: in memory only). The store
+        # forgets it with the session's record, so an unsubscribe needs no write of its own.
+        self._store = store
 
     def __contains__(self, client_id: object) -> bool:
         return client_id in self._by_client_id
@@ -72,8 +81,16 @@ class DurableDefinitions:
         return redefined(existing, self._by_client_id.get(client_id), asked)
 
     def define(self, client_id: str, definition: SubscriptionDefinition) -> None:
-        """The subscription is now (made or resumed) as ``definition``."""
+        """The subscription is now (made or resumed) as ``definition``. Stored every time
+        (one row, in the commit that stores the session's record on attach anyway): a session
+        made anew (replaced, or deleted by an operator) lost the row with its record."""
         self._by_client_id[client_id] = definition
+        if self._store is not None:
+            self._store.save_durable_definition(client_id, definition)
+
+    def restore(self, definitions: Mapping[str, SubscriptionDefinition]) -> None:
+        """What the store kept (recovery, before any publication is accepted)."""
+        self._by_client_id.update(definitions)
 
     def forget(self, client_id: str) -> None:
         """The subscription is gone (unsubscribed)."""

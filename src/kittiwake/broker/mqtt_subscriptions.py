@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kittiwake.broker.sessions import Session, Subscription
+from kittiwake.broker.sessions import Session, Subscription, SubscriptionMap
 
 if TYPE_CHECKING:
     from kittiwake.broker.route_plans import RoutePlan
@@ -89,7 +89,9 @@ def sole_copy(subscription: Subscription) -> SessionCopy:
     """The copy one subscription alone gives its session, kept on it (Subscription.copy): what
     :func:`_copy` makes of it, without merging a list of one. A plain subscription's copy is
     its session's one for those options (Session.plain_copies), so a fleet's first publication
-    on each topic allocates nothing and its filters keep no copy of their own."""
+    on each topic allocates nothing and its filters keep no copy of their own. The shared
+    copies live on the session's SubscriptionMap; a subscription whose session has none (its
+    subscriptions were cleared: the session ended) gets a copy of its own instead."""
     copy = subscription.copy
     if copy is not None:
         return copy
@@ -98,14 +100,16 @@ def sole_copy(subscription: Subscription) -> SessionCopy:
     options = None if sid is not None else _LONE_OPTIONS.get((subscription.max_qos, retain))
     if options is not None and not subscription.no_local:
         session = subscription.session
-        shared = session.plain_copies
-        if shared is None:
-            shared = session.plain_copies = {}
-        copy = shared.get(options)
-        if copy is None:
-            copy = shared[options] = SessionCopy(session, options, options)
-        subscription.copy = copy
-        return copy
+        subscriptions = session.subscriptions
+        if type(subscriptions) is SubscriptionMap:
+            shared = subscriptions.plain_copies
+            if shared is None:
+                shared = subscriptions.plain_copies = {}
+            copy = shared.get(options)
+            if copy is None:
+                copy = shared[options] = SessionCopy(session, options, options)
+            subscription.copy = copy
+            return copy
     if options is None:
         ids = () if sid is None else (sid,)
         options = CopyOptions(subscription.max_qos, ids, retain)

@@ -1,6 +1,7 @@
 """Recovery at start-up: sessions, their queues and in-flight deliveries, shared groups' queues,
-retained messages and fenced writers' fences, rebuilt from what the store kept. Runs once,
-before any listener accepts a connection; never writes to the store.
+JMS durable subscriptions' definitions, retained messages and fenced writers' fences, rebuilt
+from what the store kept. Runs once, before any listener accepts a connection; never writes to
+the store.
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ def recover(broker: Broker) -> None:
         if session.will is not None:
             session.will_at = now + session.will_delay
         broker.timers.detach(session)
+    # JMS durable subscriptions' selectors and noLocal, in force before any publication is
+    # accepted: a consumer asking for another one replaces the subscription, as before the stop.
+    broker.durable_definitions.restore(
+        {
+            client_id: definition
+            for client_id, definition in state.durable_definitions.items()
+            if client_id in broker.sessions
+        }
+    )
     # The Spark sink's fences (see fenced_writes.py).
     broker.fenced_writes.restore(state.duplicates)
     recovered = 0

@@ -167,14 +167,6 @@ class Session:
         subscriptions = self.subscriptions
         return subscriptions.plain_copies if type(subscriptions) is SubscriptionMap else None
 
-    @plain_copies.setter
-    def plain_copies(self, copies: dict[CopyOptions, SessionCopy] | None) -> None:
-        subscriptions = self.subscriptions
-        if type(subscriptions) is SubscriptionMap:
-            subscriptions.plain_copies = copies
-        elif copies is not None:
-            raise ValueError("a session without subscriptions shares no copies")
-
     def add_subscription(self, full_filter: str, subscription: Subscription) -> None:
         subscriptions = self.subscriptions
         if not isinstance(subscriptions, dict):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kittiwake.broker.completion import Completion
+from kittiwake.broker.durable_subscriptions import SubscriptionDefinition
 from kittiwake.broker.message import Message
 from kittiwake.broker.publication_rows import PublicationRows
 from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
@@ -84,6 +85,8 @@ class RecoveredState:
     duplicates: dict[str, set[DuplicateKey]] = field(default_factory=dict)
     # Queue destinations' in-flight windows (what their consumers could hold), by queue.
     queue_windows: dict[str, int] = field(default_factory=dict)
+    # JMS durable subscriptions' definitions (topic, selector, noLocal), by session client id.
+    durable_definitions: dict[str, SubscriptionDefinition] = field(default_factory=dict)
 
 
 class Store(Protocol):
@@ -156,8 +159,14 @@ class Store(Protocol):
         """How many entries of a queue destination its consumers may hold at once (0 when
         it has none), so recovery after a crash can count what may have been in flight."""
 
+    def save_durable_definition(self, client_id: str, definition: SubscriptionDefinition) -> None:
+        """Store (or replace) what the JMS durable subscription whose session is ``client_id``
+        was made as (its topic, selector and noLocal): after a restart, a consumer asking for
+        it with another one replaces it (JMS). Forgotten with the session (delete_session)."""
+
     def delete_session(self, client_id: str) -> None:
-        """Forget the session record, its subscriptions and its will (not its queue)."""
+        """Forget the session record, its subscriptions, its will and its durable
+        subscription's definition (not its queue)."""
 
     def set_retained(self, topic: str, message: Message | None) -> None:
         """Store (or, with None, clear) the persistent retained message of a topic."""
@@ -203,6 +212,7 @@ class MemoryStore:
         self.retained: dict[str, Message] = {}
         self.duplicates: dict[str, set[DuplicateKey]] = {}
         self.queue_windows: dict[str, int] = {}
+        self.durable_definitions: dict[str, SubscriptionDefinition] = {}
 
     def journal(self, message: Message) -> None:
         # No retention here: a message is kept only while a queue references it.
@@ -279,8 +289,12 @@ class MemoryStore:
         else:
             self.queue_windows.pop(queue, None)
 
+    def save_durable_definition(self, client_id: str, definition: SubscriptionDefinition) -> None:
+        self.durable_definitions[client_id] = definition
+
     def delete_session(self, client_id: str) -> None:
         self.sessions.pop(client_id, None)
+        self.durable_definitions.pop(client_id, None)
 
     def set_retained(self, topic: str, message: Message | None) -> None:
         if message is None:
@@ -313,6 +327,7 @@ class MemoryStore:
             retained=dict(self.retained),
             duplicates={k: set(v) for k, v in self.duplicates.items() if v},
             queue_windows=dict(self.queue_windows),
+            durable_definitions=dict(self.durable_definitions),
         )
 
     def close(self) -> None:

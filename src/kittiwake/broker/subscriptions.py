@@ -269,7 +269,7 @@ def send_retained(broker: Broker, subscribed: Subscribed) -> None:
         # A subscription sent again restarts its retained messages (MQTT 3.1.1 resends them).
         cursors[:] = [c for c in cursors if c.subscription is not subscription]
         messages = broker.retained.cursor(subscription.topic_filter)
-        cursors.append(RetainedCursor(subscription, messages))
+        cursors.append(RetainedCursor(subscription, messages, behind=bool(session.queue.count)))
         broker.pump(session)
         return
     now = broker.clock.now()
@@ -292,13 +292,22 @@ def retained_entry(
 
 
 class RetainedCursor:
-    """Where a subscription is in sending its retained messages."""
+    """Where a subscription is in sending its retained messages. They go as if queued when
+    it subscribed: after what its session's queue held then (``behind``: until the queue is
+    first seen empty), before every copy queued since (a live copy of a topic must not
+    overtake that topic's older retained message: MQTT's ordered topics). Not exact while
+    ``behind``: the queue's dispatch cannot stop at the subscription's place, so a copy that
+    arrives while such an older backlog waits still goes with it, ahead of the cursor; and a
+    QoS 0 copy is never queued (straight out or nowhere), so it may go first too."""
 
-    __slots__ = ("messages", "subscription")
+    __slots__ = ("behind", "messages", "subscription")
 
-    def __init__(self, subscription: Subscription, messages: Iterator[Message]) -> None:
+    def __init__(
+        self, subscription: Subscription, messages: Iterator[Message], behind: bool = False
+    ) -> None:
         self.subscription = subscription
         self.messages = messages
+        self.behind = behind
 
 
 # Retained messages sent at QoS 0 (no window to pace them) per pump: the rest go on the next
@@ -307,8 +316,10 @@ RETAINED_UNPACED_PER_TURN = 256
 
 
 def feed_retained(broker: Broker, session: Session) -> None:
-    """Send retained messages from the session's cursors while its window has room and
-    nothing waits in its queue; the rest wait for the next acknowledgement (or loop turn)."""
+    """Send retained messages from the session's cursors while its window has room, ahead of
+    what was queued since they started (copies arriving meanwhile wait in the queue: see
+    dispatch.enqueue), behind what was queued before; the rest wait for the next
+    acknowledgement (or loop turn)."""
     cursors = broker.retained_cursors.get(session)
     if not cursors:
         return
@@ -317,14 +328,12 @@ def feed_retained(broker: Broker, session: Session) -> None:
     credit = consumer.credit
     now = broker.clock.now()
     budget = RETAINED_UNPACED_PER_TURN
-    while (
-        cursors
-        and budget
-        and credit.available > 0
-        and consumer.receiver is not None
-        and not queue.count
-    ):
+    while cursors and budget and credit.available > 0 and consumer.receiver is not None:
         cursor = cursors[0]
+        if cursor.behind:
+            if queue.count:
+                break  # what was queued before the subscription goes first
+            cursor.behind = False
         message = next(cursor.messages, None)
         if message is None:
             cursors.pop(0)
@@ -335,12 +344,42 @@ def feed_retained(broker: Broker, session: Session) -> None:
         if entry is None:
             continue
         budget -= 1
-        if enqueue(broker, session, entry):
-            broker.stats.messages_sent += queue.dispatch(now)
+        _send_retained(broker, session, queue, entry, now)
     if not cursors:
         del broker.retained_cursors[session]
     elif not budget:
         broker.pump_soon(session)
+
+
+def _send_retained(
+    broker: Broker, session: Session, queue: Queue, entry: QueuedMessage, now: float
+) -> None:
+    """One retained copy from a cursor, in flight now (the caller checked the window), ahead
+    of whatever waits in the queue; stored first when the session stores its copies. Never
+    queued, so no queue limit cuts it, but one larger than the queue's byte limit, which the
+    queue's policy refuses as it would any such copy (dispatch.enqueue)."""
+    message = entry.message
+    stats = broker.stats
+    if entry.qos == 0:
+        if message.delivery_time is None or message.delivery_time <= now:
+            if queue.offer(entry):
+                stats.messages_sent += 1
+            return
+    elif len(message.payload) + len(message.topic) > queue.max_bytes:
+        queue.push(entry)  # refused: counted and logged as the queue's drop
+        stats.messages_dropped += 1
+        return
+    if message.delivery_time is not None and message.delivery_time > now:
+        # Not visible yet: it waits in the queue, as any copy with a delivery time.
+        if enqueue(broker, session, entry):
+            stats.messages_sent += queue.dispatch(now)
+        return
+    if entry.persistent and queue.durable:
+        if message.message_id == 0:
+            broker.store.journal(message)
+        broker.store.enqueue(queue.name, entry)
+    queue.deliver_now(session.consumer, entry)
+    stats.messages_sent += 1
 
 
 def forget_retained_cursors(broker: Broker, subscription: Subscription) -> None:

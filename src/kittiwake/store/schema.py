@@ -17,7 +17,7 @@ from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields
 from kittiwake.broker.sessions import session_producer_name, session_queue_name
 from kittiwake.store.codec import encode_properties, message_row
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 Step = list[str] | Callable[[sqlite3.Connection], None]
 
@@ -314,6 +314,19 @@ MIGRATIONS: dict[int, Step] = {
         "ALTER TABLE sessions ADD COLUMN dead_letters INTEGER NOT NULL DEFAULT 0",
         "UPDATE sessions SET queue_ordering='priority', dead_letters=1"
         " WHERE substr(client_id, 1, 9) = '$durable/'",
+    ],
+    # 8 → 9: a JMS durable subscription's session keeps what the subscription was made as
+    # (topic, selector, noLocal; rows deleted with the session), so after a restart a consumer
+    # asking for another selector or noLocal replaces it (JMS) instead of redefining what it
+    # collected. One stored before has no row: its first consumer after the upgrade defines it,
+    # as every consumer after a restart did before.
+    9: [
+        """CREATE TABLE durable_definitions (
+            client_id TEXT PRIMARY KEY,
+            topic TEXT NOT NULL,
+            selector TEXT,
+            no_local INTEGER NOT NULL
+        ) WITHOUT ROWID"""
     ],
 }
 

@@ -33,6 +33,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from kittiwake.broker.durable_subscriptions import SubscriptionDefinition
 from kittiwake.broker.message import DEFAULT_PRIORITY, Message, MQTT5Fields
 from kittiwake.broker.publication_rows import PublicationRows
 from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
@@ -154,9 +155,11 @@ _DELETE_DROPPED = (
 _INSERT_SUBSCRIPTION = "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?)"
 _UPSERT_WILL = f"INSERT OR REPLACE INTO wills VALUES (?, {_MESSAGE_PLACES})"
 _UPSERT_RETAINED = f"INSERT OR REPLACE INTO retained VALUES ({_MESSAGE_PLACES})"
+_UPSERT_DURABLE_DEFINITION = "INSERT OR REPLACE INTO durable_definitions VALUES (?, ?, ?, ?)"
 # A session record is these rows, keyed by client id.
 _DELETE_SESSION = tuple(
-    f"DELETE FROM {table} WHERE client_id=?" for table in ("sessions", "subscriptions", "wills")
+    f"DELETE FROM {table} WHERE client_id=?"
+    for table in ("sessions", "subscriptions", "wills", "durable_definitions")
 )
 
 
@@ -700,6 +703,12 @@ class SQLiteStore:
         else:
             self._add(_UPSERT_WILL, (client_id, *message_row(record.will, self._clock_to_wall_ms)))
 
+    def save_durable_definition(self, client_id: str, definition: SubscriptionDefinition) -> None:
+        self._add(
+            _UPSERT_DURABLE_DEFINITION,
+            (client_id, definition.topic, definition.selector, int(definition.no_local)),
+        )
+
     def delete_session(self, client_id: str) -> None:
         for sql in _DELETE_SESSION:
             self._add(sql, (client_id,))
@@ -825,6 +834,12 @@ class SQLiteStore:
                 "SELECT queue, in_flight_window FROM queue_windows"
             ):
                 state.queue_windows[queue] = window
+            for client_id, topic, selector, no_local in connection.execute(
+                "SELECT client_id, topic, selector, no_local FROM durable_definitions"
+            ):
+                state.durable_definitions[client_id] = SubscriptionDefinition(
+                    topic, selector, bool(no_local)
+                )
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot read stored state ({exc})") from exc
         except (ValueError, KeyError, TypeError, IndexError) as exc:

@@ -166,6 +166,27 @@ def test_presettled_both_ways(amqp: Connect) -> None:
         again.receive(timeout=0.3)
 
 
+def test_an_at_most_once_message_to_a_settling_consumer_is_done_once_sent(
+    amqp: Connect,
+) -> None:
+    """A presettled (acknowledgements disabled) non-persistent send is at most once: a consumer
+    whose link settles still gets it settled on sending, and the broker is done with it then,
+    so nothing comes back when that consumer goes. Before, its core delivery sat in the link's
+    unsettled map until the link closed, which then gave it back to the queue: sent twice."""
+    queue = unique("q")
+    connection = amqp()
+    connection.create_sender(queue, options=AtMostOnce()).send(Message(body="once"))
+    receiver = connection.create_receiver(queue, credit=1)
+    assert receiver.receive(timeout=5).body == "once"
+    fetcher = receiver.fetcher
+    assert fetcher is not None and not fetcher.unsettled, "sent settled: at most once"
+    receiver.close()
+    again = connection.create_receiver(queue, name="again")
+    connection.create_sender(queue, name="fence").send(Message(body="fence"))
+    assert again.receive(timeout=5).body == "fence"
+    again.accept()
+
+
 def test_undeliverable_here_skips_that_consumer(amqp: Connect) -> None:
     queue = unique("q")
     connection = amqp()

@@ -51,3 +51,35 @@ def test_another_selector_or_no_local_replaces_it(harness) -> None:
     assert CLIENT_ID not in definitions
     # Unknown (made before a restart): the first consumer defines it.
     assert not definitions.replaces(CLIENT_ID, session, SubscriptionDefinition.of("orders", "x"))
+
+
+def test_the_definition_is_stored_and_in_force_after_a_restart(harness) -> None:
+    """Another selector or noLocal after a restart replaces the subscription, as before it:
+    the definition is stored with its session and recovered before any publication."""
+    session = durable_session(harness)
+    definition = SubscriptionDefinition.of("orders", "n > 1", no_local=True)
+    harness.broker.durable_definitions.define(CLIENT_ID, definition)
+    harness.broker.disconnect(session, publish_will=False)
+    assert harness.store.durable_definitions == {CLIENT_ID: definition}
+    again = harness.restart()
+    definitions = again.broker.durable_definitions
+    recovered = again.broker.sessions[CLIENT_ID]
+    assert definitions.get(CLIENT_ID) == definition
+    assert not definitions.replaces(CLIENT_ID, recovered, definition)
+    for other in (
+        SubscriptionDefinition.of("orders", "n > 2", no_local=True),
+        SubscriptionDefinition.of("orders", "n > 1"),
+    ):
+        assert definitions.replaces(CLIENT_ID, recovered, other), other
+
+
+def test_the_stored_definition_goes_with_its_session(harness) -> None:
+    """Unsubscribed (the session ends): nothing of the definition is left to recover."""
+    session = durable_session(harness)
+    harness.broker.durable_definitions.define(
+        CLIENT_ID, SubscriptionDefinition.of("orders", "n > 1")
+    )
+    harness.broker.set_session_expiry(session, 0)
+    harness.broker.disconnect(session, publish_will=False)
+    assert harness.store.durable_definitions == {}
+    assert harness.restart().broker.durable_definitions.get(CLIENT_ID) is None

@@ -399,3 +399,39 @@ def test_the_retained_limit_never_blocks_clearing_or_unretained_messages(make_ha
     harness.publish("t", b"", retain=True)
     assert len(harness.broker.retained) == 0
     assert harness.broker.retained_too_large(Message("t", b"x" * 100)) is False
+
+
+def test_a_live_copy_waits_behind_the_retained_messages_not_yet_sent(harness) -> None:
+    """Retained messages go as if queued when the subscription was made: a live copy arriving
+    while the cursor waits for the window goes after them, so no topic's newer message
+    overtakes its older retained one (MQTT's ordered topics)."""
+    harness.publish("a/1", b"old1", qos=1, retain=True)
+    harness.publish("a/2", b"old2", qos=1, retain=True)
+    session, consumer, _ = harness.connect("sub", window=1)
+    harness.subscribe(session, "a/+", qos=1)
+    harness.publish("a/2", b"new", qos=1)
+    harness.publish("a/1", b"new1", qos=1)
+    acked = 0
+    while acked < len(consumer.deliveries):
+        harness.ack(session, consumer, consumer.deliveries[acked].delivery_id)
+        acked += 1
+    assert consumer.payloads == [b"old1", b"old2", b"new", b"new1"]
+    assert [d.retain for d in consumer.deliveries] == [True, True, False, False]
+    assert not harness.broker.retained_cursors
+
+
+def test_what_was_queued_before_the_subscription_goes_before_its_retained_messages(
+    harness,
+) -> None:
+    harness.publish("r/1", b"retained", qos=1, retain=True)
+    session, consumer, _ = harness.connect("sub", window=1)
+    harness.subscribe(session, "q", qos=1)
+    harness.publish("q", b"first", qos=1)  # in flight: the window is full
+    harness.publish("q", b"queued", qos=1)
+    harness.subscribe(session, "r/#", qos=1)
+    acked = 0
+    while acked < len(consumer.deliveries):
+        harness.ack(session, consumer, consumer.deliveries[acked].delivery_id)
+        acked += 1
+    assert consumer.payloads == [b"first", b"queued", b"retained"]
+    assert not harness.broker.retained_cursors

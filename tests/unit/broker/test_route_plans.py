@@ -208,6 +208,20 @@ def test_an_ended_session_keeps_no_shared_copy(harness: Any) -> None:
     assert harness.broker.routes.plan("s/1/v").copies == ()
 
 
+def test_a_subscription_whose_session_has_no_map_gets_a_copy_of_its_own(harness: Any) -> None:
+    """sole_copy for a plain subscription of a session whose subscriptions were cleared (it
+    ended) makes a private copy instead of sharing one through a map the session no longer
+    has (it used to raise there)."""
+    session, _, _ = harness.connect("sub")
+    harness.subscribe(session, "s/1/v", 1)
+    (subscription,) = session.subscriptions.values()
+    harness.broker.disconnect(session, publish_will=False)  # clean: the session ends
+    subscription.copy = None
+    copy = sole_copy(subscription)
+    assert copy.session is session and copy.options.max_qos == 1 and copy.own is copy.options
+    assert subscription.copy is copy and session.plain_copies is None
+
+
 def test_a_device_connecting_forgets_only_the_plans_of_its_own_filters(
     harness: Any,
 ) -> None:

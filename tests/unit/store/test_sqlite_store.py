@@ -22,6 +22,7 @@ import pytest
 
 from kittiwake.broker.broker import Broker, Subscribed, SubscriptionOptions
 from kittiwake.broker.consumers import Delivery, DeliveryState
+from kittiwake.broker.durable_subscriptions import SubscriptionDefinition
 from kittiwake.broker.message import Message, MessageProperties, MQTT5Fields, PropertyType
 from kittiwake.broker.queues import DEFAULT_QUEUE_RULES, QueuedMessage, QueueRules
 from kittiwake.broker.sessions import NEVER_EXPIRES, Session, session_queue_name
@@ -836,6 +837,7 @@ EXPECTED_TABLES = {
     "retained",
     "duplicates",
     "queue_windows",
+    "durable_definitions",
 }
 
 
@@ -1803,10 +1805,11 @@ def test_migration_from_a_version_5_database_adds_queue_windows(tmp_path: Path) 
     connection.execute("DROP TABLE queue_windows")
     connection.execute("ALTER TABLE sessions DROP COLUMN principal")  # added by version 7
     drop_version_8_columns(connection)
+    connection.execute("DROP TABLE durable_definitions")  # added by version 9
     connection.execute("UPDATE meta SET value='5' WHERE key='schema_version'")
     connection.close()
     state = reopen(tmp_path)
-    assert schema_version(tmp_path) == SCHEMA_VERSION == 8
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 9
     assert "queue_windows" in tables(tmp_path)
     assert state.sessions["c"].window == 4 and state.queue_windows == {}
 
@@ -1826,10 +1829,11 @@ def test_migration_from_a_version_6_database_adds_the_session_principal(tmp_path
     connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
     connection.execute("ALTER TABLE sessions DROP COLUMN principal")
     drop_version_8_columns(connection)
+    connection.execute("DROP TABLE durable_definitions")  # added by version 9
     connection.execute("UPDATE meta SET value='6' WHERE key='schema_version'")
     connection.close()
     state = reopen(tmp_path)
-    assert schema_version(tmp_path) == SCHEMA_VERSION == 8
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 9
     assert state.sessions["old"].principal is None and state.sessions["old"].window == 2
 
     async def write_again() -> None:
@@ -1878,12 +1882,67 @@ def test_migration_from_a_version_7_database_gives_durable_subscriptions_jms_rul
     run(write)
     connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
     drop_version_8_columns(connection)
+    connection.execute("DROP TABLE durable_definitions")  # added by version 9
     connection.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
     connection.close()
     state = reopen(tmp_path)
-    assert schema_version(tmp_path) == SCHEMA_VERSION == 8
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 9
     jms = QueueRules(ordering="priority", dead_letters=True)
     assert state.sessions["$durable/app/orders"].queue_rules == jms
     assert state.sessions["$durable/$global/audit"].queue_rules == jms
     assert state.sessions["sensor-1"].queue_rules == DEFAULT_QUEUE_RULES
     assert state.sessions["sensor-1"].principal == "alice"
+
+
+def test_a_durable_subscription_keeps_its_definition_until_its_session_goes(tmp_path: Path) -> None:
+    """Topic, selector and noLocal come back; a replaced definition is the one kept; deleting
+    the session deletes its definition."""
+    kept = SubscriptionDefinition.of("orders", "n > 1", no_local=True)
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("$durable/app/orders", NEVER_EXPIRES))
+        store.save_durable_definition("$durable/app/orders", SubscriptionDefinition("orders"))
+        store.save_durable_definition("$durable/app/orders", kept)
+        store.save_session(SessionRecord("$durable/app/gone", NEVER_EXPIRES))
+        store.save_durable_definition("$durable/app/gone", SubscriptionDefinition("x"))
+        store.delete_session("$durable/app/gone")
+        await settle(store)
+        store.close()
+
+    run(write)
+    assert reopen(tmp_path).durable_definitions == {"$durable/app/orders": kept}
+
+
+def test_migration_from_a_version_8_database_keeps_durable_subscriptions_undefined(
+    tmp_path: Path,
+) -> None:
+    """A version 8 database is today's without durable_definitions: it gains the table, and
+    its durable subscriptions come back with no definition (their first consumer defines
+    them, as after any restart before); one defined since is kept."""
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.save_session(SessionRecord("$durable/app/orders", NEVER_EXPIRES))
+        await settle(store)
+        store.close()
+
+    run(write)
+    connection = sqlite3.connect(tmp_path / DATABASE_FILE, isolation_level=None)
+    connection.execute("DROP TABLE durable_definitions")
+    connection.execute("UPDATE meta SET value='8' WHERE key='schema_version'")
+    connection.close()
+    state = reopen(tmp_path)
+    assert schema_version(tmp_path) == SCHEMA_VERSION == 9
+    assert "$durable/app/orders" in state.sessions and state.durable_definitions == {}
+    definition = SubscriptionDefinition.of("orders", "n > 1")
+
+    async def write_again() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        store.recover()
+        store.save_durable_definition("$durable/app/orders", definition)
+        await settle(store)
+        store.close()
+
+    run(write_again)
+    assert reopen(tmp_path).durable_definitions == {"$durable/app/orders": definition}
