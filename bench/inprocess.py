@@ -125,7 +125,7 @@ class Client:
         else:
             self.transport = CountingTransport()
             self.connection = MQTTConnection(broker, self.transport, client_id)
-        self.decoder = PacketDecoder(broker.config.limits.max_packet_size)
+        self.decoder = PacketDecoder(broker.config.limits.max_packet_size, ack_runs=True)
         self.read(
             encode(Connect(client_id, protocol_version=VERSION, clean_start=clean_start), VERSION)
         )

@@ -28,6 +28,7 @@ from kittiwake.mqtt.packets import (
     PingReq,
     PingResp,
     PubAck,
+    PubAckRun,
     PubComp,
     Publish,
     PubRec,
@@ -111,11 +112,14 @@ class PacketDecoder:
     :meth:`feed` raises, the connection is dead and the decoder must not be used again.
     """
 
-    __slots__ = ("_buf", "_last_topic", "max_packet_size", "protocol_version")
+    __slots__ = ("_buf", "_last_topic", "ack_runs", "max_packet_size", "protocol_version")
 
-    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, *, ack_runs: bool = False) -> None:
         self.max_packet_size = max_packet_size
         self.protocol_version = 4
+        # Consecutive plain PUBACKs come as one PubAckRun instead of a PubAck each (a
+        # subscriber's reads are runs of them, one per delivery; the server asks for this).
+        self.ack_runs = ack_runs
         # The partial tail of the last read; None while there is none (an idle connection's
         # usual state), so it holds no buffer, nor a drained one's leftover capacity.
         self._buf: bytearray | None = None
@@ -148,6 +152,9 @@ class PacketDecoder:
         # A plain PUBACK (what _ack_decoder makes of it) needs none of the checks below but
         # its packet id's: a subscriber's reads are runs of them.
         plain_acks = max_size >= 4
+        ack_runs = self.ack_runs
+        # The run the next plain PUBACK joins (ack_runs): the last packet, if it is one.
+        run: list[int] | None = None
         try:
             while n - pos >= 2:
                 first = src[pos]
@@ -155,9 +162,16 @@ class PacketDecoder:
                 if first == 0x40 and length == 2 and plain_acks and pos + 4 <= n:
                     packet_id = (src[pos + 2] << 8) | src[pos + 3]
                     if packet_id:
-                        packets.append(PubAck(packet_id, 0, _NO_PROPERTIES))
+                        if not ack_runs:
+                            packets.append(PubAck(packet_id, 0, _NO_PROPERTIES))
+                        elif run is not None:
+                            run.append(packet_id)
+                        else:
+                            run = [packet_id]
+                            packets.append(PubAckRun(run))
                         pos += 4
                         continue
+                run = None
                 if length < 0x80:
                     body = pos + 2
                 else:
@@ -758,6 +772,11 @@ def _encode_ack(p: PubAck | PubRec | PubRel | PubComp, version: int) -> bytes:
     return bytes((first, 2, pid >> 8, pid & 0xFF))
 
 
+def _encode_ack_run(p: PubAckRun, version: int) -> bytes:
+    """The run's PUBACKs, in order (what a decoder with ack_runs reads back as one run)."""
+    return b"".join(map(encode_puback, p.packet_ids))
+
+
 _ACK_FLAGS: Final = {
     PacketType.PUBACK: 0,
     PacketType.PUBREC: 0,
@@ -850,6 +869,7 @@ _ENCODERS: Final[dict[type, Callable[[Any, int], bytes]]] = {
     ConnAck: _encode_connack,
     Publish: _encode_publish,
     PubAck: _encode_ack,
+    PubAckRun: _encode_ack_run,
     PubRec: _encode_ack,
     PubRel: _encode_ack,
     PubComp: _encode_ack,

@@ -132,7 +132,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         # The client address counted by the broker's admission, until the connection ends.
         self._admitted: str | None = None
         self.transport: asyncio.Transport | None = None
-        self.decoder = PacketDecoder(server.broker.config.limits.max_packet_size)
+        self.decoder = PacketDecoder(server.broker.config.limits.max_packet_size, ack_runs=True)
         self.connection: MQTTConnection | None = None
 
     # asyncio.Protocol

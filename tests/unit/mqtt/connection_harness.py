@@ -153,7 +153,8 @@ class Wire:
         self.connection = MQTTConnection(
             broker, self.transport, "unit-test", login, call_soon=call_soon
         )
-        self._inbound = PacketDecoder(broker.config.limits.max_packet_size)
+        # As the server decodes (runs of plain PUBACKs as one PubAckRun).
+        self._inbound = PacketDecoder(broker.config.limits.max_packet_size, ack_runs=True)
         self._outbound = PacketDecoder()
         self._outbound.protocol_version = version
         self._read = 0
