@@ -196,9 +196,11 @@ class PacketDecoder:
                     if (
                         first == 0x30
                         and self.protocol_version != 5
-                        and body - pos == _minimal_header_size(length)
+                        # A one-byte length (the usual case) is minimal: no call to see it.
+                        and (body - pos == 2 or body - pos == _minimal_header_size(length))
                     ):
-                        publish.raw = _bytes_of(src, pos, end)
+                        raw = src[pos:end]  # _bytes_of, inlined: every QoS 0 publication's
+                        publish.raw = raw if type(raw) is bytes else bytes(raw)
                     packets.append(publish)
                 else:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
