@@ -227,9 +227,10 @@ async def qos1(
         )
         ack_reads.append(frames([PubAck(i) for i in ids]) if qos else b"")
     # Fan-out: each subscriber acknowledges a batch one read later (after the next batch is
-    # published), as subscribers that lag behind a flood do: the next batch finds the window
-    # full, so it is queued and then dispatched from the queue (Queue.dispatch) when the
-    # acknowledgements free the window, not sent at once (deliver_now) as in 1->1.
+    # published), as subscribers that lag behind a flood do: with the default batch (the
+    # window's size) the next batch finds the window full, so it is queued and then
+    # dispatched from the queue (Queue.dispatch) when the acknowledgements free the window,
+    # not sent at once (deliver_now) as in 1->1.
     lag = 1 if subscribers > 1 and qos else 0
     ack_reads = [b""] * lag + ack_reads
     publish_reads = publish_reads + [b""] * lag
