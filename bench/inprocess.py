@@ -41,7 +41,7 @@ from kittiwake.broker.periodic import run_every
 from kittiwake.broker.store import MemoryStore
 from kittiwake.collector import CollectorPolicy
 from kittiwake.config import ListenerConfig, StoreConfig
-from kittiwake.mqtt.codec import PacketDecoder, encode
+from kittiwake.mqtt.codec import AckRunDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.packets import (
     Connect,
@@ -125,7 +125,7 @@ class Client:
         else:
             self.transport = CountingTransport()
             self.connection = MQTTConnection(broker, self.transport, client_id)
-        self.decoder = PacketDecoder(broker.config.limits.max_packet_size, ack_runs=True)
+        self.decoder = AckRunDecoder(broker.config.limits.max_packet_size)
         self.read(
             encode(Connect(client_id, protocol_version=VERSION, clean_start=clean_start), VERSION)
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from kittiwake.mqtt.errors import (
     MalformedPacketError,
@@ -58,6 +58,7 @@ __all__ = [
     "MAX_PACKET_SIZE",
     "PINGREQ_PACKET",
     "PINGRESP_PACKET",
+    "AckRunDecoder",
     "MQTTProtocolError",
     "MalformedPacketError",
     "PacketDecoder",
@@ -112,14 +113,16 @@ class PacketDecoder:
     :meth:`feed` raises, the connection is dead and the decoder must not be used again.
     """
 
-    __slots__ = ("_buf", "_last_topic", "ack_runs", "max_packet_size", "protocol_version")
+    __slots__ = ("_buf", "_last_topic", "max_packet_size", "protocol_version")
 
-    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, *, ack_runs: bool = False) -> None:
+    # Consecutive plain PUBACKs come as one PubAckRun instead of a PubAck each (see
+    # AckRunDecoder, the server's). A class attribute, not a slot: a slot would cost every
+    # connection 16 bytes (its decoder grows past a size class).
+    ack_runs: ClassVar[bool] = False
+
+    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
         self.max_packet_size = max_packet_size
         self.protocol_version = 4
-        # Consecutive plain PUBACKs come as one PubAckRun instead of a PubAck each (a
-        # subscriber's reads are runs of them, one per delivery; the server asks for this).
-        self.ack_runs = ack_runs
         # The partial tail of the last read; None while there is none (an idle connection's
         # usual state), so it holds no buffer, nor a drained one's leftover capacity.
         self._buf: bytearray | None = None
@@ -222,6 +225,16 @@ class PacketDecoder:
         elif pos < n:
             self._buf = bytearray(data[pos:])
         return packets
+
+
+class AckRunDecoder(PacketDecoder):
+    """The server's decoder: a read's consecutive plain PUBACKs (a subscriber's reads are
+    runs of them, one per delivery) come as one :class:`PubAckRun` of their ids, not a
+    :class:`PubAck` object each."""
+
+    __slots__ = ()
+
+    ack_runs = True
 
 
 def _long_remaining_length(src: bytes | bytearray, pos: int, n: int) -> tuple[int, int] | None:

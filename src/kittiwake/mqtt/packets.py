@@ -111,8 +111,8 @@ class PubAck:
 class PubAckRun:
     """Consecutive plain PUBACKs (reason 0, no properties) of one read, as one packet.
 
-    Not a packet type of its own on the wire: a decoder asked for runs
-    (``PacketDecoder(ack_runs=True)``, the server's) gives a subscriber's run of
+    Not a packet type of its own on the wire: the server's decoder
+    (``codec.AckRunDecoder``) gives a subscriber's run of
     acknowledgements, one per delivery, as one object holding their ids instead of a
     :class:`PubAck` each; encoding one gives the PUBACKs back.
     """
