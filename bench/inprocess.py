@@ -41,7 +41,7 @@ from kittiwake.broker.periodic import run_every
 from kittiwake.broker.store import MemoryStore
 from kittiwake.collector import CollectorPolicy
 from kittiwake.config import ListenerConfig, StoreConfig
-from kittiwake.mqtt.codec import PacketDecoder, encode
+from kittiwake.mqtt.codec import AckRunDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
 from kittiwake.mqtt.packets import (
     Connect,
@@ -125,7 +125,7 @@ class Client:
         else:
             self.transport = CountingTransport()
             self.connection = MQTTConnection(broker, self.transport, client_id)
-        self.decoder = PacketDecoder(broker.config.limits.max_packet_size)
+        self.decoder = AckRunDecoder(broker.config.limits.max_packet_size)
         self.read(
             encode(Connect(client_id, protocol_version=VERSION, clean_start=clean_start), VERSION)
         )
@@ -209,7 +209,9 @@ async def qos1(
     With `publishers` > 1 (fan-in), each publisher reads a batch in turn, then the subscriber
     acknowledges what it was sent, a window at a time, until every message is settled.
     With `subscribers` > 1 (fan-out), every subscriber acknowledges each batch in a read of
-    its own; `messages` then counts deliveries, and the cost is per delivery.
+    its own, one batch late (the next batch is queued behind a full window and dispatched
+    from the queue as the acknowledgement frees it); `messages` then counts deliveries, and
+    the cost is per delivery.
     With `qos` 0 the same shapes publish at QoS 0: nothing to acknowledge.
     """
     if publishers > 1:
@@ -241,13 +243,22 @@ async def qos1(
                     for i in ids])
         )
         ack_reads.append(frames([PubAck(i) for i in ids]) if qos else b"")
+    # Fan-out: each subscriber acknowledges a batch one read later (after the next batch is
+    # published), as subscribers that lag behind a flood do: with the default batch (the
+    # window's size) the next batch finds the window full, so it is queued and then
+    # dispatched from the queue (Queue.dispatch) when the acknowledgements free the window,
+    # not sent at once (deliver_now) as in 1->1.
+    lag = 1 if subscribers > 1 and qos else 0
+    ack_reads = [b""] * lag + ack_reads
+    publish_reads = publish_reads + [b""] * lag
     await turns()
     gc.collect()
     start = time.process_time()
     for publishes, acks in zip(publish_reads, ack_reads, strict=True):
-        pub.read(publishes)
-        await asyncio.sleep(0)
-        await committed(broker)
+        if publishes:
+            pub.read(publishes)
+            await asyncio.sleep(0)
+            await committed(broker)
         if acks:
             for sub in subs:
                 sub.read(acks)
@@ -291,15 +302,18 @@ async def qos1_fan_in(messages: int, batch: int, publishers: int, qos: int = 1) 
             )
         publish_reads.append(reads)
     # The subscriber's packet ids run 1, 2, ... as the broker hands them out (every earlier
-    # one is acknowledged before the window moves on).
+    # one is acknowledged before the window moves on). Each round starts with nothing in
+    # flight, so its acknowledgements are whole windows and then what is left of the round
+    # (batch x publishers need not be a multiple of the window).
     ack_reads = []
     sid = 0
-    for first in range(0, rounds * per_round, window):
-        ids = []
-        for _ in range(min(window, rounds * per_round - first)):
-            sid = sid + 1 if sid < 0xFFFF else 1
-            ids.append(sid)
-        ack_reads.append(frames([PubAck(i) for i in ids]))
+    for _ in range(rounds):
+        for first in range(0, per_round, window):
+            ids = []
+            for _ in range(min(window, per_round - first)):
+                sid = sid + 1 if sid < 0xFFFF else 1
+                ids.append(sid)
+            ack_reads.append(frames([PubAck(i) for i in ids]))
     acks = iter(ack_reads)
     consumer = sub.connection.session.consumer  # type: ignore[union-attr]
     await turns()

@@ -347,7 +347,7 @@ class Queue:
             ready.append(entry)
         else:
             self._insert(entry)
-        return True, _NO_VICTIMS
+        return _PUSHED
 
     def has_room(self, entries: int, size: int) -> bool:
         """Would this many more entries of this many bytes all be accepted now?"""
@@ -1102,6 +1102,8 @@ _REMOVAL_ACCEPTED = Removal.ACCEPTED
 
 # Shared by every push that discards nothing, so the hot path allocates no list.
 _NO_VICTIMS: list[QueuedMessage] = []
+# What such a push returns: one tuple for all of them, not a new one each.
+_PUSHED: tuple[bool, list[QueuedMessage]] = (True, _NO_VICTIMS)
 
 
 def _by_sequence(entry: QueuedMessage) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from kittiwake.mqtt.errors import (
     MalformedPacketError,
@@ -28,6 +28,7 @@ from kittiwake.mqtt.packets import (
     PingReq,
     PingResp,
     PubAck,
+    PubAckRun,
     PubComp,
     Publish,
     PubRec,
@@ -57,6 +58,7 @@ __all__ = [
     "MAX_PACKET_SIZE",
     "PINGREQ_PACKET",
     "PINGRESP_PACKET",
+    "AckRunDecoder",
     "MQTTProtocolError",
     "MalformedPacketError",
     "PacketDecoder",
@@ -113,6 +115,11 @@ class PacketDecoder:
 
     __slots__ = ("_buf", "_last_topic", "max_packet_size", "protocol_version")
 
+    # Consecutive plain PUBACKs come as one PubAckRun instead of a PubAck each (see
+    # AckRunDecoder, the server's). A class attribute, not a slot: a slot would cost every
+    # connection 16 bytes (its decoder grows past a size class).
+    ack_runs: ClassVar[bool] = False
+
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
         self.max_packet_size = max_packet_size
         self.protocol_version = 4
@@ -148,6 +155,9 @@ class PacketDecoder:
         # A plain PUBACK (what _ack_decoder makes of it) needs none of the checks below but
         # its packet id's: a subscriber's reads are runs of them.
         plain_acks = max_size >= 4
+        ack_runs = self.ack_runs
+        # The run the next plain PUBACK joins (ack_runs): the last packet, if it is one.
+        run: list[int] | None = None
         try:
             while n - pos >= 2:
                 first = src[pos]
@@ -155,9 +165,16 @@ class PacketDecoder:
                 if first == 0x40 and length == 2 and plain_acks and pos + 4 <= n:
                     packet_id = (src[pos + 2] << 8) | src[pos + 3]
                     if packet_id:
-                        packets.append(PubAck(packet_id, 0, _NO_PROPERTIES))
+                        if not ack_runs:
+                            packets.append(PubAck(packet_id, 0, _NO_PROPERTIES))
+                        elif run is not None:
+                            run.append(packet_id)
+                        else:
+                            run = [packet_id]
+                            packets.append(PubAckRun(run))
                         pos += 4
                         continue
+                run = None
                 if length < 0x80:
                     body = pos + 2
                 else:
@@ -182,9 +199,11 @@ class PacketDecoder:
                     if (
                         first == 0x30
                         and self.protocol_version != 5
-                        and body - pos == _minimal_header_size(length)
+                        # A one-byte length (the usual case) is minimal: no call to see it.
+                        and (body - pos == 2 or body - pos == _minimal_header_size(length))
                     ):
-                        publish.raw = _bytes_of(src, pos, end)
+                        raw = src[pos:end]  # _bytes_of, inlined: every QoS 0 publication's
+                        publish.raw = raw if type(raw) is bytes else bytes(raw)
                     packets.append(publish)
                 else:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
@@ -206,6 +225,16 @@ class PacketDecoder:
         elif pos < n:
             self._buf = bytearray(data[pos:])
         return packets
+
+
+class AckRunDecoder(PacketDecoder):
+    """The server's decoder: a read's consecutive plain PUBACKs (a subscriber's reads are
+    runs of them, one per delivery) come as one :class:`PubAckRun` of their ids, not a
+    :class:`PubAck` object each."""
+
+    __slots__ = ()
+
+    ack_runs = True
 
 
 def _long_remaining_length(src: bytes | bytearray, pos: int, n: int) -> tuple[int, int] | None:
@@ -758,6 +787,11 @@ def _encode_ack(p: PubAck | PubRec | PubRel | PubComp, version: int) -> bytes:
     return bytes((first, 2, pid >> 8, pid & 0xFF))
 
 
+def _encode_ack_run(p: PubAckRun, version: int) -> bytes:
+    """The run's PUBACKs, in order (what a decoder with ack_runs reads back as one run)."""
+    return b"".join(map(encode_puback, p.packet_ids))
+
+
 _ACK_FLAGS: Final = {
     PacketType.PUBACK: 0,
     PacketType.PUBREC: 0,
@@ -850,6 +884,7 @@ _ENCODERS: Final[dict[type, Callable[[Any, int], bytes]]] = {
     ConnAck: _encode_connack,
     Publish: _encode_publish,
     PubAck: _encode_ack,
+    PubAckRun: _encode_ack_run,
     PubRec: _encode_ack,
     PubRel: _encode_ack,
     PubComp: _encode_ack,

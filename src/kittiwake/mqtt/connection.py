@@ -53,6 +53,7 @@ from kittiwake.mqtt.packets import (
     Packet,
     PingReq,
     PubAck,
+    PubAckRun,
     PubComp,
     Publish,
     PubRec,
@@ -284,6 +285,16 @@ class MQTTConnection:
         # delivery): their deliveries, settled in one call before the next other packet.
         acknowledged: list[Delivery] | None = None
         for packet in packets:
+            if type(packet) is PubAckRun:
+                # The decoder's run of plain PUBACKs: ids, no PubAck object each.
+                pop = self._packet_ids.pop
+                if acknowledged is None:
+                    acknowledged = []
+                for packet_id in packet.packet_ids:
+                    delivery = pop(packet_id, None)
+                    if delivery is not None:
+                        acknowledged.append(delivery)
+                continue
             if isinstance(packet, PubAck):
                 delivery = self._packet_ids.pop(packet.packet_id, None)
                 if delivery is not None:
@@ -293,7 +304,8 @@ class MQTTConnection:
                         acknowledged.append(delivery)
                 continue
             if acknowledged is not None:
-                self.broker.acknowledge_all(session, acknowledged)
+                if acknowledged:
+                    self.broker.acknowledge_all(session, acknowledged)
                 acknowledged = None
                 if self.closed:
                     return
@@ -304,7 +316,7 @@ class MQTTConnection:
                 handler(self, packet)
             if self.closed:
                 return
-        if acknowledged is not None:
+        if acknowledged:
             self.broker.acknowledge_all(session, acknowledged)
 
     def protocol_error(self, error: MQTTProtocolError, decoded_version: int = 4) -> None:
@@ -833,6 +845,14 @@ class MQTTConnection:
         if delivery is not None:
             self.broker.acknowledge(self.session, delivery)
 
+    def _on_puback_run(self, packet: PubAckRun) -> None:
+        session = self.session
+        assert session is not None
+        pop = self._packet_ids.pop
+        acknowledged = [d for d in (pop(i, None) for i in packet.packet_ids) if d is not None]
+        if acknowledged:
+            self.broker.acknowledge_all(session, acknowledged)
+
     def _on_pubrec(self, packet: PubRec) -> None:
         session = self.session
         assert session is not None
@@ -980,6 +1000,7 @@ class MQTTConnection:
     _handlers: ClassVar[dict[type, Callable[[MQTTConnection, Any], None]]] = {
         Publish: _on_publish,
         PubAck: _on_puback,
+        PubAckRun: _on_puback_run,
         PubRec: _on_pubrec,
         PubRel: _on_pubrel,
         PubComp: _on_pubcomp,

@@ -108,6 +108,20 @@ class PubAck:
 
 
 @dataclass(slots=True)
+class PubAckRun:
+    """Consecutive plain PUBACKs (reason 0, no properties) of one read, as one packet.
+
+    Not a packet type of its own on the wire: the server's decoder
+    (``codec.AckRunDecoder``) gives a subscriber's run of
+    acknowledgements, one per delivery, as one object holding their ids instead of a
+    :class:`PubAck` each; encoding one gives the PUBACKs back.
+    """
+
+    packet_type: ClassVar[PacketType] = PacketType.PUBACK
+    packet_ids: list[int]
+
+
+@dataclass(slots=True)
 class PubRec:
     """PUBREC: first QoS 2 acknowledgement (message received)."""
 
@@ -225,6 +239,7 @@ Packet: TypeAlias = (
     | ConnAck
     | Publish
     | PubAck
+    | PubAckRun
     | PubRec
     | PubRel
     | PubComp

@@ -22,7 +22,7 @@ from kittiwake.broker.authentication import Authentication, Credentials
 from kittiwake.broker.authorization import RenewPermissions
 from kittiwake.broker.broker import Broker
 from kittiwake.config import ListenerConfig
-from kittiwake.mqtt.codec import PacketDecoder
+from kittiwake.mqtt.codec import AckRunDecoder, PacketDecoder
 from kittiwake.mqtt.connection import CallSoon, MQTTConnection
 from kittiwake.mqtt.errors import MQTTProtocolError
 from kittiwake.mqtt.login import Login, Verdict
@@ -132,7 +132,7 @@ class MQTTServerProtocol(asyncio.Protocol):
         # The client address counted by the broker's admission, until the connection ends.
         self._admitted: str | None = None
         self.transport: asyncio.Transport | None = None
-        self.decoder = PacketDecoder(server.broker.config.limits.max_packet_size)
+        self.decoder = AckRunDecoder(server.broker.config.limits.max_packet_size)
         self.connection: MQTTConnection | None = None
 
     # asyncio.Protocol

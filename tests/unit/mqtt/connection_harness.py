@@ -17,7 +17,7 @@ from typing import Any
 
 from kittiwake.broker.broker import Broker
 from kittiwake.broker.store import MemoryStore
-from kittiwake.mqtt.codec import PacketDecoder, encode
+from kittiwake.mqtt.codec import AckRunDecoder, PacketDecoder, encode
 from kittiwake.mqtt.connection import CallSoon, MQTTConnection
 from kittiwake.mqtt.login import Login, Verdict
 from kittiwake.mqtt.packets import ConnAck, Connect, Packet, Publish
@@ -153,7 +153,8 @@ class Wire:
         self.connection = MQTTConnection(
             broker, self.transport, "unit-test", login, call_soon=call_soon
         )
-        self._inbound = PacketDecoder(broker.config.limits.max_packet_size)
+        # As the server decodes (runs of plain PUBACKs as one PubAckRun).
+        self._inbound = AckRunDecoder(broker.config.limits.max_packet_size)
         self._outbound = PacketDecoder()
         self._outbound.protocol_version = version
         self._read = 0

@@ -21,6 +21,7 @@ from kittiwake.broker.authentication import (
 )
 from kittiwake.broker.broker import Broker
 from kittiwake.clock import ManualClock
+from kittiwake.mqtt.codec import encode
 from kittiwake.mqtt.login import Login
 from kittiwake.mqtt.packets import (
     ConnAck,
@@ -28,6 +29,7 @@ from kittiwake.mqtt.packets import (
     PingReq,
     PingResp,
     PubAck,
+    PubAckRun,
     Publish,
     SubAck,
     Subscribe,
@@ -199,3 +201,29 @@ def test_qos0_follows_a_device_that_reconnects_while_the_fleet_keeps_its_plans()
     publisher.send(Publish("s/1/in", b"second", 0, False, False, None))
     assert [p.payload for p in again.received() if isinstance(p, Publish)] == [b"second"]
     assert not [p for p in device.received() if isinstance(p, Publish)]
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_run_of_pubacks_settles_each_known_id_once(version: int) -> None:
+    """The server's decoder gives a read's plain PUBACKs as one PubAckRun: acted on whole
+    (one read) or handed over alone (as held input is), each known id is settled once; a
+    repeated or unknown id is ignored, as a lone PUBACK's is."""
+    broker = Broker(clock=ManualClock())
+    sub, pub = Wire(broker, version), Wire(broker, 4)
+    sub.connect("sub")
+    sub.send(Subscribe(1, [SubscriptionRequest("t", 1)]))
+    sub.received()
+    pub.connect("pub")
+    for i in range(5):
+        pub.send(Publish("t", b"m%d" % i, 1, packet_id=1 + i))
+    first = sub.received()
+    ids = [p.packet_id for p in first]  # type: ignore[union-attr]
+    assert len(ids) == 5
+    session = broker.sessions["sub"]
+    # Whole, in one read: the first two, one of them twice, and an id never sent.
+    sub.send_bytes(b"".join(encode(PubAck(i), 4) for i in (ids[0], ids[1], ids[0], 0x7777)))
+    assert sorted(d.tag for d in session.inflight.values()) == sorted(ids[2:])
+    # Alone, through handle: the rest.
+    sub.connection.handle(PubAckRun([ids[2], 0x7777, ids[3], ids[4], ids[4]]))
+    assert not session.inflight
+    assert sub.received() == []
