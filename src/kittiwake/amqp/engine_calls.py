@@ -120,9 +120,11 @@ def _c_bytes(data: bytes | bytearray | memoryview) -> Any:
     return data if type(data) is bytes else _from_buffer(data)
 
 
-def take_output(transport: Any) -> bytes | None:
-    """The bytes the engine has ready to write, taken out of it; None when there are none."""
-    pending = _transport_pending(transport)
+def take_output(transport: Any, pending: int | None = None) -> bytes | None:
+    """The bytes the engine has ready to write, taken out of it; None when there are none.
+    ``pending``: the engine's pending count, when the caller has just read it."""
+    if pending is None:
+        pending = _transport_pending(transport)
     if pending <= 0:
         return None
     buffer = _scratch.at_least(pending)
