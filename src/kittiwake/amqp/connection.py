@@ -187,12 +187,24 @@ class AMQPConnection:
 
     def data_to_send(self) -> bytes:
         """Everything ready to write, in order; empty when there is nothing."""
-        if self.phase in (Phase.OPEN, Phase.CLOSED) and self._pending() >= 0:
-            self._pull_engine_output()
-            if self.phase is Phase.OPEN and self._engine_done:
-                # Both closes exchanged (or the engine gave up): nothing more to say.
-                self._finish()
         output = self._output
+        phase = self.phase
+        if phase is Phase.OPEN or phase is Phase.CLOSED:
+            # One pending count a turn when there is nothing to write (the usual flush after
+            # a read that only took an acknowledgement), each count's bytes taken at once.
+            pending = self._pending()
+            if pending >= 0:
+                transport = self._transport_impl
+                while pending > 0:
+                    chunk = engine_calls.take_output(transport, pending)
+                    if chunk is not None:
+                        output.append(chunk)
+                    pending = self._pending()
+                    if chunk is None:
+                        break
+                if phase is Phase.OPEN and pending < 0:
+                    # Both closes exchanged (or the engine gave up): nothing more to say.
+                    self._finish()
         if not output:
             return b""
         out = output[0] if len(output) == 1 else b"".join(output)
@@ -365,7 +377,8 @@ class AMQPConnection:
     def _check_engine_state(self) -> None:
         if self.closed:
             return
-        if self._capacity() < 0 and not self._peer_closed:
+        capacity = self._capacity()
+        if capacity < 0 and not self._peer_closed:
             condition = self.transport.condition
             if condition is None:
                 # The engine stopped reading without naming why: the input was undecodable.
@@ -375,7 +388,9 @@ class AMQPConnection:
             self._log.info("amqp %s: %s (%s)", self.peer, condition.name, condition.description)
             self._finish()
             return
-        if engine_calls.transport_closed(self._transport_impl) or (
+        # A transport still reading (capacity >= 0) is not closed: one engine call fewer on
+        # every read.
+        if (capacity < 0 and engine_calls.transport_closed(self._transport_impl)) or (
             self._peer_closed and self._pending() < 0
         ):
             self._finish()

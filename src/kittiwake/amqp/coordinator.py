@@ -15,6 +15,8 @@ from proton import Condition, Described, symbol, ulong
 from proton import Delivery as ProtonDelivery
 from proton import Message as ProtonMessage
 
+from kittiwake.amqp import engine_calls
+from kittiwake.amqp import values as values_codec
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.consumers import Delivery, Settlement
 from kittiwake.broker.destinations import Destination
@@ -45,6 +47,9 @@ class Staged:
     transaction: Transaction
     # Consumer links whose settlements it holds, to tell them when it ends.
     deliveries: list[Delivery] = field(default_factory=list)
+    # The fields of the state a staged transfer is answered with ([txn-id, accepted]),
+    # encoded once for the transaction.
+    accepted_fields: bytes = b""
 
 
 class Coordinator:
@@ -71,7 +76,9 @@ class Coordinator:
         fields = body.value if isinstance(body.value, list) else []
         if body.descriptor in DECLARE:
             new_id = b"txn-%d" % next(_ids)
-            self.transactions[new_id] = Staged(self.layer.queues.begin())
+            self.transactions[new_id] = Staged(
+                self.layer.queues.begin(), accepted_fields=_accepted_fields(new_id)
+            )
             # proton types the data as a list of ints; it is the state's fields.
             delivery.local.data = [new_id]  # type: ignore[list-item]
             delivery.update(DECLARED)
@@ -132,21 +139,14 @@ class Coordinator:
         return self.transactions.get(txn_id) if txn_id is not None else None
 
     def stage_send(
-        self,
-        delivery: ProtonDelivery,
-        staged: Staged,
-        destination: Destination,
-        message: Message,
-        state_data: list[Any] | None,
+        self, delivery: Any, staged: Staged, destination: Destination, message: Message
     ) -> None:
-        """``state_data``: the transfer's transactional state as :meth:`find` read it (read
-        once: each read of a delivery's remote state decodes it again)."""
+        """``delivery``: the transfer's engine C object (answered through the C calls, not
+        proton's wrapper: this is every message of a transacted producer)."""
         staged.transaction.send(destination, message)
-        txn_id = _txn_id(state_data[0]) if state_data else None
         # Transactional state: accepted, pending the discharge.
-        delivery.local.data = [txn_id, _ACCEPTED]  # type: ignore[list-item]
-        delivery.update(TRANSACTIONAL_STATE)
-        delivery.settle()
+        engine_calls.update_with_fields(delivery, TRANSACTIONAL_STATE, staged.accepted_fields)
+        engine_calls.delivery_settle(delivery)
 
     def stage_settlement(self, staged: Staged, core: Delivery, settlement: Settlement) -> None:
         staged.transaction.settle(core, settlement)
@@ -159,8 +159,65 @@ class Coordinator:
         self.transactions.clear()
 
 
-# The accepted outcome inside a transactional state (only encoded, never changed).
-_ACCEPTED = Described(ulong(ACCEPTED_OUTCOME), [])
+def _accepted_fields(txn_id: bytes) -> bytes:
+    """The encoded fields of a transactional state [txn-id, accepted] (AMQP 1.0 section
+    4.5.5): a list of the id's binary and the accepted outcome (described, no fields)."""
+    binary = (
+        b"\xa0" + bytes((len(txn_id),)) + txn_id
+        if len(txn_id) < 256
+        else b"\xb0" + len(txn_id).to_bytes(4, "big") + txn_id
+    )
+    items = binary + b"\x00\x53" + bytes((ACCEPTED_OUTCOME,)) + b"\x45"
+    if len(items) + 1 < 256:
+        return b"\xc0" + bytes((len(items) + 1, 2)) + items
+    return b"\xd0" + (len(items) + 4).to_bytes(4, "big") + (2).to_bytes(4, "big") + items
+
+
+def state_fields(delivery: Any) -> Any:
+    """The fields of a delivery's remote transactional state ([txn-id] or [txn-id, outcome],
+    as proton's ``Delivery.remote.data`` reads them: None when there are none), read through
+    the C calls and :mod:`kittiwake.amqp.values`; through proton's wrapper when that reader
+    does not read them."""
+    encoded = engine_calls.remote_state_fields(delivery)
+    if encoded is None:
+        return None
+    fields = _read_fields(encoded)
+    if fields is _UNREAD:
+        return engine_calls.wrap_delivery(delivery).remote.data
+    return fields or None
+
+
+_UNREAD: Any = object()
+
+
+def _read_fields(encoded: bytes) -> Any:
+    """A list of values, each plain or described (an outcome); _UNREAD when this reader
+    does not read it (the caller then asks proton)."""
+    try:
+        constructor = encoded[0]
+        if constructor == 0x45:  # list0
+            at, stop, count = 1, 1, 0
+        elif constructor == 0xC0:  # list8
+            at, stop, count = 3, 2 + encoded[1], encoded[2]
+        elif constructor == 0xD0:  # list32
+            at, stop = 9, 5 + int.from_bytes(encoded[1:5], "big")
+            count = int.from_bytes(encoded[5:9], "big")
+        else:
+            return _UNREAD
+        if stop != len(encoded):
+            return _UNREAD
+        fields: list[Any] = []
+        for _ in range(count):
+            if encoded[at] == 0x00:  # described: an outcome
+                descriptor, at = values_codec.decode(encoded, at + 1)
+                value, at = values_codec.decode(encoded, at)
+                fields.append(Described(descriptor, value))
+            else:
+                value, at = values_codec.decode(encoded, at)
+                fields.append(value)
+        return fields if at == stop else _UNREAD
+    except (values_codec.Unsupported, IndexError):
+        return _UNREAD
 
 
 def _txn_id(value: object) -> bytes | None:

@@ -120,9 +120,43 @@ def _c_bytes(data: bytes | bytearray | memoryview) -> Any:
     return data if type(data) is bytes else _from_buffer(data)
 
 
-def take_output(transport: Any) -> bytes | None:
-    """The bytes the engine has ready to write, taken out of it; None when there are none."""
-    pending = _transport_pending(transport)
+_delivery_local = _lib.pn_delivery_local
+_disposition_data = _lib.pn_disposition_data
+_data_encoded_size = _lib.pn_data_encoded_size
+_data_encode = _lib.pn_data_encode
+_data_decode = _lib.pn_data_decode
+_data_clear = _lib.pn_data_clear
+
+
+def remote_state_fields(delivery: Any) -> bytes | None:
+    """The encoding of the fields of a delivery's remote state when it is one proton does
+    not read itself (a transactional state: a list); None when it has none."""
+    data = _disposition_data(_lib.pn_delivery_remote(delivery))
+    size = _data_encoded_size(data)
+    if size <= 0:
+        return None
+    buffer = _scratch.at_least(size)
+    got = _data_encode(data, buffer, size)
+    if got <= 0:
+        return None
+    return bytes(_unpack(buffer, got))
+
+
+def update_with_fields(delivery: Any, state: int, fields: bytes) -> None:
+    """Set a delivery's local state to ``state`` with the fields encoded in ``fields`` (a
+    transactional state's list), as proton's ``Delivery.update`` does with its local data."""
+    data = _disposition_data(_delivery_local(delivery))
+    _data_clear(data)
+    if _data_decode(data, fields, len(fields)) != len(fields):
+        raise ValueError("undecodable state fields")
+    _lib.pn_delivery_update(delivery, state)
+
+
+def take_output(transport: Any, pending: int | None = None) -> bytes | None:
+    """The bytes the engine has ready to write, taken out of it; None when there are none.
+    ``pending``: the engine's pending count, when the caller has just read it."""
+    if pending is None:
+        pending = _transport_pending(transport)
     if pending <= 0:
         return None
     buffer = _scratch.at_least(pending)

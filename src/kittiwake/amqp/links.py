@@ -32,6 +32,7 @@ from kittiwake.amqp.coordinator import (
     TRANSACTIONAL_STATE,
     UNKNOWN_ID,
     Coordinator,
+    state_fields,
     transactional_outcome,
 )
 from kittiwake.amqp.frames import (
@@ -576,16 +577,16 @@ class ProducerLink:
                 self._reject(wrap(delivery), exc.condition, str(exc), to=name)
                 return
         if engine_calls.delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
-            wrapped = wrap(delivery)
-            state_data = wrapped.remote.data
-            staged = layer.coordinator.find(state_data)
+            staged = layer.coordinator.find(state_fields(delivery))
             if staged is None:
-                self._reject(wrapped, UNKNOWN_ID, "the transfer names no declared transaction")
+                self._reject(
+                    wrap(delivery), UNKNOWN_ID, "the transfer names no declared transaction"
+                )
                 return
             destination = (
                 Destination.topic(name) if kind is NodeKind.TOPIC else Destination.queue(name)
             )
-            layer.coordinator.stage_send(wrapped, staged, destination, message, state_data)
+            layer.coordinator.stage_send(delivery, staged, destination, message)
             return
         if kind is NodeKind.TOPIC:
             completion = layer.broker.publish(message)
@@ -769,7 +770,7 @@ class ConsumerLink:
         object)."""
         state = engine_calls.delivery_remote_state(wire)
         if state == TRANSACTIONAL_STATE:
-            self._transactional(wrap(wire))
+            self._transactional(wire)
             return
         if not engine_calls.delivery_settled(wire) and state not in _TERMINAL:
             return  # only a received state, or nothing yet
@@ -797,16 +798,17 @@ class ConsumerLink:
         engine_calls.delivery_settle(wire)  # after the last look at its state
         self._settle_core(delivery, settlement, undeliverable)
 
-    def _transactional(self, wire: ProtonDelivery) -> None:
-        """An outcome under a transaction: staged there; the core settles it on commit."""
+    def _transactional(self, wire: Any) -> None:
+        """An outcome under a transaction: staged there; the core settles it on commit
+        (``wire``: the engine's C object)."""
         coordinator = self.layer.coordinator
-        data = wire.remote.data
+        data = state_fields(wire)
         staged = coordinator.find(data)
         settlement = transactional_outcome(data)
         if staged is None or settlement is None:
             return  # not (yet) an outcome of a transaction we know: wait for one
-        delivery = self.unsettled.pop(wire._impl, None)
-        wire.settle()
+        delivery = self.unsettled.pop(wire, None)
+        engine_calls.delivery_settle(wire)
         if delivery is not None:
             coordinator.stage_settlement(staged, delivery, settlement)
 

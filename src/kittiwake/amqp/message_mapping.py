@@ -255,10 +255,14 @@ class _Read:
     values: int = 0
     # The binaries of the data sections, when the fast path read them.
     data: list[bytes] | None = None
+    # A string amqp-value's UTF-8, when the fast path read it (``body`` is then _TEXT_BODY).
+    text: bytes | None = None
 
 
 # A body value that is neither a string, a binary nor null: the mapping keeps its encoding.
 ENCODED_BODY = object()
+# A string body read as its UTF-8 (see ``_Read.text``).
+_TEXT_BODY = object()
 
 
 def _scan_fast(encoded: bytes) -> tuple[list[tuple[int, bytes]], _Read]:
@@ -266,6 +270,7 @@ def _scan_fast(encoded: bytes) -> tuple[list[tuple[int, bytes]], _Read]:
     _read_fast do in two); Unsupported for a section whose descriptor is not the small code
     (the caller then takes the two-pass way)."""
     sections: list[tuple[int, bytes]] = []
+    append = sections.append
     read = _Read()
     decode = values_codec.decode
     cache = _SECTION_VALUES
@@ -275,6 +280,20 @@ def _scan_fast(encoded: bytes) -> tuple[list[tuple[int, bytes]], _Read]:
         if position + 3 > end or encoded[position] != 0x00 or encoded[position + 1] != 0x53:
             raise values_codec.Unsupported("not a section with a small descriptor")
         code = encoded[position + 2]
+        if code == PROPERTIES:
+            # A new message id and creation time in every message: not worth keeping, and
+            # only four of its fields are read (the rest are skipped, not decoded).
+            stop = _read_properties(read, encoded, position + 3, end)
+            append((code, encoded[position:stop]))
+            position = stop
+            continue
+        if code == AMQP_VALUE and position + 3 < end and encoded[position + 3] in _STRINGS:
+            # A TextMessage's body: its UTF-8 is the payload as it is (checked, not copied
+            # through a str and back).
+            stop = _read_text(read, encoded, position + 4, end)
+            append((code, encoded[position:stop]))
+            position = stop
+            continue
         stop = _cacheable_end(encoded, position, end) if code in _CACHED_SECTIONS else 0
         if stop:
             section = encoded[position:stop]
@@ -289,12 +308,142 @@ def _scan_fast(encoded: bytes) -> tuple[list[tuple[int, bytes]], _Read]:
         else:
             value, stop = decode(encoded, position + 3)
             section = encoded[position:stop]
-        sections.append((code, section))
+        append((code, section))
         _read_section(read, code, value)
         position = stop
     if not sections:
         raise values_codec.Unsupported("no sections")
     return sections, read
+
+
+# The constructors of a string (str8-utf8, str32-utf8).
+_STRINGS = frozenset((0xA1, 0xB1))
+
+
+def _read_text(read: _Read, encoded: bytes, position: int, end: int) -> int:
+    """An amqp-value string whose size starts at ``position``: its UTF-8 into ``read``;
+    returns where the section ends."""
+    if read.values:
+        raise values_codec.Unsupported("more than one amqp-value")
+    if encoded[position - 1] & 0x10:  # str32
+        if position + 4 > end:
+            raise values_codec.Unsupported("cut off")
+        start = position + 4
+        stop = start + int.from_bytes(encoded[position:start], "big")
+    else:
+        start = position + 1
+        stop = start + encoded[position]
+    if stop > end:
+        raise values_codec.Unsupported("cut off")
+    text = encoded[start:stop]
+    if not text.isascii():
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise values_codec.Unsupported("not UTF-8") from None
+    read.values += 1
+    read.text = text
+    read.body = _TEXT_BODY
+    return stop
+
+
+# The properties' fields the mapping reads, by their index: to, absolute-expiry-time,
+# creation-time, group-id.
+_PROPERTY_TO = 2
+_PROPERTY_EXPIRY = 8
+_PROPERTY_CREATION = 9
+_PROPERTY_GROUP = 10
+
+
+def _read_properties(read: _Read, encoded: bytes, position: int, end: int) -> int:
+    """The properties list whose constructor is at ``position``: the fields the mapping
+    reads into ``read``, the others skipped by their size; returns where the section ends.
+    A field read must be null or of its type in the spec (else Unsupported, as ``_typed``);
+    one skipped is not decoded, as proton does not decode it either."""
+    if position >= end:
+        raise values_codec.Unsupported("cut off")
+    constructor = encoded[position]
+    if constructor == 0x45:  # list0
+        return position + 1
+    if constructor == 0xC0:  # list8
+        if position + 3 > end:
+            raise values_codec.Unsupported("cut off")
+        stop = position + 2 + encoded[position + 1]
+        count = encoded[position + 2]
+        at = position + 3
+    elif constructor == 0xD0:  # list32
+        if position + 9 > end:
+            raise values_codec.Unsupported("cut off")
+        stop = position + 5 + int.from_bytes(encoded[position + 1 : position + 5], "big")
+        count = int.from_bytes(encoded[position + 5 : position + 9], "big")
+        at = position + 9
+    else:
+        raise values_codec.Unsupported("a properties section that is not a list")
+    if stop > end:
+        raise values_codec.Unsupported("cut off")
+    decode = values_codec.decode
+    for index in range(count):
+        if at >= stop:
+            raise values_codec.Unsupported("size and items disagree")
+        code = encoded[at]
+        if code == 0x40:
+            at += 1
+            continue
+        if index in (_PROPERTY_TO, _PROPERTY_GROUP):
+            value, at = decode(encoded, at)
+            if not isinstance(value, str):
+                raise values_codec.Unsupported("a field of another type")
+            if index == _PROPERTY_TO:
+                read.to = value
+            else:
+                read.group_id = value
+        elif index in (_PROPERTY_EXPIRY, _PROPERTY_CREATION):
+            if code != 0x83 or at + 9 > stop:  # timestamp
+                raise values_codec.Unsupported("a field of another type")
+            milliseconds = int.from_bytes(encoded[at + 1 : at + 9], "big", signed=True)
+            at += 9
+            if index == _PROPERTY_EXPIRY:
+                read.expiry_ms = milliseconds
+            else:
+                read.creation_ms = milliseconds
+        else:
+            at = _skip(encoded, at, stop)
+    if at != stop:
+        raise values_codec.Unsupported("size and items disagree")
+    return stop
+
+
+def _skip(encoded: bytes, position: int, stop: int) -> int:
+    """Past a scalar value (a string, symbol, binary or fixed-width value) at ``position``;
+    Unsupported for anything else (the caller then decodes it all another way)."""
+    code = encoded[position]
+    nibble = code >> 4
+    if nibble == 0xA:
+        if position + 2 > stop:
+            raise values_codec.Unsupported("cut off")
+        after = position + 2 + encoded[position + 1]
+    elif nibble == 0xB:
+        if position + 5 > stop:
+            raise values_codec.Unsupported("cut off")
+        after = position + 5 + int.from_bytes(encoded[position + 1 : position + 5], "big")
+    else:
+        fixed = _FIXED_CODES.get(code)
+        if fixed is None:
+            raise values_codec.Unsupported(f"format code 0x{code:02x}")
+        after = position + 1 + fixed
+    if after > stop:
+        raise values_codec.Unsupported("cut off")
+    return after
+
+
+# The fixed-width format codes (AMQP 1.0 part 1, 1.6) and the bytes after each.
+_FIXED_CODES = {
+    0x40: 0, 0x41: 0, 0x42: 0, 0x43: 0, 0x44: 0, 0x45: 0,
+    0x50: 1, 0x51: 1, 0x52: 1, 0x53: 1, 0x54: 1, 0x55: 1, 0x56: 1,
+    0x60: 2, 0x61: 2,
+    0x70: 4, 0x71: 4, 0x72: 4, 0x73: 4, 0x74: 4,
+    0x80: 8, 0x81: 8, 0x82: 8, 0x83: 8, 0x84: 8, 0x94: 16, 0x98: 16,
+}  # fmt: skip
 
 
 # The header and the message annotations of a stream of messages are mostly the same bytes
@@ -323,6 +472,8 @@ def _cacheable_end(encoded: bytes, position: int, end: int) -> int:
         if at + 5 > end:
             return 0
         stop = at + 5 + int.from_bytes(encoded[at + 1 : at + 5], "big")
+    elif constructor == 0x45:  # list0: an empty header
+        stop = at + 1
     else:
         return 0
     return stop if stop <= end and stop - position <= _CACHED_SECTION_BYTES else 0
@@ -501,6 +652,8 @@ def from_amqp(encoded: bytes, *, topic: str, clocks: Clocks, origin: str | None)
     kept, head, footer = _kept_head_footer(encoded, sections)
     if read.data is not None:
         payload, kind = b"".join(read.data), BodyKind.DATA
+    elif read.text is not None:  # one amqp-value string, read as UTF-8: a TextMessage
+        payload, kind = read.text, BodyKind.STRING
     elif read.values and isinstance(read.body, str):  # one amqp-value: a TextMessage
         payload, kind = read.body.encode("utf-8"), BodyKind.STRING
     else:

@@ -187,6 +187,25 @@ def messages() -> list[Message]:
         Message(body=b"data", inferred=True, instructions={symbol("d"): 1}),
         Message(body="t", annotations={symbol("x-opt-delivery-delay"): 5000}),
         Message(body="t", properties={"f": float32(1.5), "c": char("c"), "t": timestamp(9)}),
+        # Every properties field set (those the mapping skips, of every kind: a uuid, a
+        # ulong, a binary, symbols), a body that is not ASCII.
+        Message(
+            body="\u00e9t\u00e9 \u2603",
+            id=uuid.UUID(int=7),
+            user_id=b"user",
+            address="queue://b",
+            subject="s",
+            reply_to="r",
+            correlation_id=ulong(1 << 40),
+            content_type="text/plain",
+            content_encoding="utf-8",
+            expiry_time=1.9e9,
+            creation_time=1.7e9,
+            group_id="g",
+            group_sequence=3,
+            reply_to_group_id="rg",
+        ),
+        Message(body="y" * 300, id="ID:1", correlation_id=b"c" * 300),  # str32, vbin32
     ]
     return out
 
