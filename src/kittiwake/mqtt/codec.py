@@ -111,7 +111,7 @@ class PacketDecoder:
     :meth:`feed` raises, the connection is dead and the decoder must not be used again.
     """
 
-    __slots__ = ("_buf", "_last_topic", "max_packet_size", "protocol_version")
+    __slots__ = ("_buf", "_last_topic", "_topic_misses", "max_packet_size", "protocol_version")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
         self.max_packet_size = max_packet_size
@@ -124,6 +124,9 @@ class PacketDecoder:
         # decode and three scans, and is the same str (its hash computed once, for every
         # dict the topic is looked up in). None until the first PUBLISH.
         self._last_topic: tuple[bytes, str] | None = None
+        # PUBLISH topics decoded in a row, none the last one's: a publisher cycling over its
+        # topics (a gateway, a replay) would pay for remembering each to compare the next.
+        self._topic_misses = 0
 
     def feed(self, data: bytes) -> list[Packet]:
         """Consume ``data`` and return every packet it completes, oldest first.
@@ -360,6 +363,11 @@ def _decode_connack(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
 # A longer topic is not remembered as the decoder's last (see PacketDecoder._last_topic): an
 # idle publisher of huge topics keeps no copy of one (as the broker's per-topic caches).
 _REMEMBERED_TOPIC_BYTES: Final = 1026
+# After this many PUBLISH topics in a row that were not the last one's, a decoder remembers
+# only every (_REMEMBER_EVERY + 1)th: a publisher that settles on one topic again is found
+# within that many messages, and one cycling over many pays for neither copy nor comparison.
+_REMEMBER_STREAK: Final = 4
+_REMEMBER_EVERY: Final = 63
 
 
 # Every 3.1/3.1.1 PUBLISH, SUBSCRIBE and UNSUBSCRIBE shares this one empty object instead of
@@ -398,6 +406,7 @@ def _decode_publish_at(
         # The topic of the last PUBLISH, checked then (the checks depend on its bytes alone).
         topic = last[1]
         pos = start + len(last[0])
+        dec._topic_misses = 0
     else:
         topic, pos = _decode_topic(dec, src, start, end)
     packet_id = None
@@ -448,8 +457,14 @@ def _decode_topic(
         raise MQTTProtocolError(
             ReasonCode.TOPIC_NAME_INVALID, f"topic {quoted(topic)} has a wildcard"
         )
-    if pos - start <= _REMEMBERED_TOPIC_BYTES:
-        dec._last_topic = (bytes(src[start:pos]), topic)
+    misses = dec._topic_misses
+    dec._topic_misses = misses + 1
+    if misses < _REMEMBER_STREAK or not misses & _REMEMBER_EVERY:
+        if pos - start <= _REMEMBERED_TOPIC_BYTES:
+            wire = src[start:pos]
+            dec._last_topic = (wire if type(wire) is bytes else bytes(wire), topic)
+    else:
+        dec._last_topic = None  # a publisher of ever-new topics: no comparison either
     return topic, pos
 
 

@@ -79,3 +79,22 @@ def test_a_long_topic_is_not_remembered() -> None:
     first, second = _publishes(decoder, _frame(topic, b"1", 1) + _frame(topic, b"2", 2))
     assert first.topic == second.topic == topic
     assert second.topic is not first.topic
+
+
+def test_a_publisher_cycling_over_topics_stops_being_compared_and_settles_back() -> None:
+    """A gateway or a replay publishes each topic once in turn: remembering every one only to
+    compare it with the next costs more than the decode it never saves, so after a few in a
+    row the decoder stops; a publisher that settles on one topic is remembered again within
+    64 messages, and every topic is decoded right throughout."""
+    decoder = PacketDecoder()
+    cycling = [f"s/{i}/v" for i in range(10)]
+    decoded = _publishes(decoder, b"".join(_frame(t) for t in cycling))
+    assert [p.topic for p in decoded] == cycling
+    assert decoder._last_topic is None
+    settled = _publishes(decoder, b"".join(_frame("s/9/w", b"%d" % i) for i in range(65)))
+    assert [p.topic for p in settled] == ["s/9/w"] * 65
+    assert settled[-1].topic is settled[-2].topic  # remembered: the same string
+    # After a repeat the next change is remembered at once, as before.
+    a, b, c = _publishes(decoder, _frame("x/1") + _frame("x/1") + _frame("x/2") + _frame("x/2"))[1:]
+    assert (a.topic, b.topic, c.topic) == ("x/1", "x/2", "x/2")
+    assert c.topic is b.topic
