@@ -190,7 +190,19 @@ class RoutePlans:
         """A plan ``by_topic`` does not hold: from the older generation, else worked out; kept
         unless the topic is too long to remember or the cache is paused (see the class)."""
         if self._paused:
-            return self._missed_paused(topic)
+            # The older generation's plan stays where it is (moving it would evict another),
+            # a new one is not kept. The last miss of the pause starts a new generation, whose
+            # filling judges the thrashing again.
+            plan = self._older.get(topic)
+            if plan is None:
+                plan = self._build(topic)
+            self._paused -= 1
+            if not self._paused:
+                self._older = self.by_topic
+                self.by_topic = {}
+                self._revived = self._built = 0
+                self._strikes = THRASH_STRIKES - 1  # one more thrashing generation pauses
+            return plan
         plan = self._older.pop(topic, None)
         if plan is None:
             plan = self._build(topic)
@@ -227,21 +239,6 @@ class RoutePlans:
         self._revived = self._built = 0
         return False
 
-    def _missed_paused(self, topic: str) -> RoutePlan:
-        """A miss while the cache is paused: the older generation's plan stays where it is
-        (moving it would evict another), a new one is not kept. The last miss of the pause
-        starts a new generation, whose filling judges the thrashing again."""
-        plan = self._older.get(topic)
-        if plan is None:
-            plan = self._build(topic)
-        self._paused -= 1
-        if not self._paused:
-            self._older = self.by_topic
-            self.by_topic = {}
-            self._revived = self._built = 0
-            self._strikes = THRASH_STRIKES - 1  # one more thrashing generation pauses again
-        return plan
-
     def _bound(self) -> int:
         """Plans kept per generation: see MIN_PLANS; 0 when the configured minimum is 0."""
         if not self._min_plans:
@@ -258,7 +255,9 @@ class RoutePlans:
                 if permissions is None or not permissions.restricts_reading:
                     # Nothing here depends on the topic: the copy's plan serves them all (a
                     # plain one's is shared by its session's plain filters).
-                    copy = sole_copy(match)
+                    copy = match.copy  # sole_copy's kept answer, without the call
+                    if copy is None:
+                        copy = sole_copy(match)
                     plan = copy.plan
                     if plan is None:
                         plan = copy.plan = self._sole_plan(copy)
