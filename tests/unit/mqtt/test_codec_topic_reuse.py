@@ -8,6 +8,7 @@ import pytest
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.errors import MalformedPacketError, MQTTProtocolError
 from kittiwake.mqtt.packets import Publish
+from kittiwake.mqtt.properties import Properties
 
 
 def _publishes(decoder: PacketDecoder, data: bytes) -> list[Publish]:
@@ -90,7 +91,8 @@ def test_a_publisher_cycling_over_topics_stops_being_compared_and_settles_back()
     cycling = [f"s/{i}/v" for i in range(10)]
     decoded = _publishes(decoder, b"".join(_frame(t) for t in cycling))
     assert [p.topic for p in decoded] == cycling
-    assert decoder._last_topic is None
+    assert decoder._last_topic is not None
+    assert decoder._last_topic[1] == ""  # no topic remembered: a count of topics to go
     settled = _publishes(decoder, b"".join(_frame("s/9/w", b"%d" % i) for i in range(65)))
     assert [p.topic for p in settled] == ["s/9/w"] * 65
     assert settled[-1].topic is settled[-2].topic  # remembered: the same string
@@ -98,3 +100,21 @@ def test_a_publisher_cycling_over_topics_stops_being_compared_and_settles_back()
     a, b, c = _publishes(decoder, _frame("x/1") + _frame("x/1") + _frame("x/2") + _frame("x/2"))[1:]
     assert (a.topic, b.topic, c.topic) == ("x/1", "x/2", "x/2")
     assert c.topic is b.topic
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_empty_topic_while_cycling_is_decoded_as_ever(version: int) -> None:
+    """A cycling decoder compares the wire form of the empty topic: 3.x still refuses an
+    empty topic, 5.0 still takes it with an alias."""
+    decoder = PacketDecoder()
+    decoder.protocol_version = version
+    _publishes(decoder, b"".join(_frame(f"s/{i}", b"p", 1, version) for i in range(10)))
+    aliased = Publish("", b"p", 1, False, False, 2, Properties(topic_alias=5))
+    if version == 4:
+        with pytest.raises(MalformedPacketError, match="empty topic"):
+            decoder.feed(encode(Publish("", b"p", 1, False, False, 2), 4))
+        return
+    [decoded] = _publishes(decoder, encode(aliased, 5))
+    assert (decoded.topic, decoded.properties.topic_alias, decoded.payload) == ("", 5, b"p")
+    [after] = _publishes(decoder, _frame("s/x", b"q", 3, 5))
+    assert (after.topic, after.payload) == ("s/x", b"q")
