@@ -31,6 +31,11 @@ from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, is_wildcard
 # the uncached path serves, and memory per filter stays as it was).
 MIN_PLANS = 4096
 MAX_PLANS = 16384
+# Scan resistance (see RoutePlans): a generation filled mostly by new topics is a strike; after
+# THRASH_STRIKES in a row the cache stops taking plans for a pause of misses, starting at one
+# generation's worth and doubling, up to MAX_PAUSE_GENERATIONS, while the thrashing lasts.
+THRASH_STRIKES = 2
+MAX_PAUSE_GENERATIONS = 64
 
 
 class RoutePlan:
@@ -65,13 +70,31 @@ class RoutePlans:
     ``_older`` and moves it back. A topic published at least once per generation stays cached
     (what an LRU would keep), at O(1) per miss and no per-hit bookkeeping; popping a dict's
     oldest keys one by one would leave holes that later scans walk past.
+
+    Scan resistant: a fleet cycling over more topics than the cache holds (every device on its
+    own topic) would evict each plan before its topic comes round again, so no publication
+    would hit and every miss would also pay for keeping its plan. So a generation filled
+    mostly by new topics (fewer than one in four of its misses found in the older generation)
+    is a strike, and after :data:`THRASH_STRIKES` strikes in a row the cache stops taking plans
+    (it is *paused*): both generations stay as they are and keep serving the topics they hold
+    (a fixed share of the cycle hits), while misses are worked out and not kept. The pause
+    lasts a generation's worth of misses, doubling each time it ends into more thrashing (a
+    cycle longer than the pause would otherwise see its kept share turn over before its
+    topics come round), halved by each generation filled mostly by topics coming back. A
+    change that forgets every plan ends the pause. The hit path (``by_topic.get``) pays
+    nothing for any of it.
     """
 
     __slots__ = (
+        "_built",
         "_journals_qos0",
         "_limit",
         "_min_plans",
         "_older",
+        "_pause",
+        "_paused",
+        "_revived",
+        "_strikes",
         "by_topic",
         "tree",
     )
@@ -94,6 +117,15 @@ class RoutePlans:
         # 0: no plan is kept (every publication works its plan out).
         self._min_plans = min_plans
         self._limit = -1  # worked out by the first miss (_bound)
+        # Misses of the generation being filled: plans found in the older one, and new ones.
+        self._revived = 0
+        self._built = 0
+        # Generations in a row filled mostly by new topics (a strike each).
+        self._strikes = 0
+        # Misses left before the cache takes plans again (0: it takes them), and the length
+        # of the next pause, in generations.
+        self._paused = 0
+        self._pause = 1
 
     def changed(self) -> None:
         """Anything may have changed (a wildcard filter, rules reloaded): forget every plan.
@@ -106,6 +138,9 @@ class RoutePlans:
             self._older = {}
         # Worked out again by the first miss (_bound): a burst of subscriptions pays nothing.
         self._limit = -1
+        # An empty cache starts afresh: whatever thrashed before may fit now.
+        self._revived = self._built = self._strikes = self._paused = 0
+        self._pause = 1
 
     def subscription_changed(self, subscription: Subscription) -> None:
         """A subscription (or a shared group's member) came, went or changed its options: the
@@ -153,20 +188,56 @@ class RoutePlans:
 
     def missed(self, topic: str) -> RoutePlan:
         """A plan ``by_topic`` does not hold: from the older generation, else worked out; kept
-        unless the topic is too long to remember."""
+        unless the topic is too long to remember or the cache is paused (see the class)."""
+        if self._paused:
+            # The older generation's plan stays where it is (moving it would evict another),
+            # a new one is not kept. The last miss of the pause starts a new generation, whose
+            # filling judges the thrashing again.
+            plan = self._older.get(topic)
+            if plan is None:
+                plan = self._build(topic)
+            self._paused -= 1
+            if not self._paused:
+                self._older = self.by_topic
+                self.by_topic = {}
+                self._revived = self._built = 0
+                self._strikes = THRASH_STRIKES - 1  # one more thrashing generation pauses
+            return plan
         plan = self._older.pop(topic, None)
         if plan is None:
             plan = self._build(topic)
+            self._built += 1
+        else:
+            self._revived += 1
         limit = self._limit
         if limit < 0:
             limit = self._limit = self._bound()
         if limit and len(topic) <= MAX_CACHED_TOPIC_CHARS:
             cache = self.by_topic
             if len(cache) >= limit:
+                if self._full(limit):
+                    return plan
                 self._older = cache
                 cache = self.by_topic = {}
             cache[topic] = plan
         return plan
+
+    def _full(self, limit: int) -> bool:
+        """``by_topic`` is full: True to pause the cache rather than start a new generation
+        (the plan in hand is then not kept). Judges the generation just filled."""
+        if not self._older:
+            pass  # the first generation: nothing could come back yet, no evidence
+        elif 3 * self._revived < self._built:
+            self._strikes += 1
+            if self._strikes >= THRASH_STRIKES:
+                self._paused = self._pause * limit
+                self._pause = min(2 * self._pause, MAX_PAUSE_GENERATIONS)
+                return True
+        else:
+            self._strikes = 0
+            self._pause = max(1, self._pause // 2)
+        self._revived = self._built = 0
+        return False
 
     def _bound(self) -> int:
         """Plans kept per generation: see MIN_PLANS; 0 when the configured minimum is 0."""
@@ -184,7 +255,9 @@ class RoutePlans:
                 if permissions is None or not permissions.restricts_reading:
                     # Nothing here depends on the topic: the copy's plan serves them all (a
                     # plain one's is shared by its session's plain filters).
-                    copy = sole_copy(match)
+                    copy = match.copy  # sole_copy's kept answer, without the call
+                    if copy is None:
+                        copy = sole_copy(match)
                     plan = copy.plan
                     if plan is None:
                         plan = copy.plan = self._sole_plan(copy)

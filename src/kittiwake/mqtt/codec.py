@@ -129,8 +129,13 @@ class PacketDecoder:
         # The last PUBLISH topic decoded: its wire form (length and UTF-8) and the checked
         # string. A publisher repeats its topic, so the next one is one comparison, not a
         # decode and three scans, and is the same str (its hash computed once, for every
-        # dict the topic is looked up in). None until the first PUBLISH.
-        self._last_topic: tuple[bytes, str] | None = None
+        # dict the topic is looked up in). None until the first PUBLISH. Remembered as
+        # [wire form, string, topics decoded in a row before it, none the last one's], the
+        # count zeroed by a repeat. While a publisher cycles over its topics (a gateway, a
+        # replay), which would pay for remembering each only to compare it with the next:
+        # [_CYCLING, "", topics still to decode before one is remembered again]. The count
+        # has no slot of its own: an idle connection's decoder stays the size it was.
+        self._last_topic: list[Any] | None = None
 
     def feed(self, data: bytes) -> list[Packet]:
         """Consume ``data`` and return every packet it completes, oldest first.
@@ -389,6 +394,14 @@ def _decode_connack(dec: PacketDecoder, flags: int, body: memoryview) -> Packet:
 # A longer topic is not remembered as the decoder's last (see PacketDecoder._last_topic): an
 # idle publisher of huge topics keeps no copy of one (as the broker's per-topic caches).
 _REMEMBERED_TOPIC_BYTES: Final = 1026
+# After this many PUBLISH topics in a row that were not the last one's, a decoder remembers
+# only every _REMEMBER_EVERY-th: a publisher that settles on one topic again is found within
+# that many messages, and one cycling over many pays for neither copy nor comparison.
+_REMEMBER_STREAK: Final = 4
+_REMEMBER_EVERY: Final = 64
+# What a cycling decoder compares instead of a topic: the wire form of the empty topic, so a
+# match is what decoding would have made of it (an empty topic, then refused or aliased).
+_CYCLING: Final = b"\x00\x00"
 
 
 # Every 3.1/3.1.1 PUBLISH, SUBSCRIBE and UNSUBSCRIBE shares this one empty object instead of
@@ -427,6 +440,7 @@ def _decode_publish_at(
         # The topic of the last PUBLISH, checked then (the checks depend on its bytes alone).
         topic = last[1]
         pos = start + len(last[0])
+        last[2] = 0
     else:
         topic, pos = _decode_topic(dec, src, start, end)
     packet_id = None
@@ -477,8 +491,22 @@ def _decode_topic(
         raise MQTTProtocolError(
             ReasonCode.TOPIC_NAME_INVALID, f"topic {quoted(topic)} has a wildcard"
         )
-    if pos - start <= _REMEMBERED_TOPIC_BYTES:
-        dec._last_topic = (bytes(src[start:pos]), topic)
+    last = dec._last_topic
+    if last is None:
+        misses = 0
+    elif last[0] is _CYCLING:
+        countdown = last[2]
+        if countdown:
+            last[2] = countdown - 1  # cycling: not remembered
+            return topic, pos
+        misses = _REMEMBER_STREAK - 1  # one remembered: if the next differs, cycling again
+    else:
+        misses = last[2] + 1
+    if misses >= _REMEMBER_STREAK:
+        dec._last_topic = [_CYCLING, "", _REMEMBER_EVERY - 1]
+    elif pos - start <= _REMEMBERED_TOPIC_BYTES:
+        wire = src[start:pos]
+        dec._last_topic = [wire if type(wire) is bytes else bytes(wire), topic, misses]
     return topic, pos
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kittiwake.broker.mqtt_subscriptions import _copy, session_copies, sole_copy
-from kittiwake.broker.route_plans import MAX_PLANS, RoutePlan, RoutePlans
+from kittiwake.broker.route_plans import MAX_PAUSE_GENERATIONS, MAX_PLANS, RoutePlan, RoutePlans
 from kittiwake.broker.sessions import Subscription
 from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.subscriptions import SubscribeRefusal, SubscriptionOptions
@@ -309,3 +309,75 @@ def test_cached_plans_equal_an_uncached_walk_after_random_changes(
             routes.plan(topic)  # fills and rotates the cache between changes
         for topic in topics:
             assert _said(routes.plan(topic)) == _said(_reference(routes, topic)), (step, topic)
+
+
+def _cycle(routes: RoutePlans, topics: list[str]) -> int:
+    """Plan every topic once, in order; how many were cached when their turn came."""
+    found = 0
+    for topic in topics:
+        if topic in routes.by_topic or topic in routes._older:
+            found += 1
+        routes.plan(topic)
+    return found
+
+
+def test_a_cycle_longer_than_the_cache_still_hits(make_harness: Callable[..., Any]) -> None:
+    """A fleet publishing round its devices' topics, more of them than the cache holds: an
+    LRU-like cache evicts each plan before its topic comes back and never hits. The cache
+    pauses instead (takes no new plans), so the topics it holds hit on every round."""
+    harness = small_cache(make_harness, 16)
+    session, _, _ = harness.connect("sub")
+    harness.subscribe(session, "t/#", 0)
+    other, _, _ = harness.connect("other")
+    harness.subscribe(other, "t/#", 0)  # two receivers: plans of their own per topic
+    routes = harness.broker.routes
+    topics = [f"t/{i}" for i in range(160)]  # ten generations' worth
+    found = [_cycle(routes, topics) for _ in range(4)]
+    assert found[0] == 0
+    assert sum(found) > 0  # an LRU-like cache: none at all
+    # Each pause longer than the last: soon one outlasts a round, whose held topics all hit.
+    for _ in range(8):
+        if routes._paused >= len(topics):
+            break
+        _cycle(routes, topics)
+    assert routes._paused >= len(topics)
+    held = set(routes.cached_topics())
+    assert held
+    assert _cycle(routes, topics) == len(held)
+    # While paused, the plans it holds still follow every change.
+    third, _, _ = harness.connect("third")
+    harness.subscribe(third, "t/5", 0)
+    for topic in topics:
+        assert _said(routes.plan(topic)) == _said(_reference(routes, topic)), topic
+
+
+def test_a_paused_cache_takes_plans_again_when_topics_come_back(
+    make_harness: Callable[..., Any],
+) -> None:
+    harness = small_cache(make_harness, 16)
+    session, _, _ = harness.connect("sub")
+    harness.subscribe(session, "t/#", 0)
+    other, _, _ = harness.connect("other")
+    harness.subscribe(other, "t/#", 0)
+    routes = harness.broker.routes
+    topics = [f"t/{i}" for i in range(160)]
+    for _ in range(3):
+        _cycle(routes, topics)
+    assert routes._paused or routes._strikes
+    # The fleet shrinks to two topics: once the pause runs out they are kept and hit.
+    hot = ["t/a", "t/b"]
+    for _ in range(MAX_PAUSE_GENERATIONS * 16):
+        _cycle(routes, hot)
+    assert not routes._paused
+    assert _cycle(routes, hot) == 2
+    # A change that forgets every plan ends a pause at once.
+    for i in range(100 * len(topics)):
+        routes.plan(f"t/x{i}")
+        if routes._paused:
+            break
+    assert routes._paused
+    third, _, _ = harness.connect("third")
+    harness.subscribe(third, "t/+", 0)
+    assert not routes._paused
+    routes.plan("t/a")
+    assert "t/a" in routes.by_topic

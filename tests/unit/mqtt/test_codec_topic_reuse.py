@@ -8,6 +8,7 @@ import pytest
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.errors import MalformedPacketError, MQTTProtocolError
 from kittiwake.mqtt.packets import Publish
+from kittiwake.mqtt.properties import Properties
 
 
 def _publishes(decoder: PacketDecoder, data: bytes) -> list[Publish]:
@@ -79,3 +80,41 @@ def test_a_long_topic_is_not_remembered() -> None:
     first, second = _publishes(decoder, _frame(topic, b"1", 1) + _frame(topic, b"2", 2))
     assert first.topic == second.topic == topic
     assert second.topic is not first.topic
+
+
+def test_a_publisher_cycling_over_topics_stops_being_compared_and_settles_back() -> None:
+    """A gateway or a replay publishes each topic once in turn: remembering every one only to
+    compare it with the next costs more than the decode it never saves, so after a few in a
+    row the decoder stops; a publisher that settles on one topic is remembered again within
+    64 messages, and every topic is decoded right throughout."""
+    decoder = PacketDecoder()
+    cycling = [f"s/{i}/v" for i in range(10)]
+    decoded = _publishes(decoder, b"".join(_frame(t) for t in cycling))
+    assert [p.topic for p in decoded] == cycling
+    assert decoder._last_topic is not None
+    assert decoder._last_topic[1] == ""  # no topic remembered: a count of topics to go
+    settled = _publishes(decoder, b"".join(_frame("s/9/w", b"%d" % i) for i in range(65)))
+    assert [p.topic for p in settled] == ["s/9/w"] * 65
+    assert settled[-1].topic is settled[-2].topic  # remembered: the same string
+    # After a repeat the next change is remembered at once, as before.
+    a, b, c = _publishes(decoder, _frame("x/1") + _frame("x/1") + _frame("x/2") + _frame("x/2"))[1:]
+    assert (a.topic, b.topic, c.topic) == ("x/1", "x/2", "x/2")
+    assert c.topic is b.topic
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_empty_topic_while_cycling_is_decoded_as_ever(version: int) -> None:
+    """A cycling decoder compares the wire form of the empty topic: 3.x still refuses an
+    empty topic, 5.0 still takes it with an alias."""
+    decoder = PacketDecoder()
+    decoder.protocol_version = version
+    _publishes(decoder, b"".join(_frame(f"s/{i}", b"p", 1, version) for i in range(10)))
+    aliased = Publish("", b"p", 1, False, False, 2, Properties(topic_alias=5))
+    if version == 4:
+        with pytest.raises(MalformedPacketError, match="empty topic"):
+            decoder.feed(encode(Publish("", b"p", 1, False, False, 2), 4))
+        return
+    [decoded] = _publishes(decoder, encode(aliased, 5))
+    assert (decoded.topic, decoded.properties.topic_alias, decoded.payload) == ("", 5, b"p")
+    [after] = _publishes(decoder, _frame("s/x", b"q", 3, 5))
+    assert (after.topic, after.payload) == ("s/x", b"q")
