@@ -518,13 +518,18 @@ class SQLiteStore:
         wide = uniform is None or rows.any_retained or rows.user_properties is not None
         columns: list[Sequence[Any]] = [ids, topics, rows.payloads]
         if wide:
-            blobs: list[bytes | None] = (
-                [None] * count
+            # Bound as bytearray, no property blob as an empty one (stored as NULL: see
+            # _columns_insert), since sqlite3 binds None and bytes through its slow adapter
+            # lookup (see _message_values).
+            blobs: list[bytearray] = (
+                [_NO_BLOB] * count
                 if rows.user_properties is None
                 else [
-                    encode_properties(None, MQTT5Fields(user_properties=list(pairs)))
+                    bytearray(
+                        encode_properties(None, MQTT5Fields(user_properties=list(pairs))) or b""
+                    )
                     if pairs
-                    else None
+                    else _NO_BLOB
                     for pairs in rows.user_properties
                 ]
             )
@@ -1369,10 +1374,11 @@ def _insert_columns(
         sql = _columns_insert(wide, size)
         while left >= size:
             end = start + size
-            connection.execute(
-                sql,
-                [*shared, *chain.from_iterable(zip(*[c[start:end] for c in columns], strict=True))],
-            )
+            chunk = [c[start:end] for c in columns]
+            # Payloads bound as bytearray (the same BLOB): sqlite3 binds bytes through its
+            # slow adapter lookup (see _message_values).
+            chunk[_PAYLOAD] = map(bytearray, chunk[_PAYLOAD])
+            connection.execute(sql, [*shared, *chain.from_iterable(zip(*chunk, strict=True))])
             start = end
             left -= size
 
@@ -1385,12 +1391,14 @@ def _columns_insert(wide: bool, rows: int) -> str:
     stored_at."""
     values = []
     if wide:
-        # shared: priority, timestamp, expiry, delivery_time, origin, stored_at
+        # shared: priority, timestamp, expiry, delivery_time, origin, stored_at; a row's
+        # properties are an empty blob when it has none (never a property blob: that is
+        # NULL), stored as NULL.
         for row in range(rows):
             b = 7 + 7 * row
             values.append(
                 f"(?{b}, ?{b + 1}, ?{b + 2}, ?{b + 3}, ?{b + 4}, ?{b + 5}, "
-                f"?1, ?2, ?3, ?4, ?5, ?{b + 6}, ?6)"
+                f"?1, ?2, ?3, ?4, ?5, NULLIF(?{b + 6}, x''), ?6)"
             )
     else:
         # shared: qos, retain, persistent, priority, timestamp, expiry, delivery_time,
@@ -1435,6 +1443,8 @@ _BULK_INSERTS = {
 }
 
 
+# A journal row's property blob when it has none, in a block of columns (see _columns_insert).
+_NO_BLOB = bytearray()
 # Every statement that inserts journal rows one message a row (payload at _PAYLOAD).
 _JOURNAL_INSERTS = {_INSERT_JOURNAL}
 
