@@ -50,7 +50,6 @@ from kittiwake.store.codec import (
     encode_properties,
     message_columns,
     message_from_row,
-    message_row,
     subscription_from_row,
     subscription_ids_from_text,
     subscription_ids_text,
@@ -153,9 +152,11 @@ _DELETE_DROPPED = (
     "WHERE message_id = journal.message_id AND topic IS NULL)"
 )
 _INSERT_SUBSCRIPTION = "INSERT INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?)"
-_UPSERT_WILL = f"INSERT OR REPLACE INTO wills VALUES (?, {_MESSAGE_PLACES})"
-_UPSERT_RETAINED = f"INSERT OR REPLACE INTO retained VALUES ({_MESSAGE_PLACES})"
 _UPSERT_DURABLE_DEFINITION = "INSERT OR REPLACE INTO durable_definitions VALUES (?, ?, ?, ?)"
+# The message columns a row may hold NULL in (every one before them is NOT NULL).
+_OPTIONAL_COLUMNS = MESSAGE_COLUMNS[8:]
+# Which of them a row holds a value in: the shape of most messages (an origin only).
+_ORIGIN_ONLY = (False, False, True, False)
 # A session record is these rows, keyed by client id.
 _DELETE_SESSION = tuple(
     f"DELETE FROM {table} WHERE client_id=?"
@@ -520,13 +521,18 @@ class SQLiteStore:
         wide = uniform is None or rows.any_retained or rows.user_properties is not None
         columns: list[Sequence[Any]] = [ids, topics, rows.payloads]
         if wide:
-            blobs: list[bytes | None] = (
-                [None] * count
+            # Bound as bytearray, no property blob as an empty one (stored as NULL: see
+            # _columns_insert), since sqlite3 binds None and bytes through its slow adapter
+            # lookup (see _message_values).
+            blobs: list[bytearray] = (
+                [_NO_BLOB] * count
                 if rows.user_properties is None
                 else [
-                    encode_properties(None, MQTT5Fields(user_properties=list(pairs)))
+                    bytearray(
+                        encode_properties(None, MQTT5Fields(user_properties=list(pairs))) or b""
+                    )
                     if pairs
-                    else None
+                    else _NO_BLOB
                     for pairs in rows.user_properties
                 ]
             )
@@ -701,7 +707,10 @@ class SQLiteStore:
         if record.will is None:
             self._add("DELETE FROM wills WHERE client_id=?", (client_id,))
         else:
-            self._add(_UPSERT_WILL, (client_id, *message_row(record.will, self._clock_to_wall_ms)))
+            present, values = _message_values(record.will, self._clock_to_wall_ms)
+            self._add(
+                _message_insert("INSERT OR REPLACE", "wills", present, False), (client_id, *values)
+            )
 
     def save_durable_definition(self, client_id: str, definition: SubscriptionDefinition) -> None:
         self._add(
@@ -717,7 +726,8 @@ class SQLiteStore:
         if message is None:
             self._add("DELETE FROM retained WHERE topic=?", (topic,))
         else:
-            self._add(_UPSERT_RETAINED, message_row(message, self._clock_to_wall_ms))
+            present, values = _message_values(message, self._clock_to_wall_ms)
+            self._add(_message_insert("INSERT OR REPLACE", "retained", present, False), values)
 
     def add_duplicate(self, producer: str, key: DuplicateKey) -> None:
         self._add("INSERT OR IGNORE INTO duplicates VALUES (?, ?)", (producer, key))
@@ -965,21 +975,29 @@ class SQLiteStore:
             self._last_sweep = now
         ops = self._ops
         self._ops = []
+        journal_ops = 0
         if self._journal_messages:
             stored_at = self._clock.wall_ms()
             to_wall = self._clock_to_wall_ms
-            ops.insert(
-                0,
-                (
-                    _INSERT_JOURNAL,
-                    [(*message_row(m, to_wall), stored_at) for m in self._journal_messages],
-                ),
-            )
+            # One run per statement shape (journal rows have distinct ids: their order in
+            # the transaction does not matter).
+            by_shape: dict[tuple[bool, ...], list[Any]] = {}
+            for m in self._journal_messages:
+                present, values = _message_values(m, to_wall)
+                rows = by_shape.get(present)
+                if rows is None:
+                    rows = by_shape[present] = []
+                rows.append((*values, stored_at))
+            ops[:0] = [
+                (_message_insert("INSERT", "journal", present, True), rows)
+                for present, rows in by_shape.items()
+            ]
+            journal_ops = len(by_shape)
             self._journal_messages = []
         if self._journal_blocks:
             stored_at = self._clock.wall_ms()
             ops.insert(
-                1 if ops and ops[0][0] is _INSERT_JOURNAL else 0,
+                journal_ops,
                 (
                     _INSERT_JOURNAL_COLUMNS,
                     [(wide, (*shared, stored_at), c) for wide, shared, c in self._journal_blocks],
@@ -1339,7 +1357,7 @@ def _execute(connection: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...
 
 def _journal_payload_bytes(sql: str, rows: list[Any]) -> int:
     """Payload bytes of the journal rows an operation inserts (0 for any other)."""
-    if sql is _INSERT_JOURNAL:
+    if sql in _JOURNAL_INSERTS:
         return sum(len(row[_PAYLOAD]) for row in rows if row[_PAYLOAD] is not None)
     if sql is _INSERT_JOURNAL_COLUMNS:
         return sum(
@@ -1371,10 +1389,11 @@ def _insert_columns(
         sql = _columns_insert(wide, size)
         while left >= size:
             end = start + size
-            connection.execute(
-                sql,
-                [*shared, *chain.from_iterable(zip(*[c[start:end] for c in columns], strict=True))],
-            )
+            chunk = [c[start:end] for c in columns]
+            # Payloads bound as bytearray (the same BLOB): sqlite3 binds bytes through its
+            # slow adapter lookup (see _message_values).
+            chunk[_PAYLOAD] = map(bytearray, chunk[_PAYLOAD])
+            connection.execute(sql, [*shared, *chain.from_iterable(zip(*chunk, strict=True))])
             start = end
             left -= size
 
@@ -1387,12 +1406,14 @@ def _columns_insert(wide: bool, rows: int) -> str:
     stored_at."""
     values = []
     if wide:
-        # shared: priority, timestamp, expiry, delivery_time, origin, stored_at
+        # shared: priority, timestamp, expiry, delivery_time, origin, stored_at; a row's
+        # properties are an empty blob when it has none (never a property blob: that is
+        # NULL), stored as NULL.
         for row in range(rows):
             b = 7 + 7 * row
             values.append(
                 f"(?{b}, ?{b + 1}, ?{b + 2}, ?{b + 3}, ?{b + 4}, ?{b + 5}, "
-                f"?1, ?2, ?3, ?4, ?5, ?{b + 6}, ?6)"
+                f"?1, ?2, ?3, ?4, ?5, NULLIF(?{b + 6}, x''), ?6)"
             )
     else:
         # shared: qos, retain, persistent, priority, timestamp, expiry, delivery_time,
@@ -1435,6 +1456,79 @@ _BULK_INSERTS = {
         _INSERT_SUBSCRIPTION,
     )
 }
+
+
+# A journal row's property blob when it has none, in a block of columns (see _columns_insert).
+_NO_BLOB = bytearray()
+# Every statement that inserts journal rows one message a row (payload at _PAYLOAD).
+_JOURNAL_INSERTS = {_INSERT_JOURNAL}
+
+
+def _message_values(
+    message: Message, clock_to_wall_ms: float
+) -> tuple[tuple[bool, ...], tuple[Any, ...]]:
+    """A message's row (:func:`message_row`) in the form sqlite3 binds cheaply: which of the
+    optional columns it holds a value in, and its values without the NULLs, blobs as
+    bytearray.
+
+    sqlite3 (3.11) binds a None, as a bytes value, through its adapter lookup: two attribute
+    lookups that fail, each formatting an AttributeError, several times a plain value's cost
+    on the writer thread. A NULL column is left out of the statement instead (it defaults to
+    NULL: :func:`_message_insert`); a bytearray is bound directly, as the same BLOB.
+    """
+    (
+        topic,
+        payload,
+        qos,
+        retain,
+        persistent,
+        priority,
+        timestamp,
+        expiry,
+        delivery_time,
+        origin,
+        properties,
+    ) = message_columns(message, clock_to_wall_ms)
+    head = (
+        message.message_id,
+        topic,
+        bytearray(payload),
+        qos,
+        retain,
+        persistent,
+        priority,
+        timestamp,
+    )
+    if expiry is None and delivery_time is None and properties is None and origin is not None:
+        return _ORIGIN_ONLY, (*head, origin)
+    present = (
+        expiry is not None,
+        delivery_time is not None,
+        origin is not None,
+        properties is not None,
+    )
+    blob = None if properties is None else bytearray(properties)
+    return present, (*head, *[v for v in (expiry, delivery_time, origin, blob) if v is not None])
+
+
+@functools.cache
+def _message_insert(verb: str, table: str, present: tuple[bool, ...], stored_at: bool) -> str:
+    """The statement inserting a message row of ``table`` whose optional columns hold a value
+    where ``present`` says (the others are left out: NULL); a will row leads with its client
+    id, a journal row ends with its ``stored_at``. One string per shape, so runs of one shape
+    share a statement (and the writer's statement cache)."""
+    names = [
+        *(("client_id",) if table == "wills" else ()),
+        *MESSAGE_COLUMNS[:8],
+        *(name for name, there in zip(_OPTIONAL_COLUMNS, present, strict=True) if there),
+        *(("stored_at",) if stored_at else ()),
+    ]
+    sql = f"{verb} INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+    if table == "journal":
+        # Journal rows of a turn go as multi-row statements (see _execute).
+        _JOURNAL_INSERTS.add(sql)
+        _BULK_INSERTS[sql] = (sql[: sql.index("VALUES") + 7], sql[sql.index("VALUES") + 7 :])
+    return sql
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:

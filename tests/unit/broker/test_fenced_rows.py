@@ -110,6 +110,14 @@ def mixed_unit() -> list[Message]:
     return out
 
 
+def mixed_unit_without_properties() -> list[Message]:
+    """The mixed unit with no user properties: a wide block whose rows all have no property
+    blob."""
+    return [
+        Message(m.topic, m.payload, m.qos, m.retain, m.persistent) for m in mixed_unit()
+    ]
+
+
 def uniform_unit() -> list[Message]:
     """The Spark sink's usual unit: one QoS, nothing retained, no properties."""
     return [Message(f"out/{'abcd'[n % 4]}/{n % 9}", b"v%d" % n, 1, False, True) for n in range(60)]
@@ -125,6 +133,9 @@ def table(directory: Path, sql: str) -> list[tuple[Any, ...]]:
 
 STORED = {
     "journal": "SELECT * FROM journal ORDER BY message_id",
+    # Storage types too: a blob stays a BLOB, no properties stay NULL, on either path.
+    "journal types": "SELECT message_id, typeof(payload), typeof(properties), typeof(expiry), "
+    "typeof(origin) FROM journal ORDER BY message_id",
     "retained": "SELECT * FROM retained ORDER BY topic",
     "queue_entries": "SELECT * FROM queue_entries ORDER BY queue, message_id",
     "duplicates": "SELECT * FROM duplicates ORDER BY producer, key",
@@ -164,7 +175,7 @@ def apply(
 
 
 @pytest.mark.parametrize("journal", ["all", "some", "none"])
-@pytest.mark.parametrize("unit", [mixed_unit, uniform_unit])
+@pytest.mark.parametrize("unit", [mixed_unit, mixed_unit_without_properties, uniform_unit])
 def test_rows_store_and_deliver_exactly_what_messages_do(
     tmp_path: Path, journal: str, unit: Callable[[], list[Message]]
 ) -> None:

@@ -35,7 +35,7 @@ from kittiwake.broker.store import (
 from kittiwake.clock import ManualClock
 from kittiwake.config import Config
 from kittiwake.store import sqlite as sqlite_module
-from kittiwake.store.codec import message_columns
+from kittiwake.store.codec import message_columns, message_row
 from kittiwake.store.schema import MIGRATIONS
 from kittiwake.store.sqlite import (
     DATABASE_FILE,
@@ -405,6 +405,101 @@ def test_every_shape_of_queue_entry_insert_stores_the_row_the_full_insert_stores
     assert len(stored) == len(order)
     assert stored == expected
     assert {row[-1] for row in stored} == {"blob", "null"}
+
+
+def test_every_shape_of_journal_retained_and_will_insert_stores_the_row_the_full_insert_stores(
+    tmp_path: Path,
+) -> None:
+    """Journal, retained and will rows are inserted naming only the columns that hold a value
+    (NULLs left out) with blobs bound as bytearray: each row, with the storage type of every
+    column, is the one the statement binding every column stores (NULLs as None, blobs as
+    bytes), and a retained topic set twice in a turn keeps the later message."""
+    clock = ManualClock()
+    now = clock.now()
+    shapes = {
+        "plain": message("s/plain", b"plain", origin="c1"),
+        "expiring": message("s/expiring", b"expiring", expiry=now + 60, origin="c2"),
+        "delayed": message("s/delayed", b"later", delivery_time=now + 5, origin="c3"),
+        "typed": typed_message("s/typed", b"typed"),
+        "anonymous": message("s/anonymous", b"no origin"),
+        "everything": typed_message("s/everything", b"\x00\xff"),
+        "empty": message("s/empty", b"", origin="c4"),
+    }
+    shapes["typed"].origin = "c5"
+    shapes["everything"].expiry = now + 30
+    shapes["everything"].delivery_time = now + 1
+    replaced = message("s/plain", b"first", expiry=now + 9)  # the same topic, set first
+    wills = {
+        f"w-{name}": Message(
+            topic=m.topic, payload=m.payload, qos=m.qos, retain=m.retain, persistent=True,
+            expiry=m.expiry, delivery_time=m.delivery_time, origin=m.origin,
+            properties=m.properties, mqtt5=m.mqtt5,
+        )
+        for name, m in shapes.items()
+    }
+
+    async def write() -> None:
+        store = SQLiteStore(tmp_path / "store", clock=clock, journal_retention_seconds=3600)
+        for m in [replaced, *shapes.values()]:
+            m.created = now
+            store.journal(m)
+        store.set_retained(replaced.topic, replaced)
+        for m in shapes.values():
+            store.set_retained(m.topic, m)
+        for client_id, will in wills.items():
+            store.save_session(SessionRecord(client_id, 60, will=will))
+        await settle(store)
+        store.close()
+
+    run(write)
+    to_wall = clock.wall_ms() - clock.now() * 1000
+    message_columns_sql = ", ".join(
+        f"{column}, typeof({column})" for column in sqlite_module.MESSAGE_COLUMNS
+    )
+    queries = {
+        "journal": f"SELECT {message_columns_sql} FROM journal ORDER BY message_id",
+        "retained": f"SELECT {message_columns_sql} FROM retained ORDER BY topic",
+        "wills": f"SELECT client_id, {message_columns_sql} FROM wills ORDER BY client_id",
+    }
+    stored = {table: db_rows(tmp_path / "store", sql) for table, sql in queries.items()}
+    # The same rows through statements that bind every column (None as NULL, bytes blobs).
+    reference = SQLiteStore(tmp_path / "reference", clock=clock)
+    reference.close()
+    connection = sqlite3.connect(tmp_path / "reference" / DATABASE_FILE)
+    places = ", ".join("?" * len(sqlite_module.MESSAGE_COLUMNS))
+    try:
+        for m in [replaced, *shapes.values()]:
+            connection.execute(
+                f"INSERT INTO journal VALUES ({places}, 0)", message_row(m, to_wall)
+            )
+            connection.execute(
+                f"INSERT OR REPLACE INTO retained VALUES ({places})", message_row(m, to_wall)
+            )
+        for client_id, will in wills.items():
+            connection.execute(
+                f"INSERT INTO wills VALUES (?, {places})",
+                (client_id, *message_row(will, to_wall)),
+            )
+        expected = {table: connection.execute(sql).fetchall() for table, sql in queries.items()}
+    finally:
+        connection.close()
+    assert [len(stored[t]) for t in queries] == [len(shapes) + 1, len(shapes), len(wills)]
+    assert stored == expected
+    # Every shape was taken: each optional column is NULL in some rows, a value in others.
+    columns = sqlite_module.MESSAGE_COLUMNS
+    for table, rows in stored.items():
+        lead = 1 if table == "wills" else 0
+        types = {
+            column: {row[lead + 2 * columns.index(column) + 1] for row in rows}
+            for column in ("payload", "expiry", "delivery_time", "origin", "properties")
+        }
+        assert types == {
+            "payload": {"blob"},
+            "expiry": {"integer", "null"},
+            "delivery_time": {"integer", "null"},
+            "origin": {"text", "null"},
+            "properties": {"blob", "null"},
+        }, table
 
 
 # -- references and their release ------------------------------------------------------------
