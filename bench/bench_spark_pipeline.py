@@ -29,66 +29,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import pyarrow.flight as flight
-from bench_spark_read import SRC, free_port, report, write_journal
-
-from kittiwake.flight.protocol import parse_latest_answer
+from bench_spark_read import SRC, FlightBroker, report, write_journal
 
 # Rows per micro-batch, split into partitions of at most limits.max_put_rows (200,000) each.
 BATCH_ROWS = 250_000
 PARTITIONS = 2
 
 
-class Broker:
-    """``kittiwake serve`` over a copy of a journal: flight and MQTT on free ports."""
+class Broker(FlightBroker):
+    """``kittiwake serve`` over a fresh copy of a journal, so every run starts from the same one."""
 
     def __init__(self, template: Path, workdir: Path) -> None:
-        import subprocess
-
         data_dir = workdir / "data"
         shutil.copytree(template, data_dir)
-        self.mqtt_port = free_port()
-        flight_port = free_port()
-        config = workdir / "kittiwake.toml"
-        config.write_text(
-            f"""log_level = "warning"
-[[listeners]]
-protocol = "flight"
-port = {flight_port}
-[[listeners]]
-port = {self.mqtt_port}
-[store]
-data_dir = "{data_dir}"
-[journal]
-retention_seconds = 315360000
-"""
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "kittiwake", "serve", "--config", str(config)],
-            env={**os.environ, "PYTHONPATH": str(SRC)},
-        )
-        self.url = f"grpc://127.0.0.1:{flight_port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.bounds()
-                return
-            except flight.FlightUnavailableError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise
-                time.sleep(0.1)
-
-    def bounds(self) -> tuple[int, int]:
-        client = flight.connect(self.url)
-        try:
-            (answer,) = list(client.do_action(flight.Action("latest", b"")))
-            return parse_latest_answer(answer.body.to_pybytes())[0]
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(30)
+        super().__init__(data_dir)
 
 
 def main() -> None:

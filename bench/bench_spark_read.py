@@ -67,38 +67,56 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_broker(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    flight_port, mqtt_port = free_port(), free_port()
-    config = data_dir.parent / "kittiwake.toml"
-    config.write_text(
-        f"""log_level = "warning"
+class FlightBroker:
+    """``kittiwake serve`` over ``data_dir`` with flight and MQTT listeners on free ports; its
+    config file goes beside ``data_dir``. Both Spark benches start their broker this way."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.mqtt_port = free_port()
+        flight_port = free_port()
+        config = data_dir.parent / "kittiwake.toml"
+        config.write_text(
+            f"""log_level = "warning"
 [[listeners]]
 protocol = "flight"
 port = {flight_port}
 [[listeners]]
-port = {mqtt_port}
+port = {self.mqtt_port}
 [store]
 data_dir = "{data_dir}"
 [journal]
 retention_seconds = 315360000
 """
-    )
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kittiwake", "serve", "--config", str(config)], env=env
-    )
-    url = f"grpc://127.0.0.1:{flight_port}"
-    deadline = time.monotonic() + 30
-    while True:
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kittiwake", "serve", "--config", str(config)],
+            env={**os.environ, "PYTHONPATH": str(SRC)},
+        )
+        self.url = f"grpc://127.0.0.1:{flight_port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.bounds()
+                return
+            except flight.FlightUnavailableError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    raise
+                time.sleep(0.1)
+
+    def bounds(self) -> tuple[int, int]:
+        """The journal's (earliest, high water) offsets, from the service's ``latest`` action."""
+        client = flight.connect(self.url)
         try:
-            client = flight.connect(url)
-            list(client.do_action(flight.Action("latest", b"")))
+            (answer,) = list(client.do_action(flight.Action("latest", b"")))
+            return parse_latest_answer(answer.body.to_pybytes())[0]
+        finally:
             client.close()
-            return proc, url
-        except flight.FlightUnavailableError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise
-            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        self.process.wait(30)
 
 
 def flight_only(url: str, start: int, end: int) -> int:
@@ -213,16 +231,12 @@ def main() -> None:
         print(
             f"journal of {args.messages:,} messages written in {time.perf_counter() - started:.1f}s"
         )
-        proc, url = start_broker(data_dir)
+        broker = FlightBroker(data_dir)
         try:
-            client = flight.connect(url)
-            (answer,) = list(client.do_action(flight.Action("latest", b"")))
-            client.close()
-            earliest, high_water = parse_latest_answer(answer.body.to_pybytes())[0]
-            run_all(args, url, earliest, high_water, str(data_dir / DATABASE_FILE))
+            earliest, high_water = broker.bounds()
+            run_all(args, broker.url, earliest, high_water, str(data_dir / DATABASE_FILE))
         finally:
-            proc.terminate()
-            proc.wait(10)
+            broker.stop()
 
 
 def run_all(args: Any, url: str, start: int, end: int, db_path: str) -> None:
