@@ -113,6 +113,13 @@ class LinkLayer:
         self.queues = queues
         self.temporaries = temporaries
         self.id = f"$amqp/{next(_connection_ids)}"
+        # Who published a message, for noLocal (Message.origin): the client id a JMS
+        # connection holds in the registry (claimed when it opens, before any link), else
+        # this connection alone. A client id names one connection at a time, and the same
+        # one again on the next connection and after a restart, which a durable
+        # subscription's noLocal needs (JMS 2.0: nothing published by a connection with its
+        # client id is added to it); a connection id is neither.
+        self.origin = self.id
         # AMQP's message counts (/metrics): one increment per transfer each way.
         self.traffic = broker.stats.protocol("amqp")
         # By their link's C object (``link_key``; cffi pointers hash and compare by address):
@@ -231,6 +238,7 @@ class LinkLayer:
         if not self.broker.client_ids.claim(container, self):
             return f"client id {container!r} is in use"
         self.sole_container = container
+        self.origin = container
         return None
 
     def taken_over(self) -> None:
@@ -535,7 +543,7 @@ class ProducerLink:
         layer = self.layer
         request = self.request
         incoming = from_amqp(
-            data, topic=request.name or "", clocks=layer.clocks(), origin=layer.id
+            data, topic=request.name or "", clocks=layer.clocks(), origin=layer.origin
         )
         message = incoming.message
         kind, name = request.kind, request.name
@@ -995,7 +1003,7 @@ class TopicConsumerLink(ConsumerLink):
             session.consumer.receiver = FilteringReceiver(
                 receiver if receiver is not None else self,
                 selector=self.selector,
-                no_local_origin=self.layer.id if self.no_local else None,
+                no_local_origin=self.layer.origin if self.no_local else None,
                 protocol_headers=jms_headers,
             )
         if subscribed is not None and subscribed.new:
@@ -1101,7 +1109,7 @@ class SharedConsumerLink(ConsumerLink):
         self.consumer = subscription.add(
             self,
             selector=self.selector,
-            no_local_origin=self.layer.id if self.no_local else None,
+            no_local_origin=self.layer.origin if self.no_local else None,
             protocol_headers=jms_headers,
         )
         self.flow()
