@@ -57,6 +57,7 @@ from kittiwake.amqp.terminus import (
     NodeRequest,
     TerminusError,
     copy_filter,
+    put_filters,
     read_node,
     set_capabilities,
     subscription_name,
@@ -379,7 +380,18 @@ class LinkLayer:
         if session is None or len(session.subscriptions) != 1:
             raise TerminusError(f"no durable subscription {subscription_name(link)!r}", NOT_FOUND)
         (topic,) = session.subscriptions
-        return NodeRequest(topic, NodeKind.TOPIC, durable=True)
+        # Consumed as it was defined: its stored selector and noLocal apply to this link
+        # too (none known for one stored before store schema 9).
+        definition = self.broker.durable_definitions.get(self.durable_client_id(link))
+        if definition is None or definition.topic != topic:
+            return NodeRequest(topic, NodeKind.TOPIC, durable=True)
+        return NodeRequest(
+            topic,
+            NodeKind.TOPIC,
+            durable=True,
+            selector=definition.selector,
+            no_local=definition.no_local,
+        )
 
     def _open_coordinator(self, link: Link, request: NodeRequest) -> None:
         link.target.type = Terminus.COORDINATOR
@@ -436,7 +448,10 @@ class LinkLayer:
             source.expiry_policy = link.remote_source.expiry_policy
         if request.capabilities:
             set_capabilities(source, sorted(request.capabilities))
-        if request.selector is not None or request.no_local:
+        if lookup:
+            # The subscription's own filters, as its source is answered.
+            put_filters(source, request.selector, request.no_local)
+        elif request.selector is not None or request.no_local:
             # The filters in force, echoed: Qpid JMS checks that the broker applies them.
             copy_filter(link.remote_source, source)
         _set_address(link.target, link.remote_target.address)
