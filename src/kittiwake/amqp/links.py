@@ -1176,6 +1176,9 @@ def link_layer_factory(
     broker: Broker, queues: QueueDestinations, temporaries: TemporaryDestinations
 ) -> Callable[[AMQPConnection], LinkLayer]:
     """What the AMQP server calls for each new connection."""
+    # Durable subscriptions' selectors, applied as publications are routed, read JMS's
+    # headers as AMQP carries them.
+    broker.selector_headers.protocol_headers = jms_headers
 
     def make(connection: AMQPConnection) -> LinkLayer:
         return LinkLayer(connection, broker, queues, temporaries)

@@ -5,6 +5,7 @@ protocol: options are on the MQTT 5 scale, which older protocols and JMS map ont
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -16,15 +17,20 @@ from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.sessions import Session, Subscription
 from kittiwake.broker.shared_groups import Member, MemberReceiver, SharedGroup, group_queue_name
+from kittiwake.broker.subscription_filters import RouteFilter
 from kittiwake.broker.topics import (
     TopicError,
     is_wildcard,
     parse_shared,
     validate_topic_filter,
 )
+from kittiwake.selector import InvalidSelector, compile_selector
 
 if TYPE_CHECKING:
     from kittiwake.broker.broker import Broker
+    from kittiwake.broker.durable_subscriptions import SubscriptionDefinition
+
+log = logging.getLogger(__name__)
 
 
 class SubscribeRefusal(Enum):
@@ -239,6 +245,37 @@ def _drop_copy(subscription: Subscription) -> None:
     plain = subscription.session.plain_copies
     if not plain or plain.get(copy.options) is not copy:
         copy.plan = None
+
+
+def filter_durable(broker: Broker, client_id: str, definition: SubscriptionDefinition) -> None:
+    """A JMS durable subscription's selector goes where its publications are routed (a
+    :class:`RouteFilter` as its subscription's selector): what it refuses is never queued
+    nor stored for it while nobody consumes (JMS: not added to the subscription). Its
+    consumers still apply it as they are handed entries (subscription_filters), for what
+    comes another way: retained messages, entries queued before the definition was known."""
+    session = broker.sessions.get(client_id)
+    subscription = None if session is None else session.subscriptions.get(definition.topic)
+    if subscription is None:
+        return
+    current = subscription.selector
+    if current is None and definition.selector is None:
+        return
+    if isinstance(current, RouteFilter) and current.key == definition.selector:
+        return  # resumed as it was
+    route_filter = None
+    if definition.selector is not None:
+        try:
+            selector = compile_selector(definition.selector)
+        except InvalidSelector as exc:  # checked when it was asked for; stored since
+            log.warning("durable subscription %s: selector not applied: %s", client_id, exc)
+            selector = None
+        if selector is not None and not selector.selects_everything:
+            route_filter = RouteFilter(selector, broker.selector_headers, definition.selector)
+    if route_filter is None and current is None:
+        return
+    subscription.selector = route_filter
+    _drop_copy(subscription)
+    broker.routes.subscription_changed(subscription)
 
 
 def may_send_retained(broker: Broker) -> bool:

@@ -6,10 +6,14 @@ never kept for a consumer to come."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
-from kittiwake.jms import Connection, MessageConsumer, Session, Topic
+import pytest
 
+from kittiwake.jms import Connection, ConnectionFactory, MessageConsumer, Session, Topic
+
+from ..brokerproc import BrokerProcess, closing_all, live_amqp_url
 from ..clients import unique
 
 Connect = Callable[..., Connection]
@@ -56,3 +60,40 @@ def test_no_local_leaves_out_what_its_client_id_published_on_an_earlier_connecti
     assert received(consumer) == ["2", "4"]
     consumer.close()
     session.unsubscribe("audit")
+
+
+@pytest.fixture
+def small_queues(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker whose subscription queues hold 3 messages (refusing new ones past that)."""
+    process = BrokerProcess(
+        tmp_path / "broker",
+        amqp=True,
+        store={"backend": "memory"},
+        limits={"max_queued_messages": 3, "queue_full_policy": "reject_new"},
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def test_what_the_selector_refuses_is_not_kept_while_nobody_consumes(
+    small_queues: BrokerProcess,
+) -> None:
+    """Were refused messages queued for the absent consumer, they would fill the queue's
+    three places and the selected message after them would be refused (reject_new)."""
+    url = live_amqp_url(small_queues)
+    with closing_all(
+        lambda **options: ConnectionFactory(url, **options).create_connection()
+    ) as connect:
+        topic = Topic(unique("durable-selector"))
+        subscriber = connect(client_id=unique("durable-client"))
+        subscriber.start()
+        session = subscriber.create_session()
+        session.create_durable_consumer(topic, "audit", "n > 1").close()
+        send(connect().create_session(), topic, 0, 1, 0, 1, 0, 7)
+        consumer = session.create_durable_consumer(topic, "audit", "n > 1")
+        assert received(consumer) == ["7"]
+        consumer.close()
+        session.unsubscribe("audit")
