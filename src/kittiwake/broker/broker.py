@@ -194,6 +194,7 @@ class Broker:
             self.tree,
             self.store.journals_qos0 if self.journal_qos0 else None,
             self.config.limits.match_cache_size,
+            self.retained_cursors,
         )
         self.timers = SessionTimers()
         self.flow = FlowControl(self.config.limits, self.stats)
@@ -503,6 +504,7 @@ class Broker:
     send_retained = subscriptions.send_retained
     may_send_retained = subscriptions.may_send_retained
     feed_retained = subscriptions.feed_retained
+    retained_ahead = subscriptions.retained_ahead
 
     def replace_authorization(self, auth: AuthConfig) -> RenewPermissions:
         """New authorisation rules (SIGHUP), applied without dropping anyone.

@@ -22,6 +22,7 @@ from kittiwake.broker.topics import (
     TopicError,
     is_wildcard,
     parse_shared,
+    topic_matches,
     validate_topic_filter,
 )
 from kittiwake.selector import InvalidSelector, compile_selector
@@ -305,15 +306,21 @@ def send_retained(broker: Broker, subscribed: Subscribed) -> None:
         cursors = broker.retained_cursors.setdefault(session, [])
         # A subscription sent again restarts its retained messages (MQTT 3.1.1 resends them).
         cursors[:] = [c for c in cursors if c.subscription is not subscription]
-        messages = broker.retained.cursor(subscription.topic_filter)
-        cursors.append(RetainedCursor(subscription, messages, behind=bool(session.queue.count)))
+        started = broker.retained.updates
+        messages = broker.retained.cursor(subscription.topic_filter, started)
+        cursor = RetainedCursor(subscription, messages, behind=bool(session.queue.count))
+        cursor.started = started
+        if not cursors:
+            # Out of the QoS 0 fast path's plans while it sends (see retained_ahead).
+            broker.routes.session_changed(session)
+        cursors.append(cursor)
         broker.pump(session)
         return
     now = broker.clock.now()
     for message in broker.retained.matching(subscription.topic_filter, now):
         entry = retained_entry(session, subscription, message)
-        if entry is not None:
-            enqueue(broker, session, entry)
+        if entry is not None and enqueue(broker, session, entry):
+            broker.pump_soon(session)
     broker.pump(session)
 
 
@@ -331,13 +338,14 @@ def retained_entry(
 class RetainedCursor:
     """Where a subscription is in sending its retained messages. They go as if queued when
     it subscribed: after what its session's queue held then (``behind``: until the queue is
-    first seen empty), before every copy queued since (a live copy of a topic must not
-    overtake that topic's older retained message: MQTT's ordered topics). Not exact while
-    ``behind``: the queue's dispatch cannot stop at the subscription's place, so a copy that
-    arrives while such an older backlog waits still goes with it, ahead of the cursor; and a
-    QoS 0 copy is never queued (straight out or nowhere), so it may go first too."""
+    first seen empty), before every copy queued since. A live copy of a topic never overtakes
+    that topic's older retained message (MQTT 4.6, ordered topics: a publisher's messages on
+    a topic reach a subscriber in the order they were received): a copy arriving while the
+    cursor has not sent its topic's retained message yet (while an older backlog drains, or a
+    QoS 0 copy, which is never queued) takes that message with it, just ahead of itself
+    (:func:`retained_ahead`), and the cursor skips it later."""
 
-    __slots__ = ("behind", "messages", "subscription")
+    __slots__ = ("behind", "messages", "sent", "started", "subscription")
 
     def __init__(
         self, subscription: Subscription, messages: Iterator[Message], behind: bool = False
@@ -345,6 +353,10 @@ class RetainedCursor:
         self.subscription = subscription
         self.messages = messages
         self.behind = behind
+        # The retained store's update count when it started (RetainedMessages.set_before),
+        # and the topics it has sent (or a live copy took ahead): not sent twice.
+        self.started = 0
+        self.sent: set[str] = set()
 
 
 # Retained messages sent at QoS 0 (no window to pace them) per pump: the rest go on the next
@@ -375,6 +387,10 @@ def feed_retained(broker: Broker, session: Session) -> None:
         if message is None:
             cursors.pop(0)
             continue
+        sent = cursor.sent
+        if message.topic in sent:
+            continue  # a live copy of its topic took it ahead (retained_ahead)
+        sent.add(message.topic)
         if message.expired(now):
             continue
         entry = retained_entry(session, cursor.subscription, message)
@@ -384,8 +400,42 @@ def feed_retained(broker: Broker, session: Session) -> None:
         _send_retained(broker, session, queue, entry, now)
     if not cursors:
         del broker.retained_cursors[session]
+        broker.routes.session_changed(session)  # back in the QoS 0 fast path's plans
     elif not budget:
         broker.pump_soon(session)
+
+
+def retained_ahead(broker: Broker, session: Session, topic: str) -> None:
+    """A live copy on ``topic`` is about to be queued (or sent) for a session whose retained
+    cursors have not all finished: the topic's retained message, when a cursor still owes it
+    (set before the cursor started, not sent yet, its filter matching), goes first, queued as
+    any copy (or sent at once, at QoS 0), and the cursor skips it. MQTT 4.6 asks this of a
+    message and a later one from the same publisher at the same QoS; any live copy takes it
+    ahead, which only sends a retained message sooner. A retained publication that replaced
+    the topic's message is set after every cursor started: nothing older is owed, and it
+    reaches the session live only. Sessions with a cursor are kept out of the QoS 0 fast
+    path's plans (route_plans: ``direct``), so every live copy comes through here."""
+    cursors = broker.retained_cursors.get(session)
+    if not cursors:
+        return
+    retained = broker.retained
+    now = broker.clock.now()
+    for cursor in list(cursors):
+        sent = cursor.sent
+        if topic in sent:
+            continue
+        message = retained.set_before(topic, cursor.started)
+        if message is None:
+            continue
+        subscription = cursor.subscription
+        if not topic_matches(subscription.topic_filter, topic):
+            continue
+        sent.add(topic)
+        if message.expired(now):
+            continue
+        entry = retained_entry(session, subscription, message)
+        if entry is not None:
+            enqueue(broker, session, entry)
 
 
 def _send_retained(
@@ -427,3 +477,4 @@ def forget_retained_cursors(broker: Broker, subscription: Subscription) -> None:
     cursors[:] = [c for c in cursors if c.subscription is not subscription]
     if not cursors:
         del broker.retained_cursors[subscription.session]
+        broker.routes.session_changed(subscription.session)
