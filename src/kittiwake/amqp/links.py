@@ -18,9 +18,11 @@ Translation only: every delivery rule is the core's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -700,6 +702,11 @@ class ConsumerLink:
         self.closed = False
         self._settled_tags = 0
         self._impl = link._impl
+        # Presettled transfers waiting for the commit of what the core did on sending them
+        # (see _deliver_forgotten), in order: (the commit, tag, entry, delivery count); made
+        # on first use. And what waits for them to go (a drain's answer).
+        self._held: deque[_Held] | None = None
+        self._after_held: list[Callable[[], None]] = []
 
     def start(self) -> bool:
         raise NotImplementedError
@@ -740,6 +747,10 @@ class ConsumerLink:
         link = self.link
         if self.closed or consumer is None:
             return
+        if self._held:
+            # Transfers the drain's credit paid for have not gone yet: answer after them.
+            self._after_held.append(self._drained)
+            return
         if link.drain_mode and link.credit > 0:
             link.drained()
             consumer.credit.available = 0
@@ -750,6 +761,9 @@ class ConsumerLink:
     def deliver(self, delivery: Delivery) -> None:
         """Send one attempt (the core spent one credit on it)."""
         entry = delivery.entry
+        if self.presettled:
+            self._deliver_forgotten(delivery)
+            return
         wire = self._send(str(delivery.id).encode(), delivery.view, entry.delivery_count)
         if wire is None:
             # Sent settled (a presettled link, or an at-most-once entry: a JMS queue's
@@ -758,6 +772,49 @@ class ConsumerLink:
             self._settle_core(delivery, Settlement.ACCEPTED)
             return
         self.unsettled[wire] = delivery
+
+    def _deliver_forgotten(self, delivery: Delivery) -> None:
+        """A delivery on a presettled link (JMS NO_ACKNOWLEDGE, DisableACK): at most once,
+        so the broker forgets the entry as it sends it, and a stored entry's transfer leaves
+        only once that removal is committed (persist, then send): a crash just after the
+        send cannot deliver it again. The core settles it first; transfers go in order, any
+        that follow a held one wait behind it. Held when the link closes: not sent (at most
+        once allows the loss). A failed commit sends nothing: the entry is still stored."""
+        entry = delivery.entry
+        tag = str(delivery.id).encode()
+        view = delivery.view
+        count = entry.delivery_count
+        self._settle_core(delivery, Settlement.ACCEPTED)
+        commit = self.layer.broker.store.commit() if entry.persistent else None
+        held = self._held
+        if not held and (commit is None or commit.done()):
+            if commit is None or not (commit.cancelled() or commit.exception() is not None):
+                self._send(tag, view, count)
+            return
+        if held is None:
+            held = self._held = deque()
+        held.append((commit, tag, view, count))
+        if commit is not None and not commit.done():
+            commit.add_done_callback(self._release_held)
+        else:
+            self._release_held(None)
+
+    def _release_held(self, _: object) -> None:
+        """Send the held transfers whose commits are done, in order, up to the first that
+        is not; then what waited for them all (a drain's answer)."""
+        held = self._held
+        while held:
+            commit, tag, view, count = held[0]
+            if commit is not None and not commit.done():
+                return
+            held.popleft()
+            failed = commit is not None and (commit.cancelled() or commit.exception() is not None)
+            if not failed and not self.closed and not self.layer.ended:
+                self._send(tag, view, count)
+        after = self._after_held
+        self._after_held = []
+        for then in after:
+            then()
 
     def deliver_settled(self, entry: QueuedMessage) -> None:
         """An at-most-once entry (spends no core credit; the link's credit still counts)."""
@@ -840,6 +897,9 @@ class ConsumerLink:
     ) -> None:
         raise NotImplementedError
 
+
+# A presettled transfer held for its commit (ConsumerLink._deliver_forgotten).
+_Held = tuple["asyncio.Future[None] | None", bytes, QueuedMessage, int]
 
 _TERMINAL = frozenset(
     (engine_calls.ACCEPTED, engine_calls.REJECTED, engine_calls.RELEASED, engine_calls.MODIFIED)
