@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -99,6 +100,9 @@ JMS_SUBSCRIPTION_QUEUE = QueueRules(ordering="priority", dead_letters=True)
 
 # Connection ids, for noLocal and logs; unique within the process.
 _connection_ids = itertools.count(1)
+# This process among the broker's runs: a stored message's origin (a connection without a
+# client id) never names a connection of a later run, whose ids count from 1 again.
+_RUN = secrets.token_hex(4)
 
 
 class LinkLayer:
@@ -118,11 +122,12 @@ class LinkLayer:
         self.id = f"$amqp/{next(_connection_ids)}"
         # Who published a message, for noLocal (Message.origin): the client id a JMS
         # connection holds in the registry (claimed when it opens, before any link), else
-        # this connection alone. A client id names one connection at a time, and the same
-        # one again on the next connection and after a restart, which a durable
-        # subscription's noLocal needs (JMS 2.0: nothing published by a connection with its
-        # client id is added to it); a connection id is neither.
-        self.origin = self.id
+        # this connection alone (its id in this run: stored with a persistent message, it
+        # must not match a connection of a later run). A client id names one connection at a
+        # time, and the same one again on the next connection and after a restart, which a
+        # durable subscription's noLocal needs (JMS 2.0: nothing published by a connection
+        # with its client id is added to it); a connection id is neither.
+        self.origin = f"{self.id}@{_RUN}"
         # AMQP's message counts (/metrics): one increment per transfer each way.
         self.traffic = broker.stats.protocol("amqp")
         # By their link's C object (``link_key``; cffi pointers hash and compare by address):

@@ -349,3 +349,34 @@ def test_a_shared_durable_subscription_survives_a_restart(
         assert got == [("in flight", 1), ("waiting", 0)]
     finally:
         again.close()
+
+
+def test_no_local_after_a_restart_leaves_in_what_another_connection_stored(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    """A connection without a client id (no sole-connection-for-container) is its own origin
+    for noLocal. Connection ids count again from the start after a restart, so a stored
+    message's origin must not name the new run's connection that happens to get the same
+    number: here the subscriber's resumed connection is numbered as the publisher was."""
+    process = broker(amqp=True)
+    topic, client_id = unique("durable") + "/t", unique("jms-client")
+    first = BlockingConnection(process.amqp_url, timeout=10, container_id=client_id)
+    first.create_receiver(
+        f"topic://{topic}", name="sub", credit=10, options=[DurableSubscription(), NoLocal()]
+    )
+    first.close()  # the run's connection 1
+    sender = BlockingConnection(process.amqp_url, timeout=10)  # connection 2
+    sender.create_sender(f"topic://{topic}").send(Message(body="theirs", durable=True))
+    sender.close()
+    process.stop()
+    process.start()
+    spacer = BlockingConnection(process.amqp_url, timeout=10)  # the new run's connection 1
+    again = BlockingConnection(process.amqp_url, timeout=10, container_id=client_id)  # 2
+    try:
+        receiver = again.create_receiver(
+            f"topic://{topic}", name="sub", credit=10, options=[DurableSubscription(), NoLocal()]
+        )
+        assert bodies(receiver, 1) == ["theirs"]
+    finally:
+        again.close()
+        spacer.close()
