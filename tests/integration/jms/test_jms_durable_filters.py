@@ -78,8 +78,9 @@ def small_queues(tmp_path: Path) -> Iterator[BrokerProcess]:
         process.stop()
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["unshared", "shared"])
 def test_what_the_selector_refuses_is_not_kept_while_nobody_consumes(
-    small_queues: BrokerProcess,
+    small_queues: BrokerProcess, shared: bool
 ) -> None:
     """Were refused messages queued for the absent consumer, they would fill the queue's
     three places and the selected message after them would be refused (reject_new)."""
@@ -91,9 +92,12 @@ def test_what_the_selector_refuses_is_not_kept_while_nobody_consumes(
         subscriber = connect(client_id=unique("durable-client"))
         subscriber.start()
         session = subscriber.create_session()
-        session.create_durable_consumer(topic, "audit", "n > 1").close()
+        create = session.create_shared_durable_consumer if shared else (
+            session.create_durable_consumer
+        )
+        create(topic, "audit", "n > 1").close()
         send(connect().create_session(), topic, 0, 1, 0, 1, 0, 7)
-        consumer = session.create_durable_consumer(topic, "audit", "n > 1")
+        consumer = create(topic, "audit", "n > 1")
         assert received(consumer) == ["7"]
         consumer.close()
         session.unsubscribe("audit")
