@@ -579,6 +579,16 @@ def _check_flight_certificates(tls: TLSConfig, where: str) -> None:
         )
 
 
+# LimitsConfig's limits that 0 does not turn off, and what 0 would refuse.
+_NO_ZERO_LIMITS = {
+    "max_connections": "every connection",
+    "max_queued_messages": "every message queued for a subscriber",
+    "max_queued_bytes": "every message queued for a subscriber",
+    "max_topic_levels": "every topic filter",
+    "max_subscriptions_per_session": "every subscription",
+}
+
+
 def _check_ranges(obj: Any, where: str) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -641,6 +651,14 @@ def _check_ranges(obj: Any, where: str) -> None:
         for name in ("max_put_rows", "max_put_bytes", "max_concurrent_puts"):
             if getattr(obj, name) < 1:
                 raise ConfigError(f"{_join(where, name)}: must be at least 1")
+        # Limits with no "0 = no limit": 0 would refuse everything (every queued message,
+        # every connection, every topic filter, every subscription), not turn it off.
+        for name, refused in _NO_ZERO_LIMITS.items():
+            if getattr(obj, name) < 1:
+                raise ConfigError(
+                    f"{_join(where, name)}: must be at least 1 (0 would refuse {refused}; "
+                    "there is no setting for no limit)"
+                )
     if isinstance(obj, AMQPConfig):
         if not 512 <= obj.max_frame_size <= 0xFFFFFFFF:
             raise ConfigError(f"{_join(where, 'max_frame_size')}: must be 512..4294967295")
@@ -650,6 +668,11 @@ def _check_ranges(obj: Any, where: str) -> None:
             raise ConfigError(f"{_join(where, 'link_credit')}: must be at least 1")
         if obj.max_links_per_session < 1:
             raise ConfigError(f"{_join(where, 'max_links_per_session')}: must be at least 1")
+        if obj.max_message_size < 1:
+            raise ConfigError(
+                f"{_join(where, 'max_message_size')}: must be at least 1 (0 would refuse "
+                "every message larger than one frame)"
+            )
     if isinstance(obj, (QueuesConfig, QueuePattern)):
         for key in ("dead_letter_queue", "expiry_queue"):
             pattern = getattr(obj, key)

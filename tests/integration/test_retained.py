@@ -260,6 +260,48 @@ def test_a_live_copy_does_not_overtake_its_topics_retained_message_not_yet_sent(
     subscriber.no_packet(0.3)
 
 
+def test_a_live_qos0_copy_does_not_overtake_its_topics_retained_message_not_yet_sent(broker):
+    """The QoS 0 side of the rule above (MQTT §4.6: a publisher's messages on a topic, at one
+    QoS, reach a subscriber in the order they were received): retained QoS 0 messages a new
+    wildcard subscription is still owed (its window full) go before the live QoS 0 copies of
+    their topics, which the broker would otherwise write at once (its QoS 0 fast path)."""
+    from kittiwake.mqtt.packets import PubAck, Publish
+
+    from .rawclient import RawClient
+
+    process = broker(limits={"max_inflight": 1})
+    prefix = unique("retained/order0")
+    publisher = RawClient(process.address, 4)
+    publisher.connect(unique("ret-pub"))
+    for n in range(3):
+        publisher.publish(f"{prefix}/r/{n}", b"old %d" % n, 0, retain=True)
+    subscriber = RawClient(process.address, 4)
+    subscriber.connect(unique("ret-sub"))
+    subscriber.subscribe(f"{prefix}/q", 1)
+    publisher.publish(f"{prefix}/q", b"block", 1)
+    block = subscriber.expect(Publish)  # unacknowledged: the window of one is full
+    subscriber.subscribe(f"{prefix}/r/+", 0)
+    for n in range(3):
+        publisher.publish(f"{prefix}/r/{n}", b"new %d" % n, 0)
+    publisher.publish(f"{prefix}/q", b"after", 1)  # acknowledged: the QoS 0 ones were routed
+    got = []
+    while len(got) < 6:  # the three retained and three live ones, all at QoS 0
+        packet = subscriber.expect(Publish)
+        got.append((packet.topic, packet.payload, packet.retain))
+        if len(got) == 3:
+            subscriber.send(PubAck(block.packet_id))  # the window opens: the rest may go
+    for n in range(3):
+        topic = f"{prefix}/r/{n}"
+        assert [(p, r) for t, p, r in got if t == topic] == [
+            (b"old %d" % n, True),
+            (b"new %d" % n, False),
+        ], got
+    after = subscriber.expect(Publish)
+    assert after.payload == b"after"
+    subscriber.send(PubAck(after.packet_id))
+    subscriber.no_packet(0.3)
+
+
 # -- limits.max_retained_payload ---------------------------------------------------------------
 
 RETAINED_LIMIT = 16

@@ -567,6 +567,35 @@ def test_broker_killed_after_an_at_most_once_delivery(
     assert_came_back(take_now(url, destination), [("2", 0)])
 
 
+@pytest.mark.parametrize(
+    ("mode", "disable_ack"),
+    [(NO_ACKNOWLEDGE, False), (AUTO_ACKNOWLEDGE, True)],
+    ids=["NO_ACKNOWLEDGE", "DisableACK"],
+)
+def test_an_at_most_once_delivery_does_not_come_back_after_a_crash_just_after_it(
+    tmp_path: Path, mode: AcknowledgeMode, disable_ack: bool
+) -> None:
+    """A presettled delivery (NO_ACKNOWLEDGE, DisableACK) of a stored message leaves the
+    broker only once its removal is committed: killed right after the client got it, with no
+    fence, the broker does not deliver it again (at most once). The store waits a second
+    before each commit here, so a removal written after the send would still be pending."""
+    broker = BrokerProcess(tmp_path / "broker", amqp=True, store={"max_delay": 1.0}).start()
+    try:
+        url = broker.amqp_url
+        destination = Queue(unique("crash-at-most-once"))
+        send(url, destination, "1", "2")
+        factory = ConnectionFactory(url, disable_ack=disable_ack, prefetch=0)
+        connection, lost = watched(factory)
+        connection.start()
+        session = connection.create_session(False, mode)
+        received = session.create_consumer(destination).receive(10)
+        assert received is not None and received.get_body() == "1"
+        kill_and_restart(broker, connection, lost)
+        assert_came_back(take_now(url, destination), [("2", 0)])
+    finally:
+        broker.stop()
+
+
 def test_broker_killed_while_a_durable_subscriber_holds_a_message(
     broker: BrokerProcess,
 ) -> None:

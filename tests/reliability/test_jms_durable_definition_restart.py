@@ -136,3 +136,17 @@ def test_dropping_no_local_after_a_restart_replaces_it(ctl: BrokerCtl) -> None:
     # the old one collected (1 before the stop, 2 after the restart) is gone.
     got = restart_between(ctl, "terminate", False, (None, True), (None, False), (1,), (2,), (3,))
     assert got == ["3"]
+
+
+def test_the_selector_applies_where_messages_are_routed_after_a_restart(tmp_path: Path) -> None:
+    """The recovered selector refuses messages as they are routed, before any consumer is
+    back: with room for 3 in the subscription's queue, were the five refused ones kept, they
+    would fill it and the selected 7 behind them would be refused."""
+    ctl = BrokerCtl(tmp_path / "b", amqp=True, limits={"max_queued_messages": 3})
+    try:
+        got = restart_between(
+            ctl, "kill9", False, ("n > 1", False), ("n > 1", False), (), (0, 1, 0, 1, 0, 7), (8,)
+        )
+    finally:
+        ctl.shutdown()
+    assert got == ["7", "8"]

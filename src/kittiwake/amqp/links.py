@@ -18,9 +18,12 @@ Translation only: every delivery rule is the core's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +60,7 @@ from kittiwake.amqp.terminus import (
     NodeRequest,
     TerminusError,
     copy_filter,
+    put_filters,
     read_node,
     set_capabilities,
     subscription_name,
@@ -96,6 +100,9 @@ JMS_SUBSCRIPTION_QUEUE = QueueRules(ordering="priority", dead_letters=True)
 
 # Connection ids, for noLocal and logs; unique within the process.
 _connection_ids = itertools.count(1)
+# This process among the broker's runs: a stored message's origin (a connection without a
+# client id) never names a connection of a later run, whose ids count from 1 again.
+_RUN = secrets.token_hex(4)
 
 
 class LinkLayer:
@@ -113,6 +120,14 @@ class LinkLayer:
         self.queues = queues
         self.temporaries = temporaries
         self.id = f"$amqp/{next(_connection_ids)}"
+        # Who published a message, for noLocal (Message.origin): the client id a JMS
+        # connection holds in the registry (claimed when it opens, before any link), else
+        # this connection alone (its id in this run: stored with a persistent message, it
+        # must not match a connection of a later run). A client id names one connection at a
+        # time, and the same one again on the next connection and after a restart, which a
+        # durable subscription's noLocal needs (JMS 2.0: nothing published by a connection
+        # with its client id is added to it); a connection id is neither.
+        self.origin = f"{self.id}@{_RUN}"
         # AMQP's message counts (/metrics): one increment per transfer each way.
         self.traffic = broker.stats.protocol("amqp")
         # By their link's C object (``link_key``; cffi pointers hash and compare by address):
@@ -231,6 +246,7 @@ class LinkLayer:
         if not self.broker.client_ids.claim(container, self):
             return f"client id {container!r} is in use"
         self.sole_container = container
+        self.origin = container
         return None
 
     def taken_over(self) -> None:
@@ -371,7 +387,18 @@ class LinkLayer:
         if session is None or len(session.subscriptions) != 1:
             raise TerminusError(f"no durable subscription {subscription_name(link)!r}", NOT_FOUND)
         (topic,) = session.subscriptions
-        return NodeRequest(topic, NodeKind.TOPIC, durable=True)
+        # Consumed as it was defined: its stored selector and noLocal apply to this link
+        # too (none known for one stored before store schema 9).
+        definition = self.broker.durable_definitions.get(self.durable_client_id(link))
+        if definition is None or definition.topic != topic:
+            return NodeRequest(topic, NodeKind.TOPIC, durable=True)
+        return NodeRequest(
+            topic,
+            NodeKind.TOPIC,
+            durable=True,
+            selector=definition.selector,
+            no_local=definition.no_local,
+        )
 
     def _open_coordinator(self, link: Link, request: NodeRequest) -> None:
         link.target.type = Terminus.COORDINATOR
@@ -428,7 +455,10 @@ class LinkLayer:
             source.expiry_policy = link.remote_source.expiry_policy
         if request.capabilities:
             set_capabilities(source, sorted(request.capabilities))
-        if request.selector is not None or request.no_local:
+        if lookup:
+            # The subscription's own filters, as its source is answered.
+            put_filters(source, request.selector, request.no_local)
+        elif request.selector is not None or request.no_local:
             # The filters in force, echoed: Qpid JMS checks that the broker applies them.
             copy_filter(link.remote_source, source)
         _set_address(link.target, link.remote_target.address)
@@ -535,7 +565,7 @@ class ProducerLink:
         layer = self.layer
         request = self.request
         incoming = from_amqp(
-            data, topic=request.name or "", clocks=layer.clocks(), origin=layer.id
+            data, topic=request.name or "", clocks=layer.clocks(), origin=layer.origin
         )
         message = incoming.message
         kind, name = request.kind, request.name
@@ -677,6 +707,11 @@ class ConsumerLink:
         self.closed = False
         self._settled_tags = 0
         self._impl = link._impl
+        # Presettled transfers waiting for the commit of what the core did on sending them
+        # (see _deliver_forgotten), in order: (the commit, tag, entry, delivery count); made
+        # on first use. And what waits for them to go (a drain's answer).
+        self._held: deque[_Held] | None = None
+        self._after_held: list[Callable[[], None]] = []
 
     def start(self) -> bool:
         raise NotImplementedError
@@ -717,6 +752,10 @@ class ConsumerLink:
         link = self.link
         if self.closed or consumer is None:
             return
+        if self._held:
+            # Transfers the drain's credit paid for have not gone yet: answer after them.
+            self._after_held.append(self._drained)
+            return
         if link.drain_mode and link.credit > 0:
             link.drained()
             consumer.credit.available = 0
@@ -727,6 +766,9 @@ class ConsumerLink:
     def deliver(self, delivery: Delivery) -> None:
         """Send one attempt (the core spent one credit on it)."""
         entry = delivery.entry
+        if self.presettled:
+            self._deliver_forgotten(delivery)
+            return
         wire = self._send(str(delivery.id).encode(), delivery.view, entry.delivery_count)
         if wire is None:
             # Sent settled (a presettled link, or an at-most-once entry: a JMS queue's
@@ -735,6 +777,49 @@ class ConsumerLink:
             self._settle_core(delivery, Settlement.ACCEPTED)
             return
         self.unsettled[wire] = delivery
+
+    def _deliver_forgotten(self, delivery: Delivery) -> None:
+        """A delivery on a presettled link (JMS NO_ACKNOWLEDGE, DisableACK): at most once,
+        so the broker forgets the entry as it sends it, and a stored entry's transfer leaves
+        only once that removal is committed (persist, then send): a crash just after the
+        send cannot deliver it again. The core settles it first; transfers go in order, any
+        that follow a held one wait behind it. Held when the link closes: not sent (at most
+        once allows the loss). A failed commit sends nothing: the entry is still stored."""
+        entry = delivery.entry
+        tag = str(delivery.id).encode()
+        view = delivery.view
+        count = entry.delivery_count
+        self._settle_core(delivery, Settlement.ACCEPTED)
+        commit = self.layer.broker.store.commit() if entry.persistent else None
+        held = self._held
+        if not held and (commit is None or commit.done()):
+            if commit is None or not (commit.cancelled() or commit.exception() is not None):
+                self._send(tag, view, count)
+            return
+        if held is None:
+            held = self._held = deque()
+        held.append((commit, tag, view, count))
+        if commit is not None and not commit.done():
+            commit.add_done_callback(self._release_held)
+        else:
+            self._release_held(None)
+
+    def _release_held(self, _: object) -> None:
+        """Send the held transfers whose commits are done, in order, up to the first that
+        is not; then what waited for them all (a drain's answer)."""
+        held = self._held
+        while held:
+            commit, tag, view, count = held[0]
+            if commit is not None and not commit.done():
+                return
+            held.popleft()
+            failed = commit is not None and (commit.cancelled() or commit.exception() is not None)
+            if not failed and not self.closed and not self.layer.ended:
+                self._send(tag, view, count)
+        after = self._after_held
+        self._after_held = []
+        for then in after:
+            then()
 
     def deliver_settled(self, entry: QueuedMessage) -> None:
         """An at-most-once entry (spends no core credit; the link's credit still counts)."""
@@ -817,6 +902,9 @@ class ConsumerLink:
     ) -> None:
         raise NotImplementedError
 
+
+# A presettled transfer held for its commit (ConsumerLink._deliver_forgotten).
+_Held = tuple["asyncio.Future[None] | None", bytes, QueuedMessage, int]
 
 _TERMINAL = frozenset(
     (engine_calls.ACCEPTED, engine_calls.REJECTED, engine_calls.RELEASED, engine_calls.MODIFIED)
@@ -995,7 +1083,7 @@ class TopicConsumerLink(ConsumerLink):
             session.consumer.receiver = FilteringReceiver(
                 receiver if receiver is not None else self,
                 selector=self.selector,
-                no_local_origin=self.layer.id if self.no_local else None,
+                no_local_origin=self.layer.origin if self.no_local else None,
                 protocol_headers=jms_headers,
             )
         if subscribed is not None and subscribed.new:
@@ -1101,7 +1189,7 @@ class SharedConsumerLink(ConsumerLink):
         self.consumer = subscription.add(
             self,
             selector=self.selector,
-            no_local_origin=self.layer.id if self.no_local else None,
+            no_local_origin=self.layer.origin if self.no_local else None,
             protocol_headers=jms_headers,
         )
         self.flow()
@@ -1153,6 +1241,9 @@ def link_layer_factory(
     broker: Broker, queues: QueueDestinations, temporaries: TemporaryDestinations
 ) -> Callable[[AMQPConnection], LinkLayer]:
     """What the AMQP server calls for each new connection."""
+    # Durable subscriptions' selectors, applied as publications are routed, read JMS's
+    # headers as AMQP carries them.
+    broker.selector_headers.protocol_headers = jms_headers
 
     def make(connection: AMQPConnection) -> LinkLayer:
         return LinkLayer(connection, broker, queues, temporaries)

@@ -184,3 +184,15 @@ def copy_filter(remote: Terminus, local: Terminus) -> None:
     data.rewind()
     if data.next():
         local.filter.put_object(data.get_object())
+
+
+def put_filters(local: Terminus, selector: str | None, no_local: bool) -> None:
+    """Answer with filters the broker applies that the client did not send (a durable
+    subscription looked up by name: its stored selector and noLocal), in Qpid JMS's form."""
+    filters: dict[Any, Any] = {}
+    if selector is not None:
+        filters[symbol("jms-selector")] = Described(symbol(SELECTOR_FILTER_NAME), selector)
+    if no_local:
+        filters[symbol("no-local")] = Described(symbol(NO_LOCAL_FILTER_NAME), ["NoLocalFilter{}"])
+    if filters:
+        local.filter.put_object(filters)

@@ -14,6 +14,7 @@ holds no locks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -61,11 +62,13 @@ from kittiwake.broker.store import (
     Store,
     SubscriptionRecord,
 )
+from kittiwake.broker.subscription_filters import HeadersSource
 from kittiwake.broker.subscriptions import (
     RetainedCursor,
     Subscribed,
     SubscribeRefusal,
     SubscriptionOptions,
+    filter_durable,
 )
 from kittiwake.broker.topic_tree import TopicTree
 from kittiwake.broker.wills import SessionTimers
@@ -171,8 +174,14 @@ class Broker:
         # No match cache of its own: the route plans below are the per-topic cache over it.
         self.tree: TopicTree[TreeEntry] = TopicTree(cache_size=0)
         self.shared_groups: dict[tuple[str, str], SharedGroup] = {}
-        # JMS durable subscriptions' topic, selector and noLocal (shared or not), stored.
-        self.durable_definitions = DurableDefinitions(self.store)
+        # Where route filters read the protocol headers a selector may name (JMSMessageID,
+        # JMSType...): set by the front end that knows them (subscription_filters).
+        self.selector_headers = HeadersSource()
+        # JMS durable subscriptions' topic, selector and noLocal (shared or not), stored; a
+        # selector applies where publications are routed (subscriptions.filter_durable).
+        self.durable_definitions = DurableDefinitions(
+            self.store, functools.partial(filter_durable, self)
+        )
         # JMS shared subscriptions (a namespace apart from MQTT's groups, DESIGN.md section 5).
         self.shared_subscriptions = SharedSubscriptions(self)
         self.stats = BrokerStats()
@@ -185,6 +194,7 @@ class Broker:
             self.tree,
             self.store.journals_qos0 if self.journal_qos0 else None,
             self.config.limits.match_cache_size,
+            self.retained_cursors,
         )
         self.timers = SessionTimers()
         self.flow = FlowControl(self.config.limits, self.stats)
@@ -494,6 +504,7 @@ class Broker:
     send_retained = subscriptions.send_retained
     may_send_retained = subscriptions.may_send_retained
     feed_retained = subscriptions.feed_retained
+    retained_ahead = subscriptions.retained_ahead
 
     def replace_authorization(self, auth: AuthConfig) -> RenewPermissions:
         """New authorisation rules (SIGHUP), applied without dropping anyone.

@@ -98,6 +98,11 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
     queue = session.made_queue  # (the attribute, not the property's call, per copy)
     if queue is None:
         queue = session.queue
+    cursors = broker.retained_cursors  # empty nearly always: one check per copy
+    owed = session in cursors if cursors else False
+    if owed:
+        # The topic's retained message still owed to a new subscription goes first.
+        broker.retained_ahead(session, entry.message.topic)
     if entry.qos == 0:
         if entry.message.delivery_time is None:
             if queue.offer(entry):
@@ -123,7 +128,7 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
         # or not it would have to wait: the same copy is not kept or dropped by chance.
         and len(message.payload) + len(message.topic) <= queue.max_bytes
         # Retained messages a new subscription has not been sent yet go first (feed_retained).
-        and not (broker.retained_cursors and session in broker.retained_cursors)
+        and not owed
     ):
         # Nothing to wait for (no commit, no queue ahead, room in the window): send now.
         queue.deliver_now(consumer, entry)

@@ -15,7 +15,7 @@ definition (store schema 8 and older) is defined by its first consumer after the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,13 +59,20 @@ class DurableDefinitions:
     """The definitions of the durable subscriptions, by their session's client id: recovered
     from the store at start-up, then as made or resumed."""
 
-    __slots__ = ("_by_client_id", "_store")
+    __slots__ = ("_by_client_id", "_on_defined", "_store")
 
-    def __init__(self, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        store: Store | None = None,
+        on_defined: Callable[[str, SubscriptionDefinition], None] | None = None,
+    ) -> None:
         self._by_client_id: dict[str, SubscriptionDefinition] = {}
         # Where a definition is kept with its session (None: in memory only). The store
         # forgets it with the session's record, so an unsubscribe needs no write of its own.
         self._store = store
+        # Told of every definition in force (made, resumed or recovered): the broker puts
+        # its selector where the subscription's publications are routed.
+        self._on_defined = on_defined
 
     def __contains__(self, client_id: object) -> bool:
         return client_id in self._by_client_id
@@ -87,10 +94,15 @@ class DurableDefinitions:
         self._by_client_id[client_id] = definition
         if self._store is not None:
             self._store.save_durable_definition(client_id, definition)
+        if self._on_defined is not None:
+            self._on_defined(client_id, definition)
 
     def restore(self, definitions: Mapping[str, SubscriptionDefinition]) -> None:
         """What the store kept (recovery, before any publication is accepted)."""
         self._by_client_id.update(definitions)
+        if self._on_defined is not None:
+            for client_id, definition in definitions.items():
+                self._on_defined(client_id, definition)
 
     def forget(self, client_id: str) -> None:
         """The subscription is gone (unsubscribed)."""

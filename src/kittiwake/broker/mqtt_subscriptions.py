@@ -8,10 +8,11 @@ one copy by its own rule. Knows no wire format.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kittiwake.broker.message import Message
 from kittiwake.broker.sessions import Session, Subscription, SubscriptionMap
 
 if TYPE_CHECKING:
@@ -30,11 +31,26 @@ class CopyOptions:
 class SessionCopy:
     """One session's copy of whatever is published on a topic."""
 
-    __slots__ = ("options", "own", "plain", "plan", "session")
+    __slots__ = ("admits", "options", "own", "plain", "plan", "session")
 
-    def __init__(self, session: Session, options: CopyOptions, own: CopyOptions | None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        options: CopyOptions,
+        own: CopyOptions | None,
+        admits: Callable[[Message], bool] | None = None,
+    ) -> None:
         self.session = session
         self.options = options
+        # The messages the session gets a copy of, when not all (a subscription's route
+        # filter: see routing.Binding.selector); None for all.
+        self.admits = admits
+        if admits is not None and own is options:
+            # ``own is options`` means "nothing to decide per message" (the publish path's
+            # inlined case): a filtered copy is decided per message.
+            own = CopyOptions(
+                options.max_qos, options.subscription_ids, options.retain_as_published
+            )
         # The options when the session published the message itself: its noLocal
         # subscriptions left out; None when every matching subscription is noLocal. Same as
         # ``options`` when none is.
@@ -98,7 +114,8 @@ def sole_copy(subscription: Subscription) -> SessionCopy:
     retain = bool(subscription.retain_as_published)
     sid = subscription.subscription_id
     options = None if sid is not None else _LONE_OPTIONS.get((subscription.max_qos, retain))
-    if options is not None and not subscription.no_local:
+    admits = subscription.selector
+    if options is not None and not subscription.no_local and admits is None:
         session = subscription.session
         subscriptions = session.subscriptions
         if type(subscriptions) is SubscriptionMap:
@@ -114,7 +131,7 @@ def sole_copy(subscription: Subscription) -> SessionCopy:
         ids = () if sid is None else (sid,)
         options = CopyOptions(subscription.max_qos, ids, retain)
     own = None if subscription.no_local else options
-    copy = subscription.copy = SessionCopy(subscription.session, options, own)
+    copy = subscription.copy = SessionCopy(subscription.session, options, own, admits)
     return copy
 
 
@@ -125,4 +142,14 @@ def _copy(session: Session, matched: list[Subscription]) -> SessionCopy:
         own = merge([s for s in matched if not s.no_local])
     else:
         own = options
-    return SessionCopy(session, options, own)
+    return SessionCopy(session, options, own, _any_admits(matched))
+
+
+def _any_admits(matched: list[Subscription]) -> Callable[[Message], bool] | None:
+    """The session gets its one copy when any of its matching subscriptions admits the
+    message (a route filter refuses for its own subscription only). MQTT sets none; a JMS
+    subscription's session has one subscription."""
+    filters = [s.selector for s in matched]
+    if any(f is None for f in filters):
+        return None
+    return lambda message: any(f(message) for f in filters if f is not None)

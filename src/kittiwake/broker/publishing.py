@@ -255,7 +255,10 @@ def route(
 def session_entry(copy: SessionCopy, message: Message) -> QueuedMessage | None:
     """A session's copy of ``message`` as its route plan says (the options of the
     subscriptions that take it); None when the session published it and only noLocal
-    subscriptions match."""
+    subscriptions match, or when the copy's route filter refuses it."""
+    admits = copy.admits
+    if admits is not None and not admits(message):
+        return None
     options = copy.options
     if copy.own is not options and message.origin == copy.session.client_id:
         own = copy.own  # the session published it: its noLocal subscriptions skip it

@@ -51,6 +51,19 @@ class RetainedMessages:
     def get(self, topic: str) -> Message | None:
         return self._by_topic.get(topic)
 
+    @property
+    def updates(self) -> int:
+        """Updates applied so far: a cursor's start (see :meth:`cursor`)."""
+        return self._updates
+
+    def set_before(self, topic: str, started: int) -> Message | None:
+        """The topic's retained message if it was set before a cursor that started at
+        ``started`` (one the cursor would send); None otherwise."""
+        message = self._by_topic.get(topic)
+        if message is None or self._since[topic] > started:
+            return None
+        return message
+
     def messages(self) -> list[Message]:
         """Every retained message (a copy of the list: operators' views, not the hot path)."""
         return list(self._by_topic.values())
@@ -124,13 +137,15 @@ class RetainedMessages:
             return [message]
         return [m for m in self.cursor(topic_filter) if not m.expired(now)]
 
-    def cursor(self, topic_filter: str) -> Iterator[Message]:
+    def cursor(self, topic_filter: str, started: int | None = None) -> Iterator[Message]:
         """The retained messages a filter matches, found one at a time as they are asked for:
         the first comes without collecting the rest, and the tree may change in between. A
         topic retained (or replaced) after the cursor started is left out: whoever holds the
-        cursor is subscribed by then and got that publication live. Expired messages are the
-        caller's to skip."""
-        started = self._updates
+        cursor is subscribed by then and got that publication live. It starts at
+        ``started`` (:attr:`updates` when its subscription was made), else when the first
+        message is asked for. Expired messages are the caller's to skip."""
+        if started is None:
+            started = self._updates
         since = self._since
         by_topic = self._by_topic
         for message in _walk(self._root, topic_filter.split("/")):

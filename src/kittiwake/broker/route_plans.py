@@ -16,7 +16,7 @@ plan. Never enqueues anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from kittiwake.broker.mqtt_subscriptions import SessionCopy, session_copies, sole_copy
 from kittiwake.broker.sessions import Session, Subscription
@@ -91,6 +91,7 @@ class RoutePlans:
         "_limit",
         "_min_plans",
         "_older",
+        "_owed_retained",
         "_pause",
         "_paused",
         "_revived",
@@ -104,8 +105,14 @@ class RoutePlans:
         tree: TopicTree[Subscription | SharedGroup],
         journals_qos0: Callable[[str], bool] | None = None,
         min_plans: int = MIN_PLANS,
+        owed_retained: Container[Session] = (),
     ) -> None:
         self.tree = tree
+        # Sessions still owed the retained messages of a new subscription (the broker's
+        # retained cursors): never in a plan's ``direct`` (their live copies take the full
+        # path, which sends a topic's owed retained message first); their plans are
+        # forgotten when a cursor starts and when the last one ends (session_changed).
+        self._owed_retained = owed_retained
         # Whether the journal keeps QoS 0 publications on a topic (None: on none); such a
         # publication must take the full publish path, which writes it.
         self._journals_qos0 = journals_qos0
@@ -272,7 +279,10 @@ class RoutePlans:
         if copy.plain:
             # Offline sessions never queue QoS 0.
             session = copy.session
-            direct = () if session.link is None else (session,)
+            if session.link is None:
+                direct = ()
+            elif session not in self._owed_retained:
+                direct = (session,)
         return RoutePlan((copy,), (), direct)
 
     def _work_out(
@@ -294,10 +304,14 @@ class RoutePlans:
         if not groups and not journaled:
             # Offline sessions never queue QoS 0.
             direct = ()
+            owed = self._owed_retained
             for copy in copies:
                 if not copy.plain:
                     direct = None
                     break
                 if copy.session.link is not None:
+                    if owed and copy.session in owed:
+                        direct = None
+                        break
                     direct += (copy.session,)
         return RoutePlan(copies, groups, direct)

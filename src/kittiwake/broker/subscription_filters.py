@@ -31,15 +31,17 @@ class EntrySubject:
 
     def get_header(self, name: str) -> object:
         entry = self.entry
-        message = entry.message
+        if name == "JMSXDeliveryCount":
+            return entry.delivery_count + 1
+        return self._header(entry.message, name)
+
+    def _header(self, message: Message, name: str) -> object:
         if name == "JMSPriority":
             return message.priority
         if name == "JMSDeliveryMode":
             return "PERSISTENT" if message.persistent else "NON_PERSISTENT"
         if name == "JMSTimestamp":
             return message.timestamp or None
-        if name == "JMSXDeliveryCount":
-            return entry.delivery_count + 1
         if self._protocol_headers is None:
             return None
         if self._protocol is None:
@@ -49,6 +51,59 @@ class EntrySubject:
     def get_property(self, name: str) -> object:
         properties = self.entry.message.properties
         return None if properties is None else properties.get(name)
+
+
+class MessageSubject(EntrySubject):
+    """A publication as a selector sees it while it is routed, before any copy is queued: its
+    first delivery is the one to come (JMSXDeliveryCount 1)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Message, protocol_headers: ProtocolHeaders | None) -> None:
+        self.message = message
+        self._protocol_headers = protocol_headers
+        self._protocol = None
+
+    def get_header(self, name: str) -> object:
+        if name == "JMSXDeliveryCount":
+            return 1
+        return self._header(self.message, name)
+
+    def get_property(self, name: str) -> object:
+        properties = self.message.properties
+        return None if properties is None else properties.get(name)
+
+
+class HeadersSource:
+    """Where a route filter finds the front end's protocol headers for its selector: set by
+    the front end that reads them (the AMQP one), possibly after the filters are made (at
+    recovery, before any listener runs)."""
+
+    __slots__ = ("protocol_headers",)
+
+    def __init__(self) -> None:
+        self.protocol_headers: ProtocolHeaders | None = None
+
+
+class RouteFilter:
+    """A subscription's selector applied where a publication is routed
+    (:attr:`kittiwake.broker.routing.Binding.selector`): a message it refuses is never queued
+    for the subscription, nor stored for it. A durable subscription's (JMS: what its selector
+    refuses is not added to it), which collects messages while nobody consumes: a copy
+    refused only where it is handed to a consumer would be kept, stored and counted against
+    the queue's limits until then."""
+
+    __slots__ = ("headers", "key", "selector")
+
+    def __init__(self, selector: Selector, headers: HeadersSource, key: object) -> None:
+        self.selector = selector
+        self.headers = headers
+        # What it was made from (a subscription's definition), so that one made again from
+        # the same is seen to change nothing.
+        self.key = key
+
+    def __call__(self, message: Message) -> bool:
+        return self.selector.matches(MessageSubject(message, self.headers.protocol_headers))
 
 
 class EntrySelector:

@@ -5,6 +5,7 @@ protocol: options are on the MQTT 5 scale, which older protocols and JMS map ont
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -16,15 +17,21 @@ from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
 from kittiwake.broker.sessions import Session, Subscription
 from kittiwake.broker.shared_groups import Member, MemberReceiver, SharedGroup, group_queue_name
+from kittiwake.broker.subscription_filters import RouteFilter
 from kittiwake.broker.topics import (
     TopicError,
     is_wildcard,
     parse_shared,
+    topic_matches,
     validate_topic_filter,
 )
+from kittiwake.selector import InvalidSelector, compile_selector
 
 if TYPE_CHECKING:
     from kittiwake.broker.broker import Broker
+    from kittiwake.broker.durable_subscriptions import SubscriptionDefinition
+
+log = logging.getLogger(__name__)
 
 
 class SubscribeRefusal(Enum):
@@ -241,6 +248,37 @@ def _drop_copy(subscription: Subscription) -> None:
         copy.plan = None
 
 
+def filter_durable(broker: Broker, client_id: str, definition: SubscriptionDefinition) -> None:
+    """A JMS durable subscription's selector goes where its publications are routed (a
+    :class:`RouteFilter` as its subscription's selector): what it refuses is never queued
+    nor stored for it while nobody consumes (JMS: not added to the subscription). Its
+    consumers still apply it as they are handed entries (subscription_filters), for what
+    comes another way: retained messages, entries queued before the definition was known."""
+    session = broker.sessions.get(client_id)
+    subscription = None if session is None else session.subscriptions.get(definition.topic)
+    if subscription is None:
+        return
+    current = subscription.selector
+    if current is None and definition.selector is None:
+        return
+    if isinstance(current, RouteFilter) and current.key == definition.selector:
+        return  # resumed as it was
+    route_filter = None
+    if definition.selector is not None:
+        try:
+            selector = compile_selector(definition.selector)
+        except InvalidSelector as exc:  # checked when it was asked for; stored since
+            log.warning("durable subscription %s: selector not applied: %s", client_id, exc)
+            selector = None
+        if selector is not None and not selector.selects_everything:
+            route_filter = RouteFilter(selector, broker.selector_headers, definition.selector)
+    if route_filter is None and current is None:
+        return
+    subscription.selector = route_filter
+    _drop_copy(subscription)
+    broker.routes.subscription_changed(subscription)
+
+
 def may_send_retained(broker: Broker) -> bool:
     """False when :func:`send_retained` has nothing to do for any subscription: nothing is
     retained, and no earlier cursor is there to restart (a fleet subscribing before anything
@@ -268,15 +306,21 @@ def send_retained(broker: Broker, subscribed: Subscribed) -> None:
         cursors = broker.retained_cursors.setdefault(session, [])
         # A subscription sent again restarts its retained messages (MQTT 3.1.1 resends them).
         cursors[:] = [c for c in cursors if c.subscription is not subscription]
-        messages = broker.retained.cursor(subscription.topic_filter)
-        cursors.append(RetainedCursor(subscription, messages, behind=bool(session.queue.count)))
+        started = broker.retained.updates
+        messages = broker.retained.cursor(subscription.topic_filter, started)
+        cursor = RetainedCursor(subscription, messages, behind=bool(session.queue.count))
+        cursor.started = started
+        if not cursors:
+            # Out of the QoS 0 fast path's plans while it sends (see retained_ahead).
+            broker.routes.session_changed(session)
+        cursors.append(cursor)
         broker.pump(session)
         return
     now = broker.clock.now()
     for message in broker.retained.matching(subscription.topic_filter, now):
         entry = retained_entry(session, subscription, message)
-        if entry is not None:
-            enqueue(broker, session, entry)
+        if entry is not None and enqueue(broker, session, entry):
+            broker.pump_soon(session)
     broker.pump(session)
 
 
@@ -294,13 +338,14 @@ def retained_entry(
 class RetainedCursor:
     """Where a subscription is in sending its retained messages. They go as if queued when
     it subscribed: after what its session's queue held then (``behind``: until the queue is
-    first seen empty), before every copy queued since (a live copy of a topic must not
-    overtake that topic's older retained message: MQTT's ordered topics). Not exact while
-    ``behind``: the queue's dispatch cannot stop at the subscription's place, so a copy that
-    arrives while such an older backlog waits still goes with it, ahead of the cursor; and a
-    QoS 0 copy is never queued (straight out or nowhere), so it may go first too."""
+    first seen empty), before every copy queued since. A live copy of a topic never overtakes
+    that topic's older retained message (MQTT 4.6, ordered topics: a publisher's messages on
+    a topic reach a subscriber in the order they were received): a copy arriving while the
+    cursor has not sent its topic's retained message yet (while an older backlog drains, or a
+    QoS 0 copy, which is never queued) takes that message with it, just ahead of itself
+    (:func:`retained_ahead`), and the cursor skips it later."""
 
-    __slots__ = ("behind", "messages", "subscription")
+    __slots__ = ("behind", "messages", "sent", "started", "subscription")
 
     def __init__(
         self, subscription: Subscription, messages: Iterator[Message], behind: bool = False
@@ -308,6 +353,10 @@ class RetainedCursor:
         self.subscription = subscription
         self.messages = messages
         self.behind = behind
+        # The retained store's update count when it started (RetainedMessages.set_before),
+        # and the topics it has sent (or a live copy took ahead): not sent twice.
+        self.started = 0
+        self.sent: set[str] = set()
 
 
 # Retained messages sent at QoS 0 (no window to pace them) per pump: the rest go on the next
@@ -338,6 +387,10 @@ def feed_retained(broker: Broker, session: Session) -> None:
         if message is None:
             cursors.pop(0)
             continue
+        sent = cursor.sent
+        if message.topic in sent:
+            continue  # a live copy of its topic took it ahead (retained_ahead)
+        sent.add(message.topic)
         if message.expired(now):
             continue
         entry = retained_entry(session, cursor.subscription, message)
@@ -347,8 +400,42 @@ def feed_retained(broker: Broker, session: Session) -> None:
         _send_retained(broker, session, queue, entry, now)
     if not cursors:
         del broker.retained_cursors[session]
+        broker.routes.session_changed(session)  # back in the QoS 0 fast path's plans
     elif not budget:
         broker.pump_soon(session)
+
+
+def retained_ahead(broker: Broker, session: Session, topic: str) -> None:
+    """A live copy on ``topic`` is about to be queued (or sent) for a session whose retained
+    cursors have not all finished: the topic's retained message, when a cursor still owes it
+    (set before the cursor started, not sent yet, its filter matching), goes first, queued as
+    any copy (or sent at once, at QoS 0), and the cursor skips it. MQTT 4.6 asks this of a
+    message and a later one from the same publisher at the same QoS; any live copy takes it
+    ahead, which only sends a retained message sooner. A retained publication that replaced
+    the topic's message is set after every cursor started: nothing older is owed, and it
+    reaches the session live only. Sessions with a cursor are kept out of the QoS 0 fast
+    path's plans (route_plans: ``direct``), so every live copy comes through here."""
+    cursors = broker.retained_cursors.get(session)
+    if not cursors:
+        return
+    retained = broker.retained
+    now = broker.clock.now()
+    for cursor in list(cursors):
+        sent = cursor.sent
+        if topic in sent:
+            continue
+        message = retained.set_before(topic, cursor.started)
+        if message is None:
+            continue
+        subscription = cursor.subscription
+        if not topic_matches(subscription.topic_filter, topic):
+            continue
+        sent.add(topic)
+        if message.expired(now):
+            continue
+        entry = retained_entry(session, subscription, message)
+        if entry is not None:
+            enqueue(broker, session, entry)
 
 
 def _send_retained(
@@ -390,3 +477,4 @@ def forget_retained_cursors(broker: Broker, subscription: Subscription) -> None:
     cursors[:] = [c for c in cursors if c.subscription is not subscription]
     if not cursors:
         del broker.retained_cursors[subscription.session]
+        broker.routes.session_changed(subscription.session)

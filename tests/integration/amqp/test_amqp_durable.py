@@ -14,6 +14,7 @@ from proton.utils import BlockingConnection, LinkDetached
 
 from ..brokerproc import BrokerProcess
 from ..clients import PahoClient, unique
+from .test_amqp_mqtt_interop import NoLocal
 
 Connect = Callable[..., BlockingConnection]
 
@@ -158,6 +159,42 @@ def test_a_lookup_by_name_keeps_the_subscription_as_it_is(amqp: Connect) -> None
     lookup_connection.close()
     again = selective(amqp(container_id=client_id), topic, "sub", "n > 1")
     assert bodies(again, 1) == ["5"]
+
+
+def test_a_lookup_by_name_consumes_with_the_stored_selector(amqp: Connect) -> None:
+    """A receiver attached by name without a source (Qpid JMS's reattach lookup) consumes the
+    subscription as it was defined: its stored selector still chooses what it gets."""
+    topic, client_id = unique("durable") + "/t", unique("jms-client")
+    first = amqp(container_id=client_id)
+    selective(first, topic, "sub", "n > 1")
+    first.close()
+    sender = amqp().create_sender(f"topic://{topic}")
+    sender.send(numbered(0))
+    sender.send(numbered(5))
+    lookup = amqp(container_id=client_id).create_receiver(None, name="sub", credit=10)
+    assert lookup.link.remote_source.address == topic
+    answered = lookup.link.remote_source.filter
+    answered.rewind()
+    answered.next()
+    filters = answered.get_object()
+    assert filters[symbol("jms-selector")].value == "n > 1", "answered with its own source"
+    sender.send(numbered(1))
+    sender.send(numbered(7))
+    assert bodies(lookup, 2) == ["5", "7"]
+
+
+def test_a_lookup_by_name_consumes_with_the_stored_no_local(amqp: Connect) -> None:
+    topic, client_id = unique("durable") + "/t", unique("jms-client")
+    first = amqp(container_id=client_id)
+    first.create_receiver(
+        f"topic://{topic}", name="sub", credit=10, options=[DurableSubscription(), NoLocal()]
+    )
+    first.close()
+    connection = amqp(container_id=client_id)
+    lookup = connection.create_receiver(None, name="sub", credit=10)
+    connection.create_sender(f"topic://{topic}").send(Message(body="mine"))
+    amqp().create_sender(f"topic://{topic}").send(Message(body="theirs"))
+    assert bodies(lookup, 1) == ["theirs"]
 
 
 def test_survives_a_restart(
@@ -312,3 +349,34 @@ def test_a_shared_durable_subscription_survives_a_restart(
         assert got == [("in flight", 1), ("waiting", 0)]
     finally:
         again.close()
+
+
+def test_no_local_after_a_restart_leaves_in_what_another_connection_stored(
+    broker: Callable[..., BrokerProcess],
+) -> None:
+    """A connection without a client id (no sole-connection-for-container) is its own origin
+    for noLocal. Connection ids count again from the start after a restart, so a stored
+    message's origin must not name the new run's connection that happens to get the same
+    number: here the subscriber's resumed connection is numbered as the publisher was."""
+    process = broker(amqp=True)
+    topic, client_id = unique("durable") + "/t", unique("jms-client")
+    first = BlockingConnection(process.amqp_url, timeout=10, container_id=client_id)
+    first.create_receiver(
+        f"topic://{topic}", name="sub", credit=10, options=[DurableSubscription(), NoLocal()]
+    )
+    first.close()  # the run's connection 1
+    sender = BlockingConnection(process.amqp_url, timeout=10)  # connection 2
+    sender.create_sender(f"topic://{topic}").send(Message(body="theirs", durable=True))
+    sender.close()
+    process.stop()
+    process.start()
+    spacer = BlockingConnection(process.amqp_url, timeout=10)  # the new run's connection 1
+    again = BlockingConnection(process.amqp_url, timeout=10, container_id=client_id)  # 2
+    try:
+        receiver = again.create_receiver(
+            f"topic://{topic}", name="sub", credit=10, options=[DurableSubscription(), NoLocal()]
+        )
+        assert bodies(receiver, 1) == ["theirs"]
+    finally:
+        again.close()
+        spacer.close()

@@ -435,3 +435,69 @@ def test_what_was_queued_before_the_subscription_goes_before_its_retained_messag
         acked += 1
     assert consumer.payloads == [b"first", b"queued", b"retained"]
     assert not harness.broker.retained_cursors
+
+
+def _ack_all(harness, session, consumer) -> None:
+    acked = 0
+    while acked < len(consumer.deliveries):
+        harness.ack(session, consumer, consumer.deliveries[acked].delivery_id)
+        acked += 1
+
+
+def test_a_live_copy_arriving_while_an_older_backlog_drains_waits_for_its_retained_one(
+    harness,
+) -> None:
+    """MQTT 4.6 (ordered topics): a publisher's messages on a topic reach a subscriber in
+    the order they were received, so a topic's retained message, older than the live one,
+    goes first, also while what the session queued before the subscription still drains."""
+    harness.publish("r/1", b"retained", qos=1, retain=True, origin="device")
+    session, consumer, _ = harness.connect("sub", window=1)
+    harness.subscribe(session, "q", qos=1)
+    harness.publish("q", b"first", qos=1)  # in flight: the window is full
+    harness.publish("q", b"queued", qos=1)  # a backlog older than the subscription
+    harness.subscribe(session, "r/#", qos=1)
+    harness.publish("r/1", b"live", qos=1, origin="device")
+    _ack_all(harness, session, consumer)
+    assert consumer.payloads == [b"first", b"queued", b"retained", b"live"]
+    assert [d.retain for d in consumer.deliveries] == [False, False, True, False]
+    assert not harness.broker.retained_cursors
+
+
+def test_a_live_qos0_copy_does_not_overtake_its_topics_retained_qos0_message(harness) -> None:
+    harness.publish("z/1", b"retained1", retain=True, origin="device")
+    harness.publish("z/2", b"retained2", retain=True, origin="device")
+    session, consumer, _ = harness.connect("sub", window=1)
+    harness.subscribe(session, "q", qos=1)
+    harness.publish("q", b"first", qos=1)  # the window is full: the cursor waits
+    harness.subscribe(session, "z/#")
+    harness.publish("z/2", b"live2", origin="device")
+    _ack_all(harness, session, consumer)
+    assert consumer.payloads == [b"first", b"retained2", b"live2", b"retained1"]
+    assert not harness.broker.retained_cursors
+
+
+def test_a_live_copy_that_replaced_the_retained_message_is_the_only_one_sent(harness) -> None:
+    harness.publish("z/1", b"old", retain=True)
+    session, consumer, _ = harness.connect("sub", window=1)
+    harness.subscribe(session, "q", qos=1)
+    harness.publish("q", b"first", qos=1)
+    harness.subscribe(session, "z/#")
+    harness.publish("z/1", b"new", retain=True)
+    _ack_all(harness, session, consumer)
+    assert consumer.payloads == [b"first", b"new"]
+
+
+def test_no_direct_qos0_route_to_a_session_whose_retained_messages_are_pending(harness) -> None:
+    """The MQTT front end's QoS 0 fast path writes to a plan's ``direct`` sessions without
+    the core's enqueue: a session still owed retained messages is left out of it (its
+    copies take the full path, which sends the topic's retained message first), and put back
+    once they are sent."""
+    harness.publish("z/1", b"retained", retain=True)
+    session, consumer, _ = harness.connect("sub", window=1)
+    harness.subscribe(session, "q", qos=1)
+    harness.publish("q", b"first", qos=1)
+    harness.subscribe(session, "z/#")
+    assert harness.broker.routes.plan("z/1").direct is None
+    _ack_all(harness, session, consumer)
+    assert not harness.broker.retained_cursors
+    assert harness.broker.routes.plan("z/1").direct == (session,)
