@@ -20,6 +20,7 @@ import uuid
 from typing import Any
 
 from proton import (
+    Described,
     byte,
     char,
     float32,
@@ -163,6 +164,41 @@ def decode_described(data: bytes) -> tuple[int, Any]:
     if position != len(data):
         raise Unsupported("bytes after the section")
     return descriptor, value
+
+
+def decode_fields(encoded: bytes) -> list[Any]:
+    """The fields of a delivery state (a list: a transactional state's [txn-id, outcome]),
+    each value plain or described (an outcome), as proton's ``Data.get_object`` reads them,
+    except that a binary is bytes (proton gives a memoryview). Read on every transactional
+    transfer and outcome, by the broker's coordinator and by the client; Unsupported when this
+    reader does not read them (the caller then asks proton)."""
+    try:
+        constructor = encoded[0]
+        if constructor == 0x45:  # list0
+            at, stop, count = 1, 1, 0
+        elif constructor == 0xC0:  # list8
+            at, stop, count = 3, 2 + encoded[1], encoded[2]
+        elif constructor == 0xD0:  # list32
+            at, stop = 9, 5 + int.from_bytes(encoded[1:5], "big")
+            count = int.from_bytes(encoded[5:9], "big")
+        else:
+            raise Unsupported("not a list")
+        if stop != len(encoded):
+            raise Unsupported("size and bytes disagree")
+        fields: list[Any] = []
+        for _ in range(count):
+            if encoded[at] == 0x00:  # described: an outcome
+                descriptor, at = decode(encoded, at + 1)
+                value, at = decode(encoded, at)
+                fields.append(Described(descriptor, value))
+            else:
+                value, at = decode(encoded, at)
+                fields.append(value)
+    except IndexError:
+        raise Unsupported("cut off") from None
+    if at != stop:
+        raise Unsupported("size and items disagree")
+    return fields
 
 
 def _char(data: bytes, position: int) -> char:
