@@ -7,6 +7,7 @@ calls), so the figure holds on a loaded machine and compares two versions of the
     python bench/inprocess_amqp.py --batch 20 --runs 5
     python bench/inprocess_amqp.py --body jms          # a TextMessage as kittiwake.jms encodes it
     python bench/inprocess_amqp.py --topic 10 --batch 10  # topic fan-out, CPU per delivery
+    KITTIWAKE_SRC=/other/checkout/src python bench/inprocess_amqp.py   # another version's broker
 
 ``--batch``: messages the producer writes per read of the broker (the consumer's
 acknowledgements and flow of one batch are one read too). In the socket benchmark the
@@ -18,13 +19,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(
+    0, os.environ.get("KITTIWAKE_SRC") or str(Path(__file__).resolve().parent.parent / "src")
+)
 
 from proton import (
     Collector,
@@ -185,10 +189,13 @@ async def idle_turns(rounds: int, consumers: int = 1) -> float:
 def encoded_body(kind: str) -> bytes:
     text = "x" * 100
     if kind == "jms":
-        from kittiwake.jms import Queue, TextMessage
+        from kittiwake.jms import DeliveryMode, Queue, TextMessage
         from kittiwake.jms import messages as jms_codec
 
         message = TextMessage(text)
+        # NON_PERSISTENT, as every message of this bench (a JMS message is PERSISTENT unless
+        # its producer says otherwise).
+        message.jms_delivery_mode = DeliveryMode.NON_PERSISTENT
         message.jms_message_id = jms_codec.new_message_id()
         message.jms_timestamp = jms_codec.now_ms()
         return bytes(jms_codec.encode(message, address="q", destination=Queue("q"),
