@@ -166,6 +166,29 @@ def decode_described(data: bytes) -> tuple[int, Any]:
     return descriptor, value
 
 
+def sized_end(data: bytes, at: int, end: int) -> int:
+    """Where the list or map whose constructor is at ``at`` ends, read from its size alone
+    (not its items); 0 for any other value or one cut off. For the readers that keep a
+    section's decoded value by its bytes (a message stream's header and annotations are the
+    same bytes message after message), which must know those bytes before decoding them."""
+    if at >= end:
+        return 0
+    constructor = data[at]
+    if constructor == 0xC0 or constructor == 0xC1:  # list8, map8
+        if at + 1 >= end:
+            return 0
+        stop = at + 2 + data[at + 1]
+    elif constructor == 0xD0 or constructor == 0xD1:  # list32, map32
+        if at + 5 > end:
+            return 0
+        stop = at + 5 + int.from_bytes(data[at + 1 : at + 5], "big")
+    elif constructor == 0x45:  # list0: an empty header
+        stop = at + 1
+    else:
+        return 0
+    return stop if stop <= end else 0
+
+
 def decode_fields(encoded: bytes) -> list[Any]:
     """The fields of a delivery state (a list: a transactional state's [txn-id, outcome]),
     each value plain or described (an outcome), as proton's ``Data.get_object`` reads them,
