@@ -6,7 +6,9 @@ calls), so the figure holds on a loaded machine and compares two versions of the
     python bench/inprocess_amqp.py                     # queue NON_PERSISTENT 1 -> 1, batch 1
     python bench/inprocess_amqp.py --batch 20 --runs 5
     python bench/inprocess_amqp.py --body jms          # a TextMessage as kittiwake.jms encodes it
+    python bench/inprocess_amqp.py --body jms --persistent --transacted 100  # queue-persistent-tx
     python bench/inprocess_amqp.py --topic 10 --batch 10  # topic fan-out, CPU per delivery
+    KITTIWAKE_SRC=/other/checkout/src python bench/inprocess_amqp.py   # another version's broker
 
 ``--batch``: messages the producer writes per read of the broker (the consumer's
 acknowledgements and flow of one batch are one read too). In the socket benchmark the
@@ -18,13 +20,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(
+    0, os.environ.get("KITTIWAKE_SRC") or str(Path(__file__).resolve().parent.parent / "src")
+)
 
 from proton import (
     Collector,
@@ -182,18 +187,22 @@ async def idle_turns(rounds: int, consumers: int = 1) -> float:
     return (time.process_time() - started) / rounds
 
 
-def encoded_body(kind: str) -> bytes:
+def encoded_body(kind: str, persistent: bool = False) -> bytes:
     text = "x" * 100
     if kind == "jms":
-        from kittiwake.jms import Queue, TextMessage
+        from kittiwake.jms import DeliveryMode, Queue, TextMessage
         from kittiwake.jms import messages as jms_codec
 
         message = TextMessage(text)
+        # Set either way: a JMS message is PERSISTENT unless its producer says otherwise.
+        message.jms_delivery_mode = (
+            DeliveryMode.PERSISTENT if persistent else DeliveryMode.NON_PERSISTENT
+        )
         message.jms_message_id = jms_codec.new_message_id()
         message.jms_timestamp = jms_codec.now_ms()
         return bytes(jms_codec.encode(message, address="q", destination=Queue("q"),
                                       delivery_delay_ms=0, allow_pickle=False))
-    return bytes(Message(body=text, durable=False).encode())
+    return bytes(Message(body=text, durable=persistent).encode())
 
 
 async def queue_run(
@@ -328,6 +337,9 @@ def main() -> None:
     parser.add_argument("--transacted", type=int, default=0, metavar="N",
                         help="a queue with a transacted producer and consumer, each "
                         "committing every N messages")
+    parser.add_argument("--persistent", action="store_true",
+                        help="PERSISTENT (durable) messages, as run_jms.py's queue-persistent "
+                        "rows send (default NON_PERSISTENT)")
     args = parser.parse_args()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve
     try:
@@ -336,7 +348,7 @@ def main() -> None:
         run: Any = uvloop.run
     except ImportError:
         run = asyncio.run
-    body = encoded_body(args.body)
+    body = encoded_body(args.body, args.persistent)
     costs = [run(queue_run(args.messages, args.batch, body, args.credit, args.topic,
                            args.transacted))
              for _ in range(args.runs)]
@@ -345,7 +357,8 @@ def main() -> None:
     if args.transacted:
         scenario += f" transacted (commit every {args.transacted})"
     unit = "delivery" if args.topic else "message"
-    print(f"amqp {scenario} batch {args.batch} ({args.body} body): broker "
+    mode = "PERSISTENT" if args.persistent else "NON_PERSISTENT"
+    print(f"amqp {scenario} batch {args.batch} ({args.body} body, {mode}): broker "
           f"{statistics.median(costs_us):.1f} us CPU per {unit} (median of {args.runs}; "
           f"min {costs_us[0]:.1f}, max {costs_us[-1]:.1f})")
 

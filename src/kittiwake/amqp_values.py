@@ -20,6 +20,7 @@ import uuid
 from typing import Any
 
 from proton import (
+    Described,
     byte,
     char,
     float32,
@@ -163,6 +164,64 @@ def decode_described(data: bytes) -> tuple[int, Any]:
     if position != len(data):
         raise Unsupported("bytes after the section")
     return descriptor, value
+
+
+def sized_end(data: bytes, at: int, end: int) -> int:
+    """Where the list or map whose constructor is at ``at`` ends, read from its size alone
+    (not its items); 0 for any other value or one cut off. For the readers that keep a
+    section's decoded value by its bytes (a message stream's header and annotations are the
+    same bytes message after message), which must know those bytes before decoding them."""
+    if at >= end:
+        return 0
+    constructor = data[at]
+    if constructor == 0xC0 or constructor == 0xC1:  # list8, map8
+        if at + 1 >= end:
+            return 0
+        stop = at + 2 + data[at + 1]
+    elif constructor == 0xD0 or constructor == 0xD1:  # list32, map32
+        if at + 5 > end:
+            return 0
+        stop = at + 5 + int.from_bytes(data[at + 1 : at + 5], "big")
+    elif constructor == 0x45:  # list0: an empty header
+        stop = at + 1
+    else:
+        return 0
+    return stop if stop <= end else 0
+
+
+def decode_fields(encoded: bytes) -> list[Any]:
+    """The fields of a delivery state (a list: a transactional state's [txn-id, outcome]),
+    each value plain or described (an outcome), as proton's ``Data.get_object`` reads them,
+    except that a binary is bytes (proton gives a memoryview). Read on every transactional
+    transfer and outcome, by the broker's coordinator and by the client; Unsupported when this
+    reader does not read them (the caller then asks proton)."""
+    try:
+        constructor = encoded[0]
+        if constructor == 0x45:  # list0
+            at, stop, count = 1, 1, 0
+        elif constructor == 0xC0:  # list8
+            at, stop, count = 3, 2 + encoded[1], encoded[2]
+        elif constructor == 0xD0:  # list32
+            at, stop = 9, 5 + int.from_bytes(encoded[1:5], "big")
+            count = int.from_bytes(encoded[5:9], "big")
+        else:
+            raise Unsupported("not a list")
+        if stop != len(encoded):
+            raise Unsupported("size and bytes disagree")
+        fields: list[Any] = []
+        for _ in range(count):
+            if encoded[at] == 0x00:  # described: an outcome
+                descriptor, at = decode(encoded, at + 1)
+                value, at = decode(encoded, at)
+                fields.append(Described(descriptor, value))
+            else:
+                value, at = decode(encoded, at)
+                fields.append(value)
+    except IndexError:
+        raise Unsupported("cut off") from None
+    if at != stop:
+        raise Unsupported("size and items disagree")
+    return fields
 
 
 def _char(data: bytes, position: int) -> char:

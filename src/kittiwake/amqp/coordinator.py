@@ -194,29 +194,8 @@ def _read_fields(encoded: bytes) -> Any:
     """A list of values, each plain or described (an outcome); _UNREAD when this reader
     does not read it (the caller then asks proton)."""
     try:
-        constructor = encoded[0]
-        if constructor == 0x45:  # list0
-            at, stop, count = 1, 1, 0
-        elif constructor == 0xC0:  # list8
-            at, stop, count = 3, 2 + encoded[1], encoded[2]
-        elif constructor == 0xD0:  # list32
-            at, stop = 9, 5 + int.from_bytes(encoded[1:5], "big")
-            count = int.from_bytes(encoded[5:9], "big")
-        else:
-            return _UNREAD
-        if stop != len(encoded):
-            return _UNREAD
-        fields: list[Any] = []
-        for _ in range(count):
-            if encoded[at] == 0x00:  # described: an outcome
-                descriptor, at = values_codec.decode(encoded, at + 1)
-                value, at = values_codec.decode(encoded, at)
-                fields.append(Described(descriptor, value))
-            else:
-                value, at = values_codec.decode(encoded, at)
-                fields.append(value)
-        return fields if at == stop else _UNREAD
-    except (values_codec.Unsupported, IndexError):
+        return values_codec.decode_fields(encoded)
+    except values_codec.Unsupported:
         return _UNREAD
 
 

@@ -17,6 +17,7 @@ from cproton_ffi import ffi as _ffi  # type: ignore[import-not-found]
 from cproton_ffi import lib as _lib
 from proton import Delivery, Event, Link
 
+from kittiwake.proton_calls import remote_state_fields as remote_state_fields
 from kittiwake.proton_calls import scratch as _scratch
 
 # Event types (pn_event_type_t).
@@ -122,24 +123,8 @@ def _c_bytes(data: bytes | bytearray | memoryview) -> Any:
 
 _delivery_local = _lib.pn_delivery_local
 _disposition_data = _lib.pn_disposition_data
-_data_encoded_size = _lib.pn_data_encoded_size
-_data_encode = _lib.pn_data_encode
 _data_decode = _lib.pn_data_decode
 _data_clear = _lib.pn_data_clear
-
-
-def remote_state_fields(delivery: Any) -> bytes | None:
-    """The encoding of the fields of a delivery's remote state when it is one proton does
-    not read itself (a transactional state: a list); None when it has none."""
-    data = _disposition_data(_lib.pn_delivery_remote(delivery))
-    size = _data_encoded_size(data)
-    if size <= 0:
-        return None
-    buffer = _scratch.at_least(size)
-    got = _data_encode(data, buffer, size)
-    if got <= 0:
-        return None
-    return bytes(_unpack(buffer, got))
 
 
 def update_with_fields(delivery: Any, state: int, fields: bytes) -> None:

@@ -210,7 +210,7 @@ class LinkLayer:
         """``link``: the engine's C object."""
         consumer = self.consumers.get(link)
         if consumer is not None:
-            consumer.flow()
+            consumer.flow_event()
 
     def link_closed(self, link: Link, *, closed: bool) -> None:
         temporary = self.dynamic.pop(link, None)
@@ -739,6 +739,20 @@ class ConsumerLink:
             return
         # Drain: send what waits now, then the rest of the credit is used up.
         self.pump_then(self._drained)
+
+    def flow_event(self) -> None:
+        """The engine reported a flow event for this link. It reports one after every
+        transfer the link sends too (its credit went down by one, as the core's did when it
+        delivered): when the credit is the core's and no drain is asked, nothing changed, and
+        the pump :meth:`flow` would schedule (one a delivery) would find nothing to do."""
+        consumer = self.consumer
+        if (
+            consumer is not None
+            and engine_calls.link_credit(self._impl) == consumer.credit.available
+            and not engine_calls.link_get_drain(self._impl)
+        ):
+            return
+        self.flow()
 
     def pump_then(self, then: Callable[[], None]) -> None:
         """Pump now, then call ``then`` once what waits has gone out (a queue's link may

@@ -460,23 +460,8 @@ def _cacheable_end(encoded: bytes, position: int, end: int) -> int:
     """Where a section whose value is a list or map with a size (read from the size alone,
     not the items) ends; 0 when it is another value, too long to be worth keeping, or cut
     off (the section is then decoded as any other)."""
-    at = position + 3
-    if at >= end:
-        return 0
-    constructor = encoded[at]
-    if constructor == 0xC0 or constructor == 0xC1:  # list8, map8
-        if at + 1 >= end:
-            return 0
-        stop = at + 2 + encoded[at + 1]
-    elif constructor == 0xD0 or constructor == 0xD1:  # list32, map32
-        if at + 5 > end:
-            return 0
-        stop = at + 5 + int.from_bytes(encoded[at + 1 : at + 5], "big")
-    elif constructor == 0x45:  # list0: an empty header
-        stop = at + 1
-    else:
-        return 0
-    return stop if stop <= end and stop - position <= _CACHED_SECTION_BYTES else 0
+    stop = values_codec.sized_end(encoded, position + 3, end)
+    return stop if stop and stop - position <= _CACHED_SECTION_BYTES else 0
 
 
 # Longer sections are rare (annotations carrying data of their own): not kept.

@@ -35,11 +35,24 @@ MessageListener = Callable[[Message], None]
 _WAIT_SLICE = 1.0
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where it is installed (a dependency of the package, as for the broker),
+    else asyncio's. Most of the blocking API's cost a message is this loop's: a wake-up from
+    the caller's thread (call_soon_threadsafe, once per AUTO_ACKNOWLEDGE receive()), a socket
+    read, a socket write; uvloop does each in C where asyncio's selector loop runs Python."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
 class _IOThread:
     """The connection's event loop on its own daemon thread."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="kittiwake-jms-io", daemon=True
         )

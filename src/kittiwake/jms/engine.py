@@ -36,6 +36,7 @@ from proton import (
     ulong,
 )
 
+from kittiwake.amqp_values import Unsupported, decode_fields
 from kittiwake.jms.exceptions import (
     IllegalStateException,
     InvalidClientIDException,
@@ -64,6 +65,7 @@ from kittiwake.proton_calls import link_credit as link_credit
 from kittiwake.proton_calls import link_recv as _link_recv
 from kittiwake.proton_calls import link_send as _link_send
 from kittiwake.proton_calls import new_delivery as _new_delivery
+from kittiwake.proton_calls import remote_state_fields as _remote_state_fields
 from kittiwake.proton_calls import scratch as _scratch
 from kittiwake.proton_calls import transport_capacity as _transport_capacity
 from kittiwake.proton_calls import transport_peek as _transport_peek
@@ -133,6 +135,11 @@ class Outcome(NamedTuple):
 def _outcome(delivery: Any, state: int) -> Outcome:
     if state == _ACCEPTED:
         return Outcome(state)
+    if state == TRANSACTIONAL_STATE:  # every transacted send's: read without proton's Data
+        encoded = _remote_state_fields(delivery)
+        if encoded is not None:
+            with contextlib.suppress(Unsupported):
+                return Outcome(state, decode_fields(encoded))
     if state in _DATA_ONLY:  # a transactional send's (every one), a declare's: data alone
         data = Data(_disposition_data(_delivery_remote(delivery)))
         data.rewind()

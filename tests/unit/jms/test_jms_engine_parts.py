@@ -9,10 +9,17 @@ from typing import Any
 
 import pytest
 from cproton_ffi import lib as _lib  # type: ignore[import-not-found]
-from proton import Connection, Data, Described, ulong
+from proton import Connection, Data, Described, symbol, ulong
 
 from kittiwake.jms import messages
-from kittiwake.jms.engine import TRANSACTIONAL_STATE, _held_elsewhere, transactional_update
+from kittiwake.jms.aio import _send_error
+from kittiwake.jms.engine import (
+    TRANSACTIONAL_STATE,
+    _held_elsewhere,
+    _outcome,
+    transactional_update,
+)
+from kittiwake.jms.exceptions import TransactionRolledBackException
 
 
 def test_message_ids_are_jms_ids_and_unique() -> None:
@@ -67,3 +74,42 @@ def test_the_transactional_state_is_what_protons_wrapper_writes(
     transactional_update(by_c_calls._impl, txn_id, accepted=accepted)
     assert by_c_calls.local_state == by_proton.local_state == TRANSACTIONAL_STATE
     assert _local_state(by_c_calls._impl) == _local_state(by_proton._impl)
+
+
+def _normalised(value: object) -> object:
+    """proton gives binaries as views; the client's reader gives bytes."""
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, list):
+        return [_normalised(v) for v in value]
+    if isinstance(value, Described):
+        return Described(value.descriptor, _normalised(value.value))
+    return value
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [b"txn-1", Described(ulong(0x24), [])],
+        [b"t" * 300, Described(ulong(0x24), [])],
+        [b"txn-2", Described(ulong(0x25), [Described(ulong(0x1D), [symbol("amqp:x"), "why"])])],
+        [b"txn-3", Described(symbol("amqp:released:list"), [])],
+        [b"txn-4"],
+    ],
+)
+def test_a_transactional_sends_outcome_is_read_as_protons_data_reads_it(
+    fields: list[Any],
+) -> None:
+    """Every transacted send's outcome is read through the C calls and the shared reader
+    (proton's Data where that reader does not read it): the same fields either way, and the
+    same verdict on the send."""
+    delivery = Connection().session().sender("s").delivery("1")
+    Data(_lib.pn_disposition_data(_lib.pn_delivery_remote(delivery._impl))).put_object(fields)
+    outcome = _outcome(delivery._impl, TRANSACTIONAL_STATE)
+    assert outcome.state == TRANSACTIONAL_STATE
+    assert _normalised(outcome.data) == _normalised(fields)
+    error = _send_error(outcome)
+    accepted = len(fields) > 1 and fields[1] == Described(ulong(0x24), [])
+    assert (error is None) is accepted
+    if not accepted:
+        assert isinstance(error, TransactionRolledBackException)

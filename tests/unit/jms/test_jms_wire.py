@@ -438,3 +438,36 @@ def test_values_the_encoder_does_not_write_go_through_proton() -> None:
     )
     body, inferred, content_type = message._body_section(False)
     assert data == _encode_proton(message, "q", Queue("q"), 0, body, inferred, content_type)
+
+
+def _text_message(text: str, priority: int, kind: type[Message] = TextMessage) -> bytes:
+    message = kind()
+    if isinstance(message, TextMessage):
+        message.set_text(text)
+    message.jms_message_id = f"ID:{text}"
+    message.jms_timestamp = NOW
+    message.jms_priority = priority
+    message.jms_delivery_mode = DeliveryMode.NON_PERSISTENT
+    return encode(
+        message, address="q", destination=Queue("q"), delivery_delay_ms=0, allow_pickle=False
+    )
+
+
+def test_a_streams_repeated_header_and_annotations_are_decoded_once_and_read_alike() -> None:
+    """Message after message of a stream carries the same header and annotations bytes: the
+    second read takes the values the first decoded (the same objects), and every read still
+    gives what proton reads, for its own id, body and priority."""
+    first, second = _text_message("one", 4), _text_message("two", 4)
+    other_priority = _text_message("three", 7)
+    other_type = _text_message("four", 4, BytesMessage)
+    reads = [wire.read_message(data) for data in (first, second, other_priority, other_type)]
+    assert reads[1].annotations is reads[0].annotations  # kept, not decoded again
+    assert reads[3].annotations != reads[0].annotations  # another message type: its own
+    for data, read in zip((first, second, other_priority, other_type), reads, strict=True):
+        slow = _read_proton(data)
+        assert _fields(read) == _fields(slow)
+        assert _body(read) == _body(slow)
+    assert [read.priority for read in reads] == [4, 4, 7, 4]
+    texts = [decode(data, fallback=None, allow_pickle=False) for data in (first, second)]
+    assert [t.jms_message_id for t in texts] == ["ID:one", "ID:two"]
+    assert [t.get_body() for t in texts] == ["one", "two"]
