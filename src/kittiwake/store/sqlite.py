@@ -98,27 +98,21 @@ _PAYLOAD = MESSAGE_COLUMNS.index("payload")
 # (wide, shared values, columns), written by _insert_columns. Its own string, compared by
 # identity like every operation's SQL.
 _INSERT_JOURNAL_COLUMNS = "INSERT INTO journal VALUES /* columns */ (?)"
+# A turn's run of queue-entry inserts: _EntryInsert objects, each given its statement and row
+# (_EntryInsert.row) only when handed to the writer. (The full insert's text, though a built
+# row never uses it.)
 _INSERT_ENTRY = (
     "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
     "subscription_ids, delivery_count, delivery_id, state, "
     f"{', '.join(MESSAGE_COLUMNS[1:])}) "
     f"VALUES (?, ?, ?, ?, ?, ?, 0, 'queued', {', '.join('?' * (len(MESSAGE_COLUMNS) - 1))})"
 )
-# The same insert in the shapes nearly every entry takes, binding no NULL (sqlite3 binds a None,
-# as a bytes payload, through its adapter lookup: two attribute lookups that fail, each
-# formatting an AttributeError, several times a plain value's cost on the writer thread). A
-# reference to a journal row carries no message columns; a message with no expiry, no
-# delivery time and no properties leaves those three out. Its payload is bound as a
-# bytearray, which sqlite3 binds directly (the same BLOB as bytes).
+# An entry that references a journal row carries no message columns; one that carries its
+# message inline is inserted by the statement of its message's shape (_message_insert), which
+# binds no NULL and no bytes (see _message_values).
 _INSERT_ENTRY_REFERENCE = (
     "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
     "subscription_ids, delivery_count, delivery_id, state) VALUES (?, ?, ?, ?, ?, ?, 0, 'queued')"
-)
-_INSERT_ENTRY_PLAIN = (
-    "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
-    "subscription_ids, delivery_count, delivery_id, state, topic, payload, qos, retain, "
-    "persistent, priority, timestamp, origin) "
-    "VALUES (?, ?, ?, ?, ?, ?, 0, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _MARK = (
     "UPDATE queue_entries SET delivery_id=?, state=?, delivery_count=delivery_count+? "
@@ -197,58 +191,31 @@ class _EntryInsert:
         self.mark: tuple[int, str, int] | None = None
 
     def row(self, clock_to_wall_ms: float) -> tuple[str, tuple[Any, ...]]:
-        """The statement and the row that insert this entry (see _INSERT_ENTRY_PLAIN)."""
+        """The statement and the row that insert this entry: a reference to its journal row,
+        or its queue, its message's values (:func:`_message_values`) and its delivery
+        columns, by the statement of the message's shape."""
         message = self.message
         entry = self.entry
         ids = entry.subscription_ids
-        head = (
-            self.queue,
-            message.message_id,
-            entry.qos,
-            1 if entry.retain else 0,
-            subscription_ids_text(ids) if ids else "",
-            self.delivery_count,
-        )
+        ids_text = subscription_ids_text(ids) if ids else ""
+        retain = 1 if entry.retain else 0
         if not self.inline:
-            return _INSERT_ENTRY_REFERENCE, head
-        (
-            topic,
-            payload,
-            qos,
-            retain,
-            persistent,
-            priority,
-            timestamp,
-            expiry,
-            delivery_time,
-            origin,
-            properties,
-        ) = message_columns(message, clock_to_wall_ms)
-        if expiry is None and delivery_time is None and properties is None and origin is not None:
-            return _INSERT_ENTRY_PLAIN, (
-                *head,
-                topic,
-                bytearray(payload),
-                qos,
+            return _INSERT_ENTRY_REFERENCE, (
+                self.queue,
+                message.message_id,
+                entry.qos,
                 retain,
-                persistent,
-                priority,
-                timestamp,
-                origin,
+                ids_text,
+                self.delivery_count,
             )
-        return _INSERT_ENTRY, (
-            *head,
-            topic,
-            bytearray(payload),
-            qos,
+        present, values = _message_values(message, clock_to_wall_ms)
+        return _message_insert("INSERT OR REPLACE", "queue_entries", present, False), (
+            self.queue,
+            *values,
+            entry.qos,
             retain,
-            persistent,
-            priority,
-            timestamp,
-            expiry,
-            delivery_time,
-            origin,
-            properties,
+            ids_text,
+            self.delivery_count,
         )
 
 
@@ -1501,7 +1468,6 @@ _BULK_INSERTS = {
         _INSERT_JOURNAL,
         _INSERT_ENTRY,
         _INSERT_ENTRY_REFERENCE,
-        _INSERT_ENTRY_PLAIN,
         _INSERT_SUBSCRIPTION,
     )
 }
@@ -1560,22 +1526,37 @@ def _message_values(
     return present, (*head, *[v for v in (expiry, delivery_time, origin, blob) if v is not None])
 
 
+# A queue entry's own columns around its message's (see _message_insert): its queue first,
+# then, after the message's, its delivery's, and (fixed for a new entry) not in flight.
+_ENTRY_DELIVERY_COLUMNS = ("delivery_qos", "delivery_retain", "subscription_ids", "delivery_count")
+_ENTRY_QUEUED = (("delivery_id", "0"), ("state", "'queued'"))
+
+
 @functools.cache
 def _message_insert(verb: str, table: str, present: tuple[bool, ...], stored_at: bool) -> str:
     """The statement inserting a message row of ``table`` whose optional columns hold a value
     where ``present`` says (the others are left out: NULL); a will row leads with its client
-    id, a journal row ends with its ``stored_at``. One string per shape, so runs of one shape
-    share a statement (and the writer's statement cache)."""
+    id, a journal row ends with its ``stored_at``, a queue entry carrying its message leads
+    with its queue and ends with its delivery columns. One string per shape, so runs of one
+    shape share a statement (and the writer's statement cache)."""
+    entry = table == "queue_entries"
     names = [
         *(("client_id",) if table == "wills" else ()),
+        *(("queue",) if entry else ()),
         *MESSAGE_COLUMNS[:8],
         *(name for name, there in zip(_OPTIONAL_COLUMNS, present, strict=True) if there),
         *(("stored_at",) if stored_at else ()),
+        *(_ENTRY_DELIVERY_COLUMNS if entry else ()),
     ]
-    sql = f"{verb} INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+    places = ["?"] * len(names)
+    if entry:
+        names += [name for name, _value in _ENTRY_QUEUED]
+        places += [value for _name, value in _ENTRY_QUEUED]
+    sql = f"{verb} INTO {table} ({', '.join(names)}) VALUES ({', '.join(places)})"
     if table == "journal":
-        # Journal rows of a turn go as multi-row statements (see _execute).
         _JOURNAL_INSERTS.add(sql)
+    if table == "journal" or entry:
+        # A turn's journal rows and queue entries go as multi-row statements (see _execute).
         _BULK_INSERTS[sql] = (sql[: sql.index("VALUES") + 7], sql[sql.index("VALUES") + 7 :])
     return sql
 
