@@ -209,7 +209,12 @@ class _EntryInsert:
                 self.delivery_count,
             )
         present, values = _message_values(message, clock_to_wall_ms)
-        return _message_insert("INSERT OR REPLACE", "queue_entries", present, False), (
+        statement = (
+            _INSERT_ENTRY_ORIGIN_ONLY  # most messages' shape: no cache lookup
+            if present is _ORIGIN_ONLY
+            else _message_insert("INSERT OR REPLACE", "queue_entries", present, False)
+        )
+        return statement, (
             self.queue,
             *values,
             entry.qos,
@@ -1559,6 +1564,12 @@ def _message_insert(verb: str, table: str, present: tuple[bool, ...], stored_at:
         # A turn's journal rows and queue entries go as multi-row statements (see _execute).
         _BULK_INSERTS[sql] = (sql[: sql.index("VALUES") + 7], sql[sql.index("VALUES") + 7 :])
     return sql
+
+
+# The insert of a queue entry carrying a message of the commonest shape (an origin only).
+_INSERT_ENTRY_ORIGIN_ONLY = _message_insert(
+    "INSERT OR REPLACE", "queue_entries", _ORIGIN_ONLY, False
+)
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
