@@ -8,8 +8,15 @@ rule is how deep the queue stands (what a message waits behind: the flood's late
 messages) and in how many rounds every publisher was blocked (on a socket, rounds in which only
 the subscriber's round trip gives the loop work: it idles in between).
 
+``--durable`` makes the subscriber's session persistent on the SQLite store (a temporary
+directory) with an acceptance window far longer than the run, so no held batch is committed
+before its copies are accepted: a publisher is acknowledged only as its copies' acceptances
+allow (store-and-dispatch's early answer), whatever the machine's speed.
+
     python bench/flow_model.py                       # 10 -> 1, windows 100, default depth
     python bench/flow_model.py --depth 300 --publishers 4
+    python bench/flow_model.py --durable             # persistent subscriber, SQLite store
+    python bench/flow_model.py --durable --one-turn  # every publisher's read in one loop turn
     KITTIWAKE_SRC=/other/checkout/src python bench/flow_model.py   # another version's rule
 """
 
@@ -19,6 +26,7 @@ import argparse
 import asyncio
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(
@@ -26,7 +34,7 @@ sys.path.insert(
 )
 
 from kittiwake.broker.broker import Broker
-from kittiwake.broker.store import MemoryStore
+from kittiwake.broker.store import MemoryStore, Store
 from kittiwake.config import config_from_dict
 from kittiwake.mqtt.codec import PacketDecoder, encode
 from kittiwake.mqtt.connection import MQTTConnection
@@ -63,7 +71,7 @@ class KeepingTransport:
 class Client:
     """One connection: reads fed as the asyncio shell feeds them, writes decoded back."""
 
-    def __init__(self, broker: Broker, client_id: str) -> None:
+    def __init__(self, broker: Broker, client_id: str, clean_start: bool = True) -> None:
         self.transport = KeepingTransport()
         self.connection = MQTTConnection(
             broker, self.transport, client_id, call_soon=asyncio.get_running_loop().call_soon
@@ -72,7 +80,7 @@ class Client:
         self.inbound = PacketDecoder(broker.config.limits.max_packet_size)
         self.outbound = PacketDecoder(broker.config.limits.max_packet_size)
         self.outbound.protocol_version = VERSION
-        self.read([Connect(client_id, protocol_version=VERSION, clean_start=True)])
+        self.read([Connect(client_id, protocol_version=VERSION, clean_start=clean_start)])
         self.take()
 
     def read(self, packets: list[Packet]) -> None:
@@ -87,12 +95,36 @@ class Client:
         return self.outbound.feed(data)
 
 
-async def flood(publishers: int, window: int, depth: int, messages: int) -> str:
+def make_store(durable: bool) -> Store:
+    if not durable:
+        return MemoryStore()
+    from kittiwake.store.sqlite import SQLiteStore
+
+    return SQLiteStore(tempfile.mkdtemp(prefix="kw-flow-"), acceptance_window=3600.0)
+
+
+async def settled(broker: Broker) -> None:
+    """Wait for the store to have written everything so far."""
+    commit = broker.store.commit()
+    while commit is not None and not commit.done():
+        await asyncio.sleep(0.001)
+        commit = broker.store.commit()
+
+
+async def flood(
+    publishers: int,
+    window: int,
+    depth: int,
+    messages: int,
+    durable: bool = False,
+    one_turn: bool = False,
+) -> str:
     limits = {"flow_control_depth": depth, "max_inflight": 100, "max_queued_messages": 1_000_000}
-    broker = Broker(config_from_dict({"limits": limits}), store=MemoryStore())
+    broker = Broker(config_from_dict({"limits": limits}), store=make_store(durable))
     cancel = broker.schedule_ticks(asyncio.get_running_loop())
-    sub = Client(broker, "sub")
+    sub = Client(broker, "sub", clean_start=not durable)
     sub.read([Subscribe(1, [SubscriptionRequest("bench/flow", 1)])])
+    await settled(broker)  # the persistent session's CONNACK and SUBACK wait for its commit
     sub.take()
     queue = sub.connection.session.queue  # type: ignore[union-attr]
     pubs = [Client(broker, f"pub{i}") for i in range(publishers)]
@@ -116,7 +148,8 @@ async def flood(publishers: int, window: int, depth: int, messages: int) -> str:
             unacknowledged[i] += room
             sent += room
             sending = True
-            await asyncio.sleep(0)
+            if not one_turn:
+                await asyncio.sleep(0)
         if not sending and sent < messages:
             blocked += 1
         deliveries = [p for p in sub.take() if isinstance(p, Publish)]
@@ -127,9 +160,12 @@ async def flood(publishers: int, window: int, depth: int, messages: int) -> str:
         for _ in range(2):
             await asyncio.sleep(0)
     cancel()
+    broker.store.close()
     depths.sort()
     return (
-        f"{publishers}->1, windows {window}/100, depth {depth}: {rounds} rounds, "
+        f"{publishers}->1{' durable' if durable else ''}{' one turn' if one_turn else ''}, "
+        f"windows {window}/100, depth {depth}: "
+        f"{rounds} rounds, "
         f"{received / rounds:.0f} delivered a round, every publisher blocked in {blocked}; "
         f"queue p50 {depths[len(depths) // 2]}, p99 {depths[int(len(depths) * 0.99)]}, "
         f"max {depths[-1]}"
@@ -142,8 +178,30 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=100, help="each publisher's in-flight window")
     parser.add_argument("--depth", type=int, default=1000, help="limits.flow_control_depth")
     parser.add_argument("--messages", type=int, default=60_000)
+    parser.add_argument(
+        "--durable",
+        action="store_true",
+        help="the subscriber's session persistent on the SQLite store (see above)",
+    )
+    parser.add_argument(
+        "--one-turn",
+        action="store_true",
+        help="every publisher's read in one loop turn (as an event loop with every "
+        "publisher's socket ready serves them), not a turn each",
+    )
     args = parser.parse_args()
-    print(asyncio.run(flood(args.publishers, args.window, args.depth, args.messages)))
+    print(
+        asyncio.run(
+            flood(
+                args.publishers,
+                args.window,
+                args.depth,
+                args.messages,
+                args.durable,
+                args.one_turn,
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

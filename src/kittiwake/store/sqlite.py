@@ -98,27 +98,21 @@ _PAYLOAD = MESSAGE_COLUMNS.index("payload")
 # (wide, shared values, columns), written by _insert_columns. Its own string, compared by
 # identity like every operation's SQL.
 _INSERT_JOURNAL_COLUMNS = "INSERT INTO journal VALUES /* columns */ (?)"
+# A turn's run of queue-entry inserts: _EntryInsert objects, each given its statement and row
+# (_EntryInsert.row) only when handed to the writer. (The full insert's text, though a built
+# row never uses it.)
 _INSERT_ENTRY = (
     "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
     "subscription_ids, delivery_count, delivery_id, state, "
     f"{', '.join(MESSAGE_COLUMNS[1:])}) "
     f"VALUES (?, ?, ?, ?, ?, ?, 0, 'queued', {', '.join('?' * (len(MESSAGE_COLUMNS) - 1))})"
 )
-# The same insert in the shapes nearly every entry takes, binding no NULL (sqlite3 binds a None,
-# as a bytes payload, through its adapter lookup: two attribute lookups that fail, each
-# formatting an AttributeError, several times a plain value's cost on the writer thread). A
-# reference to a journal row carries no message columns; a message with no expiry, no
-# delivery time and no properties leaves those three out. Its payload is bound as a
-# bytearray, which sqlite3 binds directly (the same BLOB as bytes).
+# An entry that references a journal row carries no message columns; one that carries its
+# message inline is inserted by the statement of its message's shape (_message_insert), which
+# binds no NULL and no bytes (see _message_values).
 _INSERT_ENTRY_REFERENCE = (
     "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
     "subscription_ids, delivery_count, delivery_id, state) VALUES (?, ?, ?, ?, ?, ?, 0, 'queued')"
-)
-_INSERT_ENTRY_PLAIN = (
-    "INSERT OR REPLACE INTO queue_entries (queue, message_id, delivery_qos, delivery_retain, "
-    "subscription_ids, delivery_count, delivery_id, state, topic, payload, qos, retain, "
-    "persistent, priority, timestamp, origin) "
-    "VALUES (?, ?, ?, ?, ?, ?, 0, 'queued', ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _MARK = (
     "UPDATE queue_entries SET delivery_id=?, state=?, delivery_count=delivery_count+? "
@@ -197,59 +191,81 @@ class _EntryInsert:
         self.mark: tuple[int, str, int] | None = None
 
     def row(self, clock_to_wall_ms: float) -> tuple[str, tuple[Any, ...]]:
-        """The statement and the row that insert this entry (see _INSERT_ENTRY_PLAIN)."""
+        """The statement and the row that insert this entry: a reference to its journal row,
+        or its queue, its message's values (:func:`_message_values`) and its delivery
+        columns, by the statement of the message's shape."""
         message = self.message
         entry = self.entry
         ids = entry.subscription_ids
-        head = (
+        ids_text = subscription_ids_text(ids) if ids else ""
+        retain = 1 if entry.retain else 0
+        if not self.inline:
+            return _INSERT_ENTRY_REFERENCE, (
+                self.queue,
+                message.message_id,
+                entry.qos,
+                retain,
+                ids_text,
+                self.delivery_count,
+            )
+        present, values = _message_values(message, clock_to_wall_ms)
+        statement = (
+            _INSERT_ENTRY_ORIGIN_ONLY  # most messages' shape: no cache lookup
+            if present is _ORIGIN_ONLY
+            else _message_insert("INSERT OR REPLACE", "queue_entries", present, False)
+        )
+        return statement, (
             self.queue,
-            message.message_id,
+            *values,
             entry.qos,
-            1 if entry.retain else 0,
-            subscription_ids_text(ids) if ids else "",
+            retain,
+            ids_text,
             self.delivery_count,
         )
-        if not self.inline:
-            return _INSERT_ENTRY_REFERENCE, head
-        (
-            topic,
-            payload,
-            qos,
-            retain,
-            persistent,
-            priority,
-            timestamp,
-            expiry,
-            delivery_time,
-            origin,
-            properties,
-        ) = message_columns(message, clock_to_wall_ms)
-        if expiry is None and delivery_time is None and properties is None and origin is not None:
-            return _INSERT_ENTRY_PLAIN, (
-                *head,
-                topic,
-                bytearray(payload),
-                qos,
-                retain,
-                persistent,
-                priority,
-                timestamp,
-                origin,
-            )
-        return _INSERT_ENTRY, (
-            *head,
-            topic,
-            bytearray(payload),
-            qos,
-            retain,
-            persistent,
-            priority,
-            timestamp,
-            expiry,
-            delivery_time,
-            origin,
-            properties,
-        )
+
+
+# Queue-entry inserts not taken by the writer yet, by message id: the insert of the message's
+# only pending entry (nearly every message: one stored copy), else the message's pending
+# inserts by queue (several queues' copies, or one entry inserted twice), where None says
+# that another insert of the same entry is pending too, so neither may be cancelled
+# (cancelling one would leave the other on disk with no delete). Keyed by id rather than by
+# (queue, id): a removal, a delivery mark and an enqueue each look an entry up, and a
+# (queue, id) tuple built and hashed for each was most of write cancellation's cost on the
+# event loop.
+_PendingInserts = dict[int, "_EntryInsert | dict[str, _EntryInsert | None]"]
+
+
+def _share(inserts: _PendingInserts, message_id: int, queue: str, insert: _EntryInsert) -> None:
+    """Another insert of a message with an insert pending: keep them by queue (a second one
+    of the same entry pins it: see _PendingInserts)."""
+    found = inserts[message_id]
+    if isinstance(found, _EntryInsert):
+        found = inserts[message_id] = {found.queue: found}
+    found[queue] = None if queue in found else insert
+
+
+def _pin(inserts: _PendingInserts, message_id: int, queue: str) -> None:
+    """Another insert of this entry was added: its pending one may not be cancelled."""
+    found = inserts.get(message_id)
+    if found is None:
+        return
+    if isinstance(found, _EntryInsert):
+        if found.queue == queue:
+            inserts[message_id] = {queue: None}
+    elif queue in found:
+        found[queue] = None
+
+
+def _taken(inserts: _PendingInserts, insert: _EntryInsert) -> None:
+    """The writer takes ``insert``: it is no longer cancellable (a pin stays)."""
+    message_id = insert.message.message_id
+    found = inserts.get(message_id)
+    if found is insert:
+        del inserts[message_id]
+    elif isinstance(found, dict) and found.get(insert.queue) is insert:
+        del found[insert.queue]
+        if not found:
+            del inserts[message_id]
 
 
 class StoreError(RuntimeError):
@@ -321,12 +337,11 @@ class SQLiteStore:
         # second reference in the same hand-off turns the first into a plain reference and
         # writes a journal row instead.
         self._inline: dict[int, _EntryInsert] = {}
-        # Queue-entry inserts not taken by the writer yet, by (queue, message id), so a
-        # removal can cancel the insert instead of adding a delete. Those of this turn, then
-        # those of sealed turns; None = another insert of the same entry is pending too, so
-        # neither may be cancelled.
-        self._open_inserts: dict[tuple[str, int], _EntryInsert | None] = {}
-        self._sealed_inserts: dict[tuple[str, int], _EntryInsert | None] = {}
+        # Queue-entry inserts not taken by the writer yet, so a removal can cancel the insert
+        # instead of adding a delete (see _PendingInserts). Those of this turn, then those of
+        # sealed turns: every id of this turn's is newer than any sealed one.
+        self._open_inserts: _PendingInserts = {}
+        self._sealed_inserts: _PendingInserts = {}
         # An insert was cancelled since the last hand-over to the writer: sealed turns may
         # hold empty runs (or nothing) to drop.
         self._trimmed = False
@@ -594,31 +609,35 @@ class SQLiteStore:
             ops.append((_INSERT_ENTRY, [insert]))
         if self._scheduled is None:
             self._schedule()
-        key = (queue, message_id)
         if message_id > self._sealed_id:
             if inline:
                 self._inline[message_id] = insert
             inserts = self._open_inserts
-            inserts[key] = None if key in inserts else insert
-        elif key in self._sealed_inserts or key in self._open_inserts:
-            self._not_cancellable(key)
+            if inserts.setdefault(message_id, insert) is not insert:
+                _share(inserts, message_id, queue, insert)
+        elif self._sealed_inserts:
+            # (Only a sealed turn can hold it: the open one's ids are all newer.)
+            _pin(self._sealed_inserts, message_id, queue)
 
     def mark_delivery(
         self, queue: str, message_id: int, delivery_id: int, state: str, lazy: bool = False
     ) -> None:
         bump = 1 if state == "sent" else 0
-        key = (queue, message_id)
         if self._marks:
-            earlier = self._marks.pop(key, None)
+            earlier = self._marks.pop((queue, message_id), None)
             if earlier is not None:
                 bump += earlier[2]
-        # The entry's insert if it is the only one pending and not built yet (a None in the
-        # open inserts: two are): the mark of nearly every stored at-least-once delivery
-        # joins it.
-        inserts = self._open_inserts
-        pending = inserts.get(key) if inserts else None
-        if pending is None and self._sealed_inserts and key not in inserts:
-            pending = self._sealed_inserts.get(key)
+        # The entry's insert if it is the only one pending and not built yet (None in a
+        # message's inserts by queue: two are): the mark of nearly every stored at-least-once
+        # delivery joins it.
+        found = self._open_inserts.get(message_id) if self._open_inserts else None
+        if found is None and self._sealed_inserts:
+            found = self._sealed_inserts.get(message_id)
+        pending: _EntryInsert | None
+        if found is None or isinstance(found, _EntryInsert):
+            pending = found if found is None or found.queue == queue else None
+        else:
+            pending = found.get(queue)
         if pending is not None and pending.mark is not None:
             bump += pending.mark[2]
             pending.mark = None
@@ -629,7 +648,7 @@ class SQLiteStore:
                 pending.mark = (delivery_id, state, bump)
                 return
             due = self._clock.now() + LAZY_MARK_DELAY
-            self._marks[key] = (delivery_id, state, bump, due)
+            self._marks[(queue, message_id)] = (delivery_id, state, bump, due)
             if self._mark_timer is None:
                 loop = self._loop or self._get_loop()
                 self._mark_timer = loop.call_later(LAZY_MARK_DELAY, self._on_mark_timer)
@@ -640,17 +659,28 @@ class SQLiteStore:
         self._add(_COUNT_POSSIBLE_DELIVERY, (queue, message_id))
 
     def remove(self, queue: str, message_id: int) -> None:
-        key = (queue, message_id)
         if self._marks:
-            self._marks.pop(key, None)
+            self._marks.pop((queue, message_id), None)
         # Write cancellation: drop the entry's insert if the writer has not taken it yet;
         # then its delete is not needed either. (None: it has, or may have, been taken; a
-        # None left in the open inserts goes too, as the entry does.)
-        pending = self._open_inserts.pop(key, None) if self._open_inserts else None
-        if pending is None and self._sealed_inserts:
-            pending = self._sealed_inserts.pop(key, None)
+        # None left in a message's inserts by queue goes too, as the entry does.)
+        inserts = self._open_inserts
+        found = inserts.get(message_id) if inserts else None
+        if found is None and self._sealed_inserts:
+            inserts = self._sealed_inserts
+            found = inserts.get(message_id)
+        pending: _EntryInsert | None = None
+        if found is not None:
+            if isinstance(found, _EntryInsert):
+                if found.queue == queue:
+                    del inserts[message_id]
+                    pending = found
+            else:
+                pending = found.pop(queue, None)
+                if not found:
+                    del inserts[message_id]
         if pending is None:
-            self._add(_REMOVE, key)
+            self._add(_REMOVE, (queue, message_id))
             self._removed += 1
             return
         pending.cancelled = True
@@ -661,13 +691,6 @@ class SQLiteStore:
         self.cancelled_writes += 1
         if self._held is not None and not self._sealed_inserts:
             self._send()  # every held entry was accepted: nothing to wait for any more
-
-    def _not_cancellable(self, key: tuple[str, int]) -> None:
-        """Another insert of an entry whose insert is pending: cancelling only one of them
-        would leave the other on disk with no delete."""
-        for inserts in (self._open_inserts, self._sealed_inserts):
-            if key in inserts:
-                inserts[key] = None
 
     def delete_queue(self, queue: str) -> None:
         for key in [key for key in self._marks if key[0] == queue]:
@@ -1057,6 +1080,7 @@ class SQLiteStore:
             self._sealed_urgent
             or not self._acceptance_window
             or not self._sealed_inserts
+            # (Messages, not entries: a fanned-out message's count once.)
             or len(self._sealed_inserts) >= self._max_batch
         ):
             self._send()
@@ -1151,10 +1175,7 @@ class SQLiteStore:
                     if insert.cancelled:
                         continue
                     if pending is not None:
-                        key = (insert.queue, insert.message.message_id)
-                        # None (two pending inserts of one entry) stays: not cancellable.
-                        if pending.get(key) is insert:
-                            del pending[key]
+                        _taken(pending, insert)
                     statement, row = insert.row(to_wall)
                     if statement is not shape:
                         if rows:
@@ -1452,7 +1473,6 @@ _BULK_INSERTS = {
         _INSERT_JOURNAL,
         _INSERT_ENTRY,
         _INSERT_ENTRY_REFERENCE,
-        _INSERT_ENTRY_PLAIN,
         _INSERT_SUBSCRIPTION,
     )
 }
@@ -1511,24 +1531,45 @@ def _message_values(
     return present, (*head, *[v for v in (expiry, delivery_time, origin, blob) if v is not None])
 
 
+# A queue entry's own columns around its message's (see _message_insert): its queue first,
+# then, after the message's, its delivery's, and (fixed for a new entry) not in flight.
+_ENTRY_DELIVERY_COLUMNS = ("delivery_qos", "delivery_retain", "subscription_ids", "delivery_count")
+_ENTRY_QUEUED = (("delivery_id", "0"), ("state", "'queued'"))
+
+
 @functools.cache
 def _message_insert(verb: str, table: str, present: tuple[bool, ...], stored_at: bool) -> str:
     """The statement inserting a message row of ``table`` whose optional columns hold a value
     where ``present`` says (the others are left out: NULL); a will row leads with its client
-    id, a journal row ends with its ``stored_at``. One string per shape, so runs of one shape
-    share a statement (and the writer's statement cache)."""
+    id, a journal row ends with its ``stored_at``, a queue entry carrying its message leads
+    with its queue and ends with its delivery columns. One string per shape, so runs of one
+    shape share a statement (and the writer's statement cache)."""
+    entry = table == "queue_entries"
     names = [
         *(("client_id",) if table == "wills" else ()),
+        *(("queue",) if entry else ()),
         *MESSAGE_COLUMNS[:8],
         *(name for name, there in zip(_OPTIONAL_COLUMNS, present, strict=True) if there),
         *(("stored_at",) if stored_at else ()),
+        *(_ENTRY_DELIVERY_COLUMNS if entry else ()),
     ]
-    sql = f"{verb} INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
+    places = ["?"] * len(names)
+    if entry:
+        names += [name for name, _value in _ENTRY_QUEUED]
+        places += [value for _name, value in _ENTRY_QUEUED]
+    sql = f"{verb} INTO {table} ({', '.join(names)}) VALUES ({', '.join(places)})"
     if table == "journal":
-        # Journal rows of a turn go as multi-row statements (see _execute).
         _JOURNAL_INSERTS.add(sql)
+    if table == "journal" or entry:
+        # A turn's journal rows and queue entries go as multi-row statements (see _execute).
         _BULK_INSERTS[sql] = (sql[: sql.index("VALUES") + 7], sql[sql.index("VALUES") + 7 :])
     return sql
+
+
+# The insert of a queue entry carrying a message of the commonest shape (an origin only).
+_INSERT_ENTRY_ORIGIN_ONLY = _message_insert(
+    "INSERT OR REPLACE", "queue_entries", _ORIGIN_ONLY, False
+)
 
 
 def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -580,3 +580,67 @@ def test_a_mark_made_on_a_pending_insert_then_another_keeps_the_count(
 
     run(body)
     assert recovered_marks(tmp_path) == [(8, "sent", 2)]
+
+
+def test_every_reference_of_a_fanned_out_message_cancelled_writes_none_and_marks_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message's copies on three queues, pending together: each lazy mark joins its own
+    queue's insert; the two accepted copies are never written (nor their marks), the third
+    is written with its own mark, and nothing else of the others is touched."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=3600)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        m = message(b"three queues")
+        store.journal(m)
+        for name in ("c1", "c2", "c3"):
+            store.enqueue(name, entry(m))
+        assert store.commit_unhurried() is not None
+        await asyncio.sleep(0)  # sealed and held
+        for tag, name in enumerate(("c1", "c2", "c3"), start=1):
+            store.mark_delivery(name, m.message_id, tag, "sent", lazy=True)
+        store.remove("c1", m.message_id)
+        store.remove("c3", m.message_id)
+        assert store.cancelled_writes == 2
+        waited = store.commit()
+        assert waited is not None
+        await asyncio.wait_for(waited, TIMEOUT)
+        assert not any(sql.startswith("DELETE FROM queue_entries") for sql, _r in writer.rows)
+        store.close()
+
+    run(body)
+    assert queued(tmp_path) == [("c2", 1)]
+    assert recovered_marks(tmp_path) == [(2, "sent", 1)]
+
+
+def test_an_entry_inserted_twice_in_one_turn_keeps_both_and_the_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same entry inserted twice in one turn (beside another queue's copy): a removal
+    cancels neither of its inserts but writes the delete, and the other queue's copy is
+    still cancellable."""
+
+    async def body() -> None:
+        store = SQLiteStore(tmp_path, clock=ManualClock())
+        writer = HeldWriter(store, monkeypatch)
+        await busy_writer(store)
+        m = message(b"m")
+        store.journal(m)
+        store.enqueue("c", entry(m))
+        store.enqueue("d", entry(m))
+        store.enqueue("c", entry(m))
+        await asyncio.sleep(0)  # sealed
+        store.remove("d", m.message_id)
+        store.remove("c", m.message_id)
+        removal = store.commit()
+        assert removal is not None
+        writer.gate.set()
+        await asyncio.wait_for(removal, TIMEOUT)
+        assert store.cancelled_writes == 1
+        assert writer.deleted(m.message_id)
+        store.close()
+
+    run(body)
+    assert queued(tmp_path) == []
