@@ -56,6 +56,7 @@ from kittiwake.mqtt.packets import (
     PubAckRun,
     PubComp,
     Publish,
+    PublishRun,
     PubRec,
     PubRel,
     SubAck,
@@ -690,6 +691,56 @@ class MQTTConnection:
         kind = _PUBACK if qos == 1 else _PUBREC
         self._answer(commit, ack, kind, packet_id, None, len(message.payload))
 
+    def _on_publish_run(self, run: PublishRun) -> None:
+        """The decoder's run of plain 3.x QoS 1 PUBLISHes on one topic (a publisher's flood):
+        :meth:`_on_publish` for each, with what depends on the topic alone (its validity, the
+        publish verdict) decided once for the run, and the PUBACKs that need not wait written
+        together. Each publication is still published on its own, in order, so every delivery
+        rule (flow control, noLocal, the store's batches) sees what it sees one by one."""
+        topic = run.topic
+        permissions = self.permissions
+        allowed = permissions.publish_verdicts.get(topic)
+        if allowed is None:
+            try:
+                validate_topic_name(topic, self._limits.max_topic_levels)
+            except TopicError as exc:
+                raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
+            allowed = permissions.may_publish(topic)
+            permissions.remember_publish_verdict(topic, allowed)
+        if not allowed:
+            # Refused (and logged) one by one, as ever.
+            for publish in run.publishes():
+                self._on_publish(publish)
+                if self.closed:
+                    return
+            return
+        client_id = self.client_id
+        publish_message = self.broker.publish
+        traffic = self.traffic
+        # PUBACKs owed now (no commit to wait for, no answer queued ahead): one write.
+        acks: list[bytes] = []
+        try:
+            for packet_id, payload in zip(run.packet_ids, run.payloads, strict=True):
+                traffic.messages_received += 1
+                # As _on_publish: positional, origin set after.
+                message = Message(topic, payload, 1, False, True)
+                message.origin = client_id
+                commit = publish_message(message)
+                if commit is None and not self._answers:
+                    acks.append(encode_puback(packet_id))
+                else:
+                    if acks:
+                        # The answers owed already go first (MQTT-4.6.0-2).
+                        self._write_all(acks)
+                    self._answer(
+                        commit, encode_puback(packet_id), _PUBACK, packet_id, None, len(payload)
+                    )
+                if self.closed:
+                    return
+        finally:
+            if acks:
+                self._write_all(acks)
+
     def _answer_not_retained(
         self, session: Session, message: Message, commit: Completion, packet_id: int
     ) -> None:
@@ -999,6 +1050,7 @@ class MQTTConnection:
 
     _handlers: ClassVar[dict[type, Callable[[MQTTConnection, Any], None]]] = {
         Publish: _on_publish,
+        PublishRun: _on_publish_run,
         PubAck: _on_puback,
         PubAckRun: _on_puback_run,
         PubRec: _on_pubrec,
