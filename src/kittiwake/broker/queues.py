@@ -614,10 +614,17 @@ class Queue:
             unsettled = consumer.unsettled
             if unsettled is NO_DELIVERIES:
                 unsettled = consumer.own_unsettled()
+            # A receiver that takes a run (Receiver.deliver_all) gets this dispatch's
+            # deliveries at once, in one write; its deliver() never acts on this queue.
+            receiver = consumer.receiver
+            deliver_all: Callable[[list[Delivery]], None] | None
+            deliver_all = getattr(receiver, "deliver_all", None)
+            run: list[Delivery] | None = [] if deliver_all is not None else None
             while credit.available > 0:
-                receiver = consumer.receiver
-                if receiver is None:
-                    break
+                if run is None:
+                    receiver = consumer.receiver
+                    if receiver is None:
+                        break
                 ready = self._ready
                 if (
                     ready
@@ -643,6 +650,8 @@ class Queue:
                     break
                 if entry.excluded is not None and consumer in entry.excluded:
                     self.push_front(entry)
+                    if run and deliver_all is not None:
+                        deliver_all(run)
                     return sent + self._dispatch_many(now)
                 # _start, inlined: this is every queued delivery's path.
                 self._next_delivery_id = delivery_id = self._next_delivery_id + 1
@@ -650,8 +659,13 @@ class Queue:
                 unsettled[delivery_id] = delivery
                 credit.available -= 1
                 self.in_flight += 1
-                receiver.deliver(delivery)
+                if run is not None:
+                    run.append(delivery)
+                else:
+                    receiver.deliver(delivery)
                 sent += 1
+            if run and deliver_all is not None:
+                deliver_all(run)
             return sent
         return self._dispatch_many(now)
 

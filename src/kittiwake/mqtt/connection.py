@@ -1131,6 +1131,67 @@ class MQTTConnection:
                     return
         self._publish(delivery_id, view, view.delivery_count > 0)
 
+    def deliver_all(self, deliveries: list[Delivery]) -> None:
+        """:meth:`deliver` for each of a queue's dispatch run, in order, in one write: a first
+        attempt to a 3.x client on a topic whose head it has (a subscriber behind a flood:
+        every queued delivery) is spliced into one list of pieces, joined once; anything
+        else goes through :meth:`deliver`, after what is spliced before it. Like
+        :meth:`deliver` it changes nothing in the queue (a dropped message is acknowledged
+        later), which is what lets the queue hand over a run (see ``Receiver.deliver_all``)."""
+        heads = self._publish_heads
+        if heads is None or self.closed:
+            for delivery in deliveries:
+                self.deliver(delivery)
+            return
+        ids = self._packet_ids
+        if ids is _NO_PACKET_IDS:
+            ids = self._own_packet_ids()
+        limit = self.peer_max_packet_size
+        pieces: list[bytes] = []
+        spliced = 0
+        topic = None
+        known = None
+        for delivery in deliveries:
+            view = delivery.view
+            message = view.message
+            if message.topic is not topic:
+                topic = message.topic
+                known = heads.get(topic)
+            payload = message.payload
+            if (
+                known is None
+                or delivery.tag
+                or view.delivery_count
+                or known[0] != len(payload)
+                or known[1] != (view.qos + 3 if view.retain else view.qos)
+                or len(known[2]) + 2 + len(payload) > limit
+            ):
+                # Not a plain first attempt: deliver()'s own way, after what went before.
+                if pieces:
+                    self.transport.write(b"".join(pieces))
+                    pieces = []
+                self.deliver(delivery)
+                if self.closed:
+                    return
+                known = heads.get(topic)  # (deliver may have cached a head for it)
+                continue
+            # OutgoingPacketIds.assign, its usual case inlined (as in deliver).
+            last = ids.last
+            delivery_id = last + 1 if last < MAX_PACKET_ID else 1
+            if delivery_id in ids:
+                delivery_id = ids.assign(delivery)
+            else:
+                ids.last = delivery.tag = delivery_id
+                ids[delivery_id] = delivery
+            pieces.append(known[2])
+            pieces.append(delivery_id.to_bytes(2, "big"))
+            pieces.append(payload)
+            spliced += 1
+        if spliced:
+            self.traffic.messages_sent += spliced
+        if pieces:
+            self.transport.write(b"".join(pieces))
+
     def deliver_settled(self, entry: QueuedMessage) -> None:
         if not self._cannot_take_qos0():
             self._publish(0, entry, False)

@@ -166,3 +166,51 @@ def test_a_publisher_subscribed_to_its_own_flood_gets_every_copy_and_every_answe
         assert payloads(packets) == [b"m%d" % i for i in range(1, 11)]
 
     run(body)
+
+
+
+def test_a_dispatch_run_reaches_the_subscriber_in_queue_order_whatever_its_shape() -> None:
+    """What waited behind a full window goes out as one dispatch run (one write): plain first
+    attempts spliced, and between them what deliver() sends its own way (another topic, a
+    payload of another size, a retained copy, an MQTT 5 subscriber), in queue order, each
+    under a packet id of its own, every one settled by its PUBACK."""
+
+    async def body(store: ControlledStore, broker: Broker) -> None:
+        subs = []
+        for version in (4, 5):
+            sub = Wire(broker, version)
+            sub.connect(f"sub{version}")
+            sub.send(Subscribe(1, [SubscriptionRequest("t/#", 1, retain_as_published=True)]))
+            sub.received()
+            subs.append(sub)
+        pub = Wire(broker, 4)
+        pub.connect("pub")
+        pub.send_bytes(flood("t/a", range(1, 101)))  # fills both windows
+        packets = []
+        for i in range(101, 161):
+            topic = "t/b" if i % 7 == 0 else "t/a"
+            payload = b"x" * (i % 5) if i % 11 == 0 else b"m%d" % i
+            packets.append(Publish(topic, payload, 1, i % 13 == 0, False, i))
+        pub.send_bytes(b"".join(encode(p, 4) for p in packets))
+        await turns()
+        for sub in subs:
+            # Live copies carry RETAIN only as published to MQTT 5 (Retain As Published).
+            expected = [(p.topic, p.payload, p.retain and sub.version == 5) for p in packets]
+            session = broker.sessions[sub.connection.client_id]
+            assert session.queue.count == 60
+            first = [p for p in sub.received() if isinstance(p, Publish)]
+            assert [p.payload for p in first] == [b"m%d" % i for i in range(1, 101)]
+            writes = len(sub.transport.written)
+            sub.send_bytes(b"".join(encode(PubAck(p.packet_id), sub.version) for p in first))  # type: ignore[arg-type]
+            await turns()
+            assert len(sub.transport.written) > writes
+            rest = [p for p in sub.received() if isinstance(p, Publish)]
+            assert [(sub.topic_of(p), p.payload, p.retain) for p in rest] == expected
+            ids = [p.packet_id for p in rest]
+            assert len(set(ids)) == 60 and not set(ids) & {p.packet_id for p in first}
+            assert not any(p.dup for p in rest)
+            sub.send_bytes(b"".join(encode(PubAck(i), sub.version) for i in ids))  # type: ignore[arg-type]
+            await turns()
+            assert not session.inflight and not session.queue.count
+
+    run(body)
