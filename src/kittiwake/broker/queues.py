@@ -609,8 +609,10 @@ class Queue:
             consumer = consumers[0]
             if consumer.receiver is None:
                 return 0
-            sent = 0
             credit = consumer.credit
+            if credit.available <= 0:
+                return 0  # (a flood's usual pump: the window is full)
+            sent = 0
             unsettled = consumer.unsettled
             if unsettled is NO_DELIVERIES:
                 unsettled = consumer.own_unsettled()
