@@ -715,16 +715,23 @@ class MQTTConnection:
                     return
             return
         client_id = self.client_id
-        publish_message = self.broker.publish
-        traffic = self.traffic
+        broker = self.broker
+        publish_message = broker.publish
+        ids = run.packet_ids
+        self.traffic.messages_received += len(ids)
+        # One read came at one time: the clock is read once for the run (publish() reads it
+        # for a message that has no time yet).
+        now = broker.clock.now()
         # PUBACKs owed now (no commit to wait for, no answer queued ahead): one write.
         acks: list[bytes] = []
+        taken = 0
         try:
-            for packet_id, payload in zip(run.packet_ids, run.payloads, strict=True):
-                traffic.messages_received += 1
+            for packet_id, payload in zip(ids, run.payloads, strict=True):
                 # As _on_publish: positional, origin set after.
                 message = Message(topic, payload, 1, False, True)
                 message.origin = client_id
+                message.created = now
+                taken += 1
                 commit = publish_message(message)
                 if commit is None and not self._answers:
                     acks.append(encode_puback(packet_id))
@@ -736,6 +743,7 @@ class MQTTConnection:
                         commit, encode_puback(packet_id), _PUBACK, packet_id, None, len(payload)
                     )
                 if self.closed:
+                    self.traffic.messages_received -= len(ids) - taken  # (never taken)
                     return
         finally:
             if acks:
