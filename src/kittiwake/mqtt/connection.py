@@ -1159,20 +1159,24 @@ class MQTTConnection:
         spliced = 0
         topic = None
         known = None
+        # The largest payload the client takes after this topic's head and a packet id.
+        room = 0
         for delivery in deliveries:
             view = delivery.view
             message = view.message
             if message.topic is not topic:
                 topic = message.topic
                 known = heads.get(topic)
+                if known is not None:
+                    room = limit - len(known[2]) - 2
             payload = message.payload
             if (
                 known is None
                 or delivery.tag
                 or view.delivery_count
                 or known[0] != len(payload)
+                or known[0] > room
                 or known[1] != (view.qos + 3 if view.retain else view.qos)
-                or len(known[2]) + 2 + len(payload) > limit
             ):
                 # Not a plain first attempt: deliver()'s own way, after what went before.
                 if pieces:
@@ -1182,6 +1186,8 @@ class MQTTConnection:
                 if self.closed:
                     return
                 known = heads.get(topic)  # (deliver may have cached a head for it)
+                if known is not None:
+                    room = limit - len(known[2]) - 2
                 continue
             # OutgoingPacketIds.assign, its usual case inlined (as in deliver).
             last = ids.last
