@@ -622,52 +622,56 @@ class Queue:
             deliver_all: Callable[[list[Delivery]], None] | None
             deliver_all = getattr(receiver, "deliver_all", None)
             run: list[Delivery] | None = [] if deliver_all is not None else None
-            while credit.available > 0:
-                if run is None:
-                    receiver = consumer.receiver
-                    if receiver is None:
+            try:
+                while credit.available > 0:
+                    if run is None:
+                        receiver = consumer.receiver
+                        if receiver is None:
+                            break
+                    ready = self._ready
+                    if (
+                        ready
+                        and not self._returned
+                        and not self._delayed
+                        and ready[0].message.expiry is None
+                    ):
+                        # pop's usual case, inlined: the next FIFO entry, nothing ahead of it and
+                        # nothing to expire (every queued delivery's path).
+                        entry = ready.popleft()
+                        message = entry.message
+                        size = len(message.payload) + len(message.topic)
+                        self.bytes -= size
+                        self.totals.bytes -= size
+                        self.count -= 1
+                    else:
+                        popped = self.pop(now)
+                        if popped is None:
+                            break
+                        entry = popped
+                    if entry.message.awaiting_commit and self._waits_for_commit(entry):
+                        self.push_front(entry)
                         break
-                ready = self._ready
-                if (
-                    ready
-                    and not self._returned
-                    and not self._delayed
-                    and ready[0].message.expiry is None
-                ):
-                    # pop's usual case, inlined: the next FIFO entry, nothing ahead of it and
-                    # nothing to expire (every queued delivery's path).
-                    entry = ready.popleft()
-                    message = entry.message
-                    size = len(message.payload) + len(message.topic)
-                    self.bytes -= size
-                    self.totals.bytes -= size
-                    self.count -= 1
-                else:
-                    popped = self.pop(now)
-                    if popped is None:
-                        break
-                    entry = popped
-                if entry.message.awaiting_commit and self._waits_for_commit(entry):
-                    self.push_front(entry)
-                    break
-                if entry.excluded is not None and consumer in entry.excluded:
-                    self.push_front(entry)
-                    if run and deliver_all is not None:
-                        deliver_all(run)
-                    return sent + self._dispatch_many(now)
-                # _start, inlined: this is every queued delivery's path.
-                self._next_delivery_id = delivery_id = self._next_delivery_id + 1
-                delivery = Delivery(delivery_id, entry, consumer)
-                unsettled[delivery_id] = delivery
-                credit.available -= 1
-                self.in_flight += 1
-                if run is not None:
-                    run.append(delivery)
-                else:
-                    receiver.deliver(delivery)
-                sent += 1
-            if run and deliver_all is not None:
-                deliver_all(run)
+                    if entry.excluded is not None and consumer in entry.excluded:
+                        self.push_front(entry)
+                        if run and deliver_all is not None:
+                            started, run = run, []
+                            deliver_all(started)
+                        return sent + self._dispatch_many(now)
+                    # _start, inlined: this is every queued delivery's path.
+                    self._next_delivery_id = delivery_id = self._next_delivery_id + 1
+                    delivery = Delivery(delivery_id, entry, consumer)
+                    unsettled[delivery_id] = delivery
+                    credit.available -= 1
+                    self.in_flight += 1
+                    if run is not None:
+                        run.append(delivery)
+                    else:
+                        receiver.deliver(delivery)
+                    sent += 1
+            finally:
+                # What was started goes out, whatever ended the loop.
+                if run and deliver_all is not None:
+                    deliver_all(run)
             return sent
         return self._dispatch_many(now)
 
