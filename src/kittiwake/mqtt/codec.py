@@ -165,10 +165,9 @@ class PacketDecoder:
         # The run the next plain PUBACK joins (ack_runs): the last packet, if it is one.
         run: list[int] | None = None
         # ack_runs, for PUBLISH: the last packet when it is a plain 3.x QoS 1 PUBLISH (first
-        # byte 0x32) on the remembered topic (``lone``), or a run of them (``publishes``),
-        # which the next such PUBLISH on that topic joins.
-        lone: Publish | None = None
-        publishes: PublishRun | None = None
+        # byte 0x32) on the remembered topic, or a run of them, which the next such PUBLISH
+        # on that topic joins; else None.
+        joinable: Publish | PublishRun | None = None
         try:
             while n - pos >= 2:
                 first = src[pos]
@@ -183,7 +182,7 @@ class PacketDecoder:
                         else:
                             run = [packet_id]
                             packets.append(PubAckRun(run))
-                            lone = publishes = None
+                            joinable = None
                         pos += 4
                         continue
                 run = None
@@ -206,7 +205,7 @@ class PacketDecoder:
                 if ptype != 3 and flags != _FIXED_FLAGS[ptype]:
                     _check_fixed_flags(ptype, flags, self.protocol_version)
                 if ptype == 3:
-                    if first == 0x32 and (lone is not None or publishes is not None):
+                    if first == 0x32 and joinable is not None:
                         # The run's topic again (a publisher's flood): its id and payload
                         # join the run. Anything else about it is decoded as usual below.
                         last = self._last_topic
@@ -220,18 +219,17 @@ class PacketDecoder:
                                 payload = src[at + 2 : end]
                                 if type(payload) is not bytes:
                                     payload = bytes(payload)
-                                if publishes is None:
-                                    assert lone is not None
-                                    publishes = PublishRun(
-                                        lone.topic,
-                                        [lone.packet_id, packet_id],  # type: ignore[list-item]
-                                        [lone.payload, payload],
-                                    )
-                                    packets[-1] = publishes
-                                    lone = None
+                                if type(joinable) is PublishRun:
+                                    joinable.packet_ids.append(packet_id)
+                                    joinable.payloads.append(payload)
                                 else:
-                                    publishes.packet_ids.append(packet_id)
-                                    publishes.payloads.append(payload)
+                                    assert type(joinable) is Publish
+                                    joinable = PublishRun(
+                                        joinable.topic,
+                                        [joinable.packet_id, packet_id],  # type: ignore[list-item]
+                                        [joinable.payload, payload],
+                                    )
+                                    packets[-1] = joinable
                                 pos = end
                                 continue
                     # The hot path: PUBLISH is read straight from the input by offsets.
@@ -244,7 +242,7 @@ class PacketDecoder:
                         ):
                             raw = src[pos:end]  # _bytes_of, inlined: every QoS 0 publication's
                             publish.raw = raw if type(raw) is bytes else bytes(raw)
-                        lone = None
+                        joinable = None
                     elif (
                         first == 0x32
                         and ack_runs
@@ -252,14 +250,13 @@ class PacketDecoder:
                         and (last := self._last_topic) is not None
                         and last[1] is publish.topic
                     ):
-                        lone = publish  # a run may start here
+                        joinable = publish  # a run may start here
                     else:
-                        lone = None
-                    publishes = None
+                        joinable = None
                     packets.append(publish)
                 else:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
-                    lone = publishes = None
+                    joinable = None
                 pos = end
         except MQTTProtocolError as error:
             self._buf = None  # the connection is dead; drop the tail with the error
