@@ -586,16 +586,21 @@ class Broker:
         """:meth:`acknowledge` for the deliveries one read acknowledged (a subscriber's run of
         PUBACKs) when nobody waits for the answers: one call for the run, and the store's
         batch and the session's pump seen to once."""
-        stored = False
-        waiting = False
-        for delivery in deliveries:
-            queue = delivery.consumer.queue
-            if queue is None or not queue.settle(delivery, _ACCEPTED):
-                continue
-            if delivery.entry.persistent and queue.durable:
-                stored = True
-            if queue.count:
-                waiting = True
+        queue = deliveries[0].consumer.queue if deliveries else None
+        if queue is not None:
+            # Nearly always the session's own queue's: settled by it in one call.
+            stored, waiting = queue.accept_all(deliveries)
+        else:
+            stored = False
+            waiting = False
+            for delivery in deliveries:
+                queue = delivery.consumer.queue
+                if queue is None or not queue.settle(delivery, _ACCEPTED):
+                    continue
+                if delivery.entry.persistent and queue.durable:
+                    stored = True
+                if queue.count:
+                    waiting = True
         if stored:
             # As acknowledge: an acceptance nobody waits for may let its batch wait for more.
             self.store.commit_unhurried()

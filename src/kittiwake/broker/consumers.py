@@ -52,6 +52,11 @@ class Receiver(Protocol):
     def deliver_settled(self, entry: QueuedMessage) -> None:
         """Send an entry that needs no settlement (at most once: MQTT QoS 0, AMQP settled)."""
 
+    # Optional: ``deliver_all(deliveries: list[Delivery]) -> None``, :meth:`deliver` for each,
+    # in order, at once (one write for a dispatch run). Only a receiver whose ``deliver``
+    # never acts on the queue while it runs (settles, detaches) may have it: the queue then
+    # starts a whole run of deliveries before handing any over (Queue.dispatch).
+
 
 class Delivery:
     """One attempt to give one entry to one consumer."""

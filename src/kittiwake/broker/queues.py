@@ -609,49 +609,69 @@ class Queue:
             consumer = consumers[0]
             if consumer.receiver is None:
                 return 0
-            sent = 0
             credit = consumer.credit
+            if credit.available <= 0:
+                return 0  # (a flood's usual pump: the window is full)
+            sent = 0
             unsettled = consumer.unsettled
             if unsettled is NO_DELIVERIES:
                 unsettled = consumer.own_unsettled()
-            while credit.available > 0:
-                receiver = consumer.receiver
-                if receiver is None:
-                    break
-                ready = self._ready
-                if (
-                    ready
-                    and not self._returned
-                    and not self._delayed
-                    and ready[0].message.expiry is None
-                ):
-                    # pop's usual case, inlined: the next FIFO entry, nothing ahead of it and
-                    # nothing to expire (every queued delivery's path).
-                    entry = ready.popleft()
-                    message = entry.message
-                    size = len(message.payload) + len(message.topic)
-                    self.bytes -= size
-                    self.totals.bytes -= size
-                    self.count -= 1
-                else:
-                    popped = self.pop(now)
-                    if popped is None:
+            # A receiver that takes a run (Receiver.deliver_all) gets this dispatch's
+            # deliveries at once, in one write; its deliver() never acts on this queue.
+            receiver = consumer.receiver
+            deliver_all: Callable[[list[Delivery]], None] | None
+            deliver_all = getattr(receiver, "deliver_all", None)
+            run: list[Delivery] | None = [] if deliver_all is not None else None
+            try:
+                while credit.available > 0:
+                    if run is None:
+                        receiver = consumer.receiver
+                        if receiver is None:
+                            break
+                    ready = self._ready
+                    if (
+                        ready
+                        and not self._returned
+                        and not self._delayed
+                        and ready[0].message.expiry is None
+                    ):
+                        # pop's usual case, inlined: the next FIFO entry, nothing ahead of it and
+                        # nothing to expire (every queued delivery's path).
+                        entry = ready.popleft()
+                        message = entry.message
+                        size = len(message.payload) + len(message.topic)
+                        self.bytes -= size
+                        self.totals.bytes -= size
+                        self.count -= 1
+                    else:
+                        popped = self.pop(now)
+                        if popped is None:
+                            break
+                        entry = popped
+                    if entry.message.awaiting_commit and self._waits_for_commit(entry):
+                        self.push_front(entry)
                         break
-                    entry = popped
-                if entry.message.awaiting_commit and self._waits_for_commit(entry):
-                    self.push_front(entry)
-                    break
-                if entry.excluded is not None and consumer in entry.excluded:
-                    self.push_front(entry)
-                    return sent + self._dispatch_many(now)
-                # _start, inlined: this is every queued delivery's path.
-                self._next_delivery_id = delivery_id = self._next_delivery_id + 1
-                delivery = Delivery(delivery_id, entry, consumer)
-                unsettled[delivery_id] = delivery
-                credit.available -= 1
-                self.in_flight += 1
-                receiver.deliver(delivery)
-                sent += 1
+                    if entry.excluded is not None and consumer in entry.excluded:
+                        self.push_front(entry)
+                        if run and deliver_all is not None:
+                            started, run = run, []
+                            deliver_all(started)
+                        return sent + self._dispatch_many(now)
+                    # _start, inlined: this is every queued delivery's path.
+                    self._next_delivery_id = delivery_id = self._next_delivery_id + 1
+                    delivery = Delivery(delivery_id, entry, consumer)
+                    unsettled[delivery_id] = delivery
+                    credit.available -= 1
+                    self.in_flight += 1
+                    if run is not None:
+                        run.append(delivery)
+                    else:
+                        receiver.deliver(delivery)
+                    sent += 1
+            finally:
+                # What was started goes out, whatever ended the loop.
+                if run and deliver_all is not None:
+                    deliver_all(run)
             return sent
         return self._dispatch_many(now)
 
@@ -942,6 +962,42 @@ class Queue:
         else:
             self._remove(entry, Removal.REJECTED)
         return True
+
+    def accept_all(self, deliveries: list[Delivery]) -> tuple[bool, bool]:
+        """:meth:`settle` as accepted for each of a run of deliveries (a subscriber's run of
+        acknowledgements), its usual case inlined: one call for the run, not one each. A
+        delivery of another queue (a shared group's, taken by a member) is settled by its
+        own queue. Returns whether a stored entry was among them (its removal goes to the
+        store) and whether entries wait in a queue that settled one (it needs a pump)."""
+        stored = False
+        waiting = False
+        settled = False  # (one of this queue's own)
+        durable = self.durable
+        for delivery in deliveries:
+            consumer = delivery.consumer
+            if consumer.queue is not self:
+                queue = consumer.queue
+                if queue is not None and queue.settle(delivery, _ACCEPTED):
+                    if delivery.entry.persistent and queue.durable:
+                        stored = True
+                    if queue.count:
+                        waiting = True
+                continue
+            if consumer.unsettled.pop(delivery.id, None) is None:
+                continue  # settled already
+            settled = True
+            credit = consumer.credit
+            if credit.window is not None:
+                credit.available += 1
+            self.in_flight -= 1
+            if durable:
+                entry = delivery.entry
+                if entry.persistent:
+                    stored = True
+                    # Only a stored entry leaves something behind for the owner to clean up.
+                    if self.on_removed is not None:
+                        self.on_removed(self, entry, _REMOVAL_ACCEPTED)
+        return stored, waiting or (settled and self.count > 0)
 
     def mark_received(self, delivery: Delivery) -> bool:
         """The consumer holds the entry now (an MQTT PUBREC); only its settlement remains."""

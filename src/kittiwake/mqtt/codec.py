@@ -31,6 +31,7 @@ from kittiwake.mqtt.packets import (
     PubAckRun,
     PubComp,
     Publish,
+    PublishRun,
     PubRec,
     PubRel,
     SubAck,
@@ -163,6 +164,10 @@ class PacketDecoder:
         ack_runs = self.ack_runs
         # The run the next plain PUBACK joins (ack_runs): the last packet, if it is one.
         run: list[int] | None = None
+        # ack_runs, for PUBLISH: the last packet when it is a plain 3.x QoS 1 PUBLISH (first
+        # byte 0x32) on the remembered topic, or a run of them, which the next such PUBLISH
+        # on that topic joins; else None.
+        joinable: Publish | PublishRun | None = None
         try:
             while n - pos >= 2:
                 first = src[pos]
@@ -177,6 +182,7 @@ class PacketDecoder:
                         else:
                             run = [packet_id]
                             packets.append(PubAckRun(run))
+                            joinable = None
                         pos += 4
                         continue
                 run = None
@@ -199,19 +205,58 @@ class PacketDecoder:
                 if ptype != 3 and flags != _FIXED_FLAGS[ptype]:
                     _check_fixed_flags(ptype, flags, self.protocol_version)
                 if ptype == 3:
+                    if first == 0x32 and joinable is not None:
+                        # The run's topic again (a publisher's flood): its id and payload
+                        # join the run. Anything else about it is decoded as usual below.
+                        last = self._last_topic
+                        assert last is not None  # (a run's topic is the remembered one)
+                        wire = last[0]
+                        at = body + len(wire)
+                        if at + 2 <= end and src.startswith(wire, body, end):
+                            packet_id = (src[at] << 8) | src[at + 1]
+                            if packet_id:
+                                last[2] = 0  # a repeat (see _decode_topic)
+                                payload = src[at + 2 : end]
+                                if type(payload) is not bytes:
+                                    payload = bytes(payload)
+                                if type(joinable) is PublishRun:
+                                    joinable.packet_ids.append(packet_id)
+                                    joinable.payloads.append(payload)
+                                else:
+                                    assert type(joinable) is Publish
+                                    joinable = PublishRun(
+                                        joinable.topic,
+                                        [joinable.packet_id, packet_id],  # type: ignore[list-item]
+                                        [joinable.payload, payload],
+                                    )
+                                    packets[-1] = joinable
+                                pos = end
+                                continue
                     # The hot path: PUBLISH is read straight from the input by offsets.
                     publish = _decode_publish_at(self, flags, src, mv, body, end)
-                    if (
-                        first == 0x30
+                    if first == 0x30:
+                        if (
+                            self.protocol_version != 5
+                            # A one-byte length (the usual case) is minimal: no call to see it.
+                            and (body - pos == 2 or body - pos == _minimal_header_size(length))
+                        ):
+                            raw = src[pos:end]  # _bytes_of, inlined: every QoS 0 publication's
+                            publish.raw = raw if type(raw) is bytes else bytes(raw)
+                        joinable = None
+                    elif (
+                        first == 0x32
+                        and ack_runs
                         and self.protocol_version != 5
-                        # A one-byte length (the usual case) is minimal: no call to see it.
-                        and (body - pos == 2 or body - pos == _minimal_header_size(length))
+                        and (last := self._last_topic) is not None
+                        and last[1] is publish.topic
                     ):
-                        raw = src[pos:end]  # _bytes_of, inlined: every QoS 0 publication's
-                        publish.raw = raw if type(raw) is bytes else bytes(raw)
+                        joinable = publish  # a run may start here
+                    else:
+                        joinable = None
                     packets.append(publish)
                 else:
                     packets.append(_DECODERS[ptype](self, flags, mv[body:end]))
+                    joinable = None
                 pos = end
         except MQTTProtocolError as error:
             self._buf = None  # the connection is dead; drop the tail with the error
@@ -820,6 +865,11 @@ def _encode_ack_run(p: PubAckRun, version: int) -> bytes:
     return b"".join(map(encode_puback, p.packet_ids))
 
 
+def _encode_publish_run(p: PublishRun, version: int) -> bytes:
+    """The run's PUBLISHes, in order (what a decoder with ack_runs reads back as one run)."""
+    return b"".join(_encode_publish(publish, version) for publish in p.publishes())
+
+
 _ACK_FLAGS: Final = {
     PacketType.PUBACK: 0,
     PacketType.PUBREC: 0,
@@ -911,6 +961,7 @@ _ENCODERS: Final[dict[type, Callable[[Any, int], bytes]]] = {
     Connect: _encode_connect,
     ConnAck: _encode_connack,
     Publish: _encode_publish,
+    PublishRun: _encode_publish_run,
     PubAck: _encode_ack,
     PubAckRun: _encode_ack_run,
     PubRec: _encode_ack,

@@ -56,6 +56,7 @@ from kittiwake.mqtt.packets import (
     PubAckRun,
     PubComp,
     Publish,
+    PublishRun,
     PubRec,
     PubRel,
     SubAck,
@@ -690,6 +691,64 @@ class MQTTConnection:
         kind = _PUBACK if qos == 1 else _PUBREC
         self._answer(commit, ack, kind, packet_id, None, len(message.payload))
 
+    def _on_publish_run(self, run: PublishRun) -> None:
+        """The decoder's run of plain 3.x QoS 1 PUBLISHes on one topic (a publisher's flood):
+        :meth:`_on_publish` for each, with what depends on the topic alone (its validity, the
+        publish verdict) decided once for the run, and the PUBACKs that need not wait written
+        together. Each publication is still published on its own, in order, so every delivery
+        rule (flow control, noLocal, the store's batches) sees what it sees one by one."""
+        topic = run.topic
+        permissions = self.permissions
+        allowed = permissions.publish_verdicts.get(topic)
+        if allowed is None:
+            try:
+                validate_topic_name(topic, self._limits.max_topic_levels)
+            except TopicError as exc:
+                raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
+            allowed = permissions.may_publish(topic)
+            permissions.remember_publish_verdict(topic, allowed)
+        if not allowed:
+            # Refused (and logged) one by one, as ever.
+            for publish in run.publishes():
+                self._on_publish(publish)
+                if self.closed:
+                    return
+            return
+        client_id = self.client_id
+        broker = self.broker
+        publish_message = broker.publish
+        ids = run.packet_ids
+        self.traffic.messages_received += len(ids)
+        # One read came at one time: the clock is read once for the run (publish() reads it
+        # for a message that has no time yet).
+        now = broker.clock.now()
+        # PUBACKs owed now (no commit to wait for, no answer queued ahead): one write.
+        acks: list[bytes] = []
+        taken = 0
+        try:
+            for packet_id, payload in zip(ids, run.payloads, strict=True):
+                # As _on_publish: positional, origin set after.
+                message = Message(topic, payload, 1, False, True)
+                message.origin = client_id
+                message.created = now
+                taken += 1
+                commit = publish_message(message)
+                if commit is None and not self._answers:
+                    acks.append(encode_puback(packet_id))
+                else:
+                    if acks:
+                        # The answers owed already go first (MQTT-4.6.0-2).
+                        self._write_all(acks)
+                    self._answer(
+                        commit, encode_puback(packet_id), _PUBACK, packet_id, None, len(payload)
+                    )
+                if self.closed:
+                    self.traffic.messages_received -= len(ids) - taken  # (never taken)
+                    return
+        finally:
+            if acks:
+                self._write_all(acks)
+
     def _answer_not_retained(
         self, session: Session, message: Message, commit: Completion, packet_id: int
     ) -> None:
@@ -999,6 +1058,7 @@ class MQTTConnection:
 
     _handlers: ClassVar[dict[type, Callable[[MQTTConnection, Any], None]]] = {
         Publish: _on_publish,
+        PublishRun: _on_publish_run,
         PubAck: _on_puback,
         PubAckRun: _on_puback_run,
         PubRec: _on_pubrec,
@@ -1078,6 +1138,73 @@ class MQTTConnection:
                     self.transport.write(data)
                     return
         self._publish(delivery_id, view, view.delivery_count > 0)
+
+    def deliver_all(self, deliveries: list[Delivery]) -> None:
+        """:meth:`deliver` for each of a queue's dispatch run, in order, in one write: a first
+        attempt to a 3.x client on a topic whose head it has (a subscriber behind a flood:
+        every queued delivery) is spliced into one list of pieces, joined once; anything
+        else goes through :meth:`deliver`, after what is spliced before it. Like
+        :meth:`deliver` it changes nothing in the queue (a dropped message is acknowledged
+        later), which is what lets the queue hand over a run (see ``Receiver.deliver_all``)."""
+        heads = self._publish_heads
+        if heads is None or self.closed:
+            for delivery in deliveries:
+                self.deliver(delivery)
+            return
+        ids = self._packet_ids
+        if ids is _NO_PACKET_IDS:
+            ids = self._own_packet_ids()
+        limit = self.peer_max_packet_size
+        pieces: list[bytes] = []
+        spliced = 0
+        topic = None
+        known = None
+        # The largest payload the client takes after this topic's head and a packet id.
+        room = 0
+        for delivery in deliveries:
+            view = delivery.view
+            message = view.message
+            if message.topic is not topic:
+                topic = message.topic
+                known = heads.get(topic)
+                if known is not None:
+                    room = limit - len(known[2]) - 2
+            payload = message.payload
+            if (
+                known is None
+                or delivery.tag
+                or view.delivery_count
+                or known[0] != len(payload)
+                or known[0] > room
+                or known[1] != (view.qos + 3 if view.retain else view.qos)
+            ):
+                # Not a plain first attempt: deliver()'s own way, after what went before.
+                if pieces:
+                    self.transport.write(b"".join(pieces))
+                    pieces = []
+                self.deliver(delivery)
+                if self.closed:
+                    return
+                known = heads.get(topic)  # (deliver may have cached a head for it)
+                if known is not None:
+                    room = limit - len(known[2]) - 2
+                continue
+            # OutgoingPacketIds.assign, its usual case inlined (as in deliver).
+            last = ids.last
+            delivery_id = last + 1 if last < MAX_PACKET_ID else 1
+            if delivery_id in ids:
+                delivery_id = ids.assign(delivery)
+            else:
+                ids.last = delivery.tag = delivery_id
+                ids[delivery_id] = delivery
+            pieces.append(known[2])
+            pieces.append(delivery_id.to_bytes(2, "big"))
+            pieces.append(payload)
+            spliced += 1
+        if spliced:
+            self.traffic.messages_sent += spliced
+        if pieces:
+            self.transport.write(b"".join(pieces))
 
     def deliver_settled(self, entry: QueuedMessage) -> None:
         if not self._cannot_take_qos0():

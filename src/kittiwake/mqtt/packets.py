@@ -98,6 +98,32 @@ class Publish:
 
 
 @dataclass(slots=True)
+class PublishRun:
+    """Consecutive plain QoS 1 PUBLISHes of one read on one topic, as one packet: 3.x, no
+    RETAIN, no DUP (first byte 0x32), so each differs from the others only in its packet id
+    and payload.
+
+    Not a packet type of its own on the wire: the server's decoder (``codec.AckRunDecoder``)
+    gives a publisher's run, which floods one topic, as one object holding their ids and
+    payloads instead of a :class:`Publish` each, so the connection checks the topic once for
+    the run; encoding one gives the PUBLISHes back. ``publishes()`` gives them one by one.
+    """
+
+    packet_type: ClassVar[PacketType] = PacketType.PUBLISH
+    topic: str
+    packet_ids: list[int]
+    payloads: list[bytes]
+
+    def publishes(self) -> list[Publish]:
+        """The run's PUBLISHes, each as the decoder would give it alone."""
+        topic = self.topic
+        return [
+            Publish(topic, payload, 1, False, False, packet_id)
+            for packet_id, payload in zip(self.packet_ids, self.payloads, strict=True)
+        ]
+
+
+@dataclass(slots=True)
 class PubAck:
     """PUBACK: QoS 1 delivery acknowledged."""
 
@@ -238,6 +264,7 @@ Packet: TypeAlias = (
     Connect
     | ConnAck
     | Publish
+    | PublishRun
     | PubAck
     | PubAckRun
     | PubRec

@@ -212,6 +212,52 @@ def test_accepted_removes_the_entry_for_good(clock: ManualClock) -> None:
     assert not queue.settle(stored, Settlement.ACCEPTED), "a delivery settles once"
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_accepting_a_run_settles_as_accepting_each(clock: ManualClock, durable: bool) -> None:
+    """accept_all (a subscriber's run of acknowledgements) ends the same state as settle() of
+    each as accepted: a delivery settled already is skipped, one of another queue is settled
+    by that queue, and it says whether a stored entry was among them and whether a queue
+    that settled one has entries waiting."""
+
+    def scene() -> tuple[Queue, Queue, Consumer, Consumer, Removals, list[Delivery]]:
+        queue, removals = make_queue(durable=durable)
+        other, _ = make_queue()
+        mine, rx = consumer(3)
+        theirs, other_rx = consumer(1)
+        queue.attach(mine)
+        other.attach(theirs)
+        for i in range(5):
+            queue.push(QueuedMessage.of(Message("t", b"m%d" % i, qos=1, persistent=True), 1))
+        other.push(entry(b"o1"))
+        other.push(entry(b"o2"))
+        queue.dispatch(clock.now())
+        other.dispatch(clock.now())
+        ours = rx.take()
+        assert queue.settle(ours[1], Settlement.ACCEPTED)  # settled already
+        run = [ours[0], ours[1], *other_rx.take(), ours[2], ours[0]]
+        return queue, other, mine, theirs, removals, run
+
+    queue, other, mine, theirs, removals, run = scene()
+    assert queue.accept_all(run) == (durable, True)
+    state = (queue.count, queue.in_flight, mine.credit.available, sorted(mine.unsettled))
+    others = (other.count, other.in_flight, theirs.credit.available, sorted(theirs.unsettled))
+    seen = list(removals.seen)
+
+    queue, other, mine, theirs, removals, run = scene()
+    for delivery in run:
+        owner = delivery.consumer.queue
+        assert owner is not None
+        owner.settle(delivery, Settlement.ACCEPTED)
+    assert (queue.count, queue.in_flight, mine.credit.available, sorted(mine.unsettled)) == state
+    assert (other.count, other.in_flight, theirs.credit.available) == others[:3]
+    assert sorted(theirs.unsettled) == others[3]
+    assert removals.seen == seen
+    assert (queue.count, queue.in_flight, mine.credit.available) == (2, 0, 3)
+    # Nothing of this queue's settled and nothing waiting anywhere: no pump needed.
+    queue, other, mine, theirs, removals, run = scene()
+    assert queue.accept_all([run[1]]) == (False, False)
+
+
 def test_released_goes_back_ahead_of_later_entries_with_its_count_unchanged(
     clock: ManualClock,
 ) -> None:
