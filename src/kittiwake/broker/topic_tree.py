@@ -103,7 +103,8 @@ class TopicTree(Generic[V]):
             if values is None:
                 node.values = value
                 self._count += 1
-                self._invalidate(topic_filter)
+                if self._cache:  # the call only when there is something to forget
+                    self._invalidate(topic_filter)
                 return
             if type(values) is not dict:
                 if values is value or values == value:
@@ -114,7 +115,8 @@ class TopicTree(Generic[V]):
             return
         bucket[value] = None
         self._count += 1
-        self._invalidate(topic_filter)
+        if self._cache:
+            self._invalidate(topic_filter)
 
     def remove(self, topic_filter: str, value: V) -> bool:
         """Drop value from topic_filter; False if it was not there.

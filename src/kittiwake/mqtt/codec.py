@@ -562,30 +562,47 @@ def _decode_subscribe(dec: PacketDecoder, flags: int, body: memoryview) -> Packe
     else:
         props, pos = _NO_PROPERTIES, 2
     subscriptions = []
-    while pos < end:
+    if not v5:
+        # 3.1/3.1.1 (a fleet subscribes filter after filter): read_string's checks written
+        # out, no call and no tuple per filter.
+        while pos < end:
+            if pos + 2 > end:
+                raise MalformedPacketError("string length runs past the end of the packet")
+            stop = pos + 2 + ((body[pos] << 8) | body[pos + 1])
+            if stop >= end:
+                if stop > end:
+                    raise MalformedPacketError("string runs past the end of the packet")
+                raise MalformedPacketError("SUBSCRIBE topic filter without subscription options")
+            try:
+                topic_filter = str(body[pos + 2 : stop], "utf-8")
+            except UnicodeDecodeError:
+                raise MalformedPacketError("string is not valid UTF-8") from None
+            if "\x00" in topic_filter:
+                raise MalformedPacketError("string contains U+0000")
+            options = body[stop]
+            if options & 0xFC or options == 3:
+                raise MalformedPacketError(f"SUBSCRIBE invalid requested QoS byte 0x{options:02X}")
+            subscriptions.append(SubscriptionRequest(topic_filter, options))
+            pos = stop + 1
+    while pos < end:  # 5.0
         topic_filter, pos = read_string(body, pos, end)
         if pos >= end:
             raise MalformedPacketError("SUBSCRIBE topic filter without subscription options")
         options = body[pos]
         pos += 1
+        if options & 0xC0:
+            raise MalformedPacketError("SUBSCRIBE reserved option bits set (MQTT-3.8.3-5)")
         qos = options & 0x03
-        if v5:
-            if options & 0xC0:
-                raise MalformedPacketError("SUBSCRIBE reserved option bits set (MQTT-3.8.3-5)")
-            if qos == 3:
-                raise MQTTProtocolError(_PROTOCOL_ERROR, "SUBSCRIBE maximum QoS 3")
-            retain_handling = (options >> 4) & 0x03
-            if retain_handling == 3:
-                raise MQTTProtocolError(_PROTOCOL_ERROR, "SUBSCRIBE retain handling 3")
-            subscriptions.append(
-                SubscriptionRequest(
-                    topic_filter, qos, bool(options & 0x04), bool(options & 0x08), retain_handling
-                )
+        if qos == 3:
+            raise MQTTProtocolError(_PROTOCOL_ERROR, "SUBSCRIBE maximum QoS 3")
+        retain_handling = (options >> 4) & 0x03
+        if retain_handling == 3:
+            raise MQTTProtocolError(_PROTOCOL_ERROR, "SUBSCRIBE retain handling 3")
+        subscriptions.append(
+            SubscriptionRequest(
+                topic_filter, qos, bool(options & 0x04), bool(options & 0x08), retain_handling
             )
-        else:
-            if options & 0xFC or qos == 3:
-                raise MalformedPacketError(f"SUBSCRIBE invalid requested QoS byte 0x{options:02X}")
-            subscriptions.append(SubscriptionRequest(topic_filter, qos))
+        )
     if not subscriptions:
         raise MQTTProtocolError(_PROTOCOL_ERROR, "SUBSCRIBE without topic filters")
     return Subscribe(packet_id, subscriptions, props)
