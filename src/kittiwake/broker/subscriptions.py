@@ -72,7 +72,9 @@ def subscribe(
     group: str | None = None
     topic_filter = full_filter
     try:
-        if full_filter.startswith("$share/"):  # parse_shared's test: no call for the others
+        # parse_shared's test, without its call (nor startswith's) for a filter that does
+        # not start with "$": a one-character slice is a cached string.
+        if full_filter[:1] == "$" and full_filter.startswith("$share/"):
             group, topic_filter = parse_shared(full_filter)
         validate_topic_filter(topic_filter, limits.max_topic_levels)
     except TopicError:
