@@ -389,14 +389,27 @@ def fleet_topics(count: int) -> list[str]:
     return [f"s/{i}/v" for i in range(half)] + [f"s/{half + i}/w" for i in range(count - half)]
 
 
+# topics: filters per SUBSCRIBE packet (--per-subscribe; run.py's fleet sends 100).
+PER_SUBSCRIBE = {"filters": 1}
+
+
 async def subscribe_fleet(broker: Broker, filters: list[str], per_connection: int) -> float:
-    """Subscribe `filters` over connections of `per_connection` each; CPU seconds spent."""
+    """Subscribe `filters` over connections of `per_connection` each, PER_SUBSCRIBE filters a
+    SUBSCRIBE, each connection's packets in one read; CPU seconds spent."""
+    per_packet = PER_SUBSCRIBE["filters"]
     reads = []
     for first in range(0, len(filters), per_connection):
         chunk = filters[first : first + per_connection]
         requests = [
-            frames([Subscribe(1 + k % 0xFFFE, [SubscriptionRequest(f, 0)])])
-            for k, f in enumerate(chunk)
+            frames(
+                [
+                    Subscribe(
+                        1 + (k // per_packet) % 0xFFFE,
+                        [SubscriptionRequest(f, 0) for f in chunk[k : k + per_packet]],
+                    )
+                ]
+            )
+            for k in range(0, len(chunk), per_packet)
         ]
         reads.append(b"".join(requests))
     clients = [Client(broker, f"sub{i}") for i in range(len(reads))]
@@ -567,6 +580,12 @@ def main() -> None:
         help="topics: a new device connects and subscribes (one filter) every N messages",
     )
     parser.add_argument(
+        "--per-subscribe",
+        type=int,
+        default=1,
+        help="topics: filters per SUBSCRIBE packet (run.py's fleet sends 100)",
+    )
+    parser.add_argument(
         "--no-freeze",
         action="store_true",
         help="topics: without kittiwake.collector's policy (freezing long-lived objects)",
@@ -617,6 +636,7 @@ def main() -> None:
     SHELL["on"] = args.shell
     DURABLE["on"] = args.durable
     FREEZE["on"] = not args.no_freeze
+    PER_SUBSCRIBE["filters"] = max(1, args.per_subscribe)
     if args.workload == "connections":
         size = asyncio.run(idle_connections(args.connections))
         print(f"idle connections: {size:,.0f} bytes allocated per connection")

@@ -110,7 +110,9 @@ class Permissions:
 
     def may_publish(self, topic: str) -> bool:
         """Callers cache the answer per topic (a connection's topic verdicts)."""
-        if topic.startswith("$SYS") and (topic == "$SYS" or topic.startswith("$SYS/")):
+        # [:1] first, a cached one-character string: cheaper than startswith's call for the
+        # topics not starting with "$" (a fleet wider than the verdicts asks on every one).
+        if topic[:1] == "$" and (topic == "$SYS" or topic.startswith("$SYS/")):
             return False  # $SYS is the broker's own voice (MQTT 5 §4.7.2)
         if not self.restricts_publishing:
             return True

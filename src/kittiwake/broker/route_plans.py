@@ -22,7 +22,7 @@ from kittiwake.broker.mqtt_subscriptions import SessionCopy, session_copies, sol
 from kittiwake.broker.sessions import Session, Subscription
 from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.topic_tree import TopicTree
-from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, is_wildcard
+from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS
 
 # Plans kept in each of the cache's two generations (see RoutePlans): two per filter in the
 # tree (a fleet's devices each publish on their own topic), at least the configured minimum
@@ -174,7 +174,7 @@ class RoutePlans:
             self._filter_changed(subscription.topic_filter)
 
     def _filter_changed(self, topic_filter: str) -> None:
-        if is_wildcard(topic_filter):
+        if "+" in topic_filter or "#" in topic_filter:  # is_wildcard: a burst's every filter
             self.changed()
             return
         # A filter without wildcards matches the topic spelled like it, and no other.

