@@ -1006,6 +1006,11 @@ class BrowserLink(ConsumerLink):
         self.flow()
         return True
 
+    def flow_event(self) -> None:
+        # Its consumer's credit is never spent (pump_now sends by the link's own credit), so
+        # an unchanged number does not mean nothing changed: every flow event pumps.
+        self.flow()
+
     def pump(self) -> None:
         self.pump_now()
 

@@ -322,6 +322,37 @@ def test_browser_sees_without_consuming_with_a_selector(amqp: Connect) -> None:
     assert got == [0, 1, 2, 3]
 
 
+def test_browser_given_one_credit_at_a_time_sees_every_message(amqp: Connect) -> None:
+    """A browser's credit coming back to a number it had before is still new credit: the
+    browser sends by its link's credit, not its consumer's, so it must not skip the flow."""
+    queue = unique("q")
+    connection = amqp()
+    sender = connection.create_sender(queue)
+    for n in range(4):
+        sender.send(Message(body=n))
+    # credit=1: proton's blocking receiver grants one more whenever it has none left.
+    browser = connection.create_receiver(queue, credit=1, name="browser", options=[Copy()])
+    seen = []
+    for _ in range(4):
+        seen.append(browser.receive(timeout=5).body)
+        browser.accept()
+    assert seen == [0, 1, 2, 3]
+
+
+def test_browser_topped_up_to_its_earlier_credit_sees_the_rest(amqp: Connect) -> None:
+    queue = unique("q")
+    connection = amqp()
+    sender = connection.create_sender(queue)
+    for n in range(6):
+        sender.send(Message(body=n))
+    browser = connection.create_receiver(queue, credit=3, name="browser", options=[Copy()])
+    seen = [browser.receive(timeout=5).body for _ in range(3)]
+    browser.accept()
+    browser.link.flow(3)  # back to 3, as Qpid JMS tops a browser up to its prefetch
+    seen += [browser.receive(timeout=5).body for _ in range(3)]
+    assert seen == [0, 1, 2, 3, 4, 5]
+
+
 def test_a_dead_letter_keeps_its_jms_type_and_body(amqp: Connect) -> None:
     """A TextMessage and a MapMessage rejected to the DLQ come out as a TextMessage and a
     MapMessage with their ids, gaining the dead letter's properties."""
