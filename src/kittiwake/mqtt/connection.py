@@ -718,7 +718,6 @@ class MQTTConnection:
         broker = self.broker
         publish_message = broker.publish
         ids = run.packet_ids
-        self.traffic.messages_received += len(ids)
         # One read came at one time: the clock is read once for the run (publish() reads it
         # for a message that has no time yet).
         now = broker.clock.now()
@@ -743,9 +742,10 @@ class MQTTConnection:
                         commit, encode_puback(packet_id), _PUBACK, packet_id, None, len(payload)
                     )
                 if self.closed:
-                    self.traffic.messages_received -= len(ids) - taken  # (never taken)
                     return
         finally:
+            # Counted as taken, as one by one: a close or an error mid-run stops the count.
+            self.traffic.messages_received += taken
             if acks:
                 self._write_all(acks)
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import pytest
 from connection_harness import ControlledStore, Wire, turns
 
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.completion import Completion
+from kittiwake.broker.message import Message
+from kittiwake.broker.store import MemoryStore
 from kittiwake.clock import ManualClock
 from kittiwake.config import config_from_dict
 from kittiwake.mqtt.codec import encode
@@ -214,3 +218,34 @@ def test_a_dispatch_run_reaches_the_subscriber_in_queue_order_whatever_its_shape
             assert not session.inflight and not session.queue.count
 
     run(body)
+
+
+@pytest.mark.parametrize("one_by_one", [False, True])
+def test_a_publication_failing_mid_run_stops_the_count_where_one_by_one_stops(
+    one_by_one: bool,
+) -> None:
+    """The received count is of publications taken, run or not: an internal error on the
+    second leaves two counted (the first, and the one that failed), not the whole run."""
+    broker = Broker(config_from_dict({}), clock=ManualClock(), store=MemoryStore())
+    publisher = Wire(broker, 4)
+    publisher.connect("pub")
+    real = broker.publish
+    calls = 0
+
+    def failing(message: Message) -> Completion | None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("boom")
+        return real(message)
+
+    broker.publish = failing  # type: ignore[method-assign]
+    packets = [encode(Publish("t", b"x", 1, False, False, i), 4) for i in range(1, 6)]
+    before = publisher.connection.traffic.messages_received
+    with pytest.raises(RuntimeError):
+        if one_by_one:  # a read each: no run
+            for packet in packets:
+                publisher.send_bytes(packet)
+        else:
+            publisher.send_bytes(b"".join(packets))
+    assert publisher.connection.traffic.messages_received - before == 2
