@@ -618,6 +618,19 @@ class MQTTConnection:
 
     # -- PUBLISH from the client ----------------------------------------------------------
 
+    def _publish_verdict(self, topic: str) -> bool:
+        """A topic name missing from the verdict cache: validated (a bad one closes the
+        connection), then whether this client may publish to it, remembered. The cache is
+        read by the callers themselves, so a hit costs no call."""
+        try:
+            validate_topic_name(topic, self._limits.max_topic_levels)
+        except TopicError as exc:
+            raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
+        permissions = self.permissions
+        allowed = permissions.may_publish(topic)
+        permissions.remember_publish_verdict(topic, allowed)
+        return allowed
+
     def _on_publish(self, packet: Publish) -> None:
         session = self.session
         assert session is not None
@@ -627,15 +640,9 @@ class MQTTConnection:
         topic = packet.topic
         if version == 5 and props.topic_alias is not None:
             topic = self._resolve_alias(props.topic_alias, topic)
-        permissions = self.permissions
-        allowed = permissions.publish_verdicts.get(topic)
+        allowed = self.permissions.publish_verdicts.get(topic)
         if allowed is None:
-            try:
-                validate_topic_name(topic, self._limits.max_topic_levels)
-            except TopicError as exc:
-                raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
-            allowed = permissions.may_publish(topic)
-            permissions.remember_publish_verdict(topic, allowed)
+            allowed = self._publish_verdict(topic)
         qos = packet.qos
         packet_id = packet.packet_id or 0
         if qos == 2 and packet_id in session.exactly_once_keys:
@@ -698,15 +705,9 @@ class MQTTConnection:
         together. Each publication is still published on its own, in order, so every delivery
         rule (flow control, noLocal, the store's batches) sees what it sees one by one."""
         topic = run.topic
-        permissions = self.permissions
-        allowed = permissions.publish_verdicts.get(topic)
+        allowed = self.permissions.publish_verdicts.get(topic)
         if allowed is None:
-            try:
-                validate_topic_name(topic, self._limits.max_topic_levels)
-            except TopicError as exc:
-                raise MQTTProtocolError(ReasonCode.TOPIC_NAME_INVALID, str(exc)) from None
-            allowed = permissions.may_publish(topic)
-            permissions.remember_publish_verdict(topic, allowed)
+            allowed = self._publish_verdict(topic)
         if not allowed:
             # Refused (and logged) one by one, as ever.
             for publish in run.publishes():
