@@ -43,17 +43,7 @@ log = logging.getLogger(__name__)
 def publish(broker: Broker, message: Message) -> Completion:
     """Accept a publication; the completion says when the publisher may be told it is
     safe (its commit, and room at its congested receivers: see flow_control.py)."""
-    # _accept, inlined: every publication's path.
-    if not message.created:
-        message.created = broker.clock.now()
-    broker.stats.messages_received += 1
-    if message.persistent:
-        if not message.message_id:
-            broker.store.journal(message)
-    elif broker.journal_qos0 and broker.store.journals_qos0(message.topic):
-        broker.store.journal(message)
-    if message.retain:
-        retain(broker, message)
+    _accept(broker, message)
     dispatch_now = message.qos == 1 and broker.store_and_dispatch
     # The stored copies of a store-and-dispatch publication (see Acceptances).
     stored: list[QueuedMessage] | None = [] if dispatch_now and message.persistent else None
@@ -162,8 +152,7 @@ def release_held(broker: Broker, held: list[HeldCopy], commit: asyncio.Future[No
 def _accept(broker: Broker, message: Message) -> None:
     """What every publication gets before routing: its time, its count, its journal row (a
     persistent one; a non-persistent one, QoS 0 or JMS NON_PERSISTENT, where the operator
-    opted its topic in, nothing waiting for it) and its place among the retained messages.
-    (:func:`publish` has it inlined: keep the two alike.)"""
+    opted its topic in, nothing waiting for it) and its place among the retained messages."""
     if not message.created:
         message.created = broker.clock.now()
     broker.stats.messages_received += 1
