@@ -1190,14 +1190,7 @@ class MQTTConnection:
                 if known is not None:
                     room = limit - len(known[2]) - 2
                 continue
-            # OutgoingPacketIds.assign, its usual case inlined (as in deliver).
-            last = ids.last
-            delivery_id = last + 1 if last < MAX_PACKET_ID else 1
-            if delivery_id in ids:
-                delivery_id = ids.assign(delivery)
-            else:
-                ids.last = delivery.tag = delivery_id
-                ids[delivery_id] = delivery
+            delivery_id = ids.assign(delivery)
             pieces.append(known[2])
             pieces.append(delivery_id.to_bytes(2, "big"))
             pieces.append(payload)
