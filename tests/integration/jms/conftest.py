@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from kittiwake.jms import Connection, ConnectionFactory, Message, Queue
+from kittiwake.jms import (
+    Connection,
+    ConnectionFactory,
+    Message,
+    MessageConsumer,
+    Queue,
+    Session,
+    Topic,
+)
 
 from ..brokerproc import BrokerProcess, amqp_module_broker, closing_all, live_amqp_url
 
@@ -53,3 +61,26 @@ def drain_queue(connection: Connection, queue: Queue) -> list[Message]:
 
 def texts(messages: list[Message]) -> list[str | None]:
     return [m.get_body() for m in messages]
+
+
+def send(session: Session, topic: Topic, *numbers: int) -> None:
+    """Text messages ``str(n)`` with an int property ``n`` (what the selectors test)."""
+    producer = session.create_producer(topic)
+    for n in numbers:
+        message = session.create_text_message(str(n))
+        message.set_int_property("n", n)
+        producer.send(message)
+
+
+def received(consumer: MessageConsumer, quiet: float = 0.5) -> list[str]:
+    """Everything the consumer gets until nothing more comes for ``quiet`` seconds (the first
+    message may take longer: it has 5 seconds)."""
+    bodies: list[str] = []
+    timeout = 5.0
+    for _ in range(100):
+        message = consumer.receive(timeout)
+        if message is None:
+            return bodies
+        bodies.append(str(message.get_body()))
+        timeout = quiet
+    return bodies

@@ -11,34 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from kittiwake.jms import Connection, ConnectionFactory, MessageConsumer, Session, Topic
+from kittiwake.jms import Connection, ConnectionFactory, Topic
 
 from ..brokerproc import BrokerProcess, closing_all, live_amqp_url
 from ..clients import unique
+from .conftest import received, send
 
 Connect = Callable[..., Connection]
-
-
-def send(session: Session, topic: Topic, *numbers: int) -> None:
-    producer = session.create_producer(topic)
-    for n in numbers:
-        message = session.create_text_message(str(n))
-        message.set_int_property("n", n)
-        producer.send(message)
-
-
-def received(consumer: MessageConsumer, quiet: float = 0.5) -> list[str]:
-    """Everything the consumer gets until nothing more comes for ``quiet`` seconds (the first
-    message may take longer: it has 5 seconds)."""
-    bodies: list[str] = []
-    timeout = 5.0
-    for _ in range(100):
-        message = consumer.receive(timeout)
-        if message is None:
-            return bodies
-        bodies.append(str(message.get_body()))
-        timeout = quiet
-    return bodies
 
 
 def test_no_local_leaves_out_what_its_client_id_published_on_an_earlier_connection(

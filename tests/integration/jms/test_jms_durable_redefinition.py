@@ -7,33 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kittiwake.jms import Connection, MessageConsumer, Session, Topic
+from kittiwake.jms import Connection, Session, Topic
 
 from ..clients import unique
+from .conftest import received, send
 
 Connect = Callable[..., Connection]
-
-
-def send(session: Session, topic: Topic, *numbers: int) -> None:
-    producer = session.create_producer(topic)
-    for n in numbers:
-        message = session.create_text_message(str(n))
-        message.set_int_property("n", n)
-        producer.send(message)
-
-
-def received(consumer: MessageConsumer, quiet: float = 0.5) -> list[str]:
-    """Everything the consumer gets until nothing more comes for ``quiet`` seconds (the first
-    message may take longer: it has 5 seconds)."""
-    bodies: list[str] = []
-    timeout = 5.0
-    for _ in range(100):
-        message = consumer.receive(timeout)
-        if message is None:
-            return bodies
-        bodies.append(str(message.get_body()))
-        timeout = quiet
-    return bodies
 
 
 def subscriber(connect: Connect) -> Session:

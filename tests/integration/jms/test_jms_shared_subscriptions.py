@@ -12,16 +12,9 @@ import pytest
 from kittiwake.jms import Connection, JMSException, Session, Topic
 
 from ..clients import unique
+from .conftest import send
 
 Connect = Callable[..., Connection]
-
-
-def send(session: Session, topic: Topic, *numbers: int) -> None:
-    producer = session.create_producer(topic)
-    for n in numbers:
-        message = session.create_text_message(str(n))
-        message.set_int_property("n", n)
-        producer.send(message)
 
 
 @pytest.mark.parametrize("durable", [False, True], ids=["shared", "shared-durable"])
