@@ -7,18 +7,13 @@ limits or know any protocol: callers split shared filters and check max_levels b
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any, Final, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from kittiwake.broker.topics import MAX_CACHED_TOPIC_CHARS, is_wildcard, validate_topic_filter
 
 __all__ = ["TopicTree"]
 
 V = TypeVar("V", bound=Hashable)
-
-# The children of every leaf: one shared empty dict, never written to (insert gives a node its
-# own dict with its first child), so a million leaves do not carry a million empty dicts.
-_NO_CHILDREN: Final[dict[str, Any]] = {}
-
 
 class _Node(Generic[V]):
     """One level of the trie; the path from the root spells the filter's leading levels.
@@ -27,10 +22,16 @@ class _Node(Generic[V]):
     and '#' holds values directly because nothing can follow it.
     """
 
-    __slots__ = ("children", "multi", "plus", "values")
+    __slots__ = ("children", "level", "multi", "plus", "values")
 
-    def __init__(self) -> None:
-        self.children: dict[str, _Node[V]] = _NO_CHILDREN
+    def __init__(self, level: str) -> None:
+        # The literal children: None for a leaf, the child itself while it is the only one
+        # (its ``level`` is its key), a dict by level from the second on. A fleet's filters
+        # ("s/<device>/v") give every device's level one child: a one-entry dict each would
+        # be about 200 bytes and one more object for the cyclic collector per filter.
+        self.children: dict[str, _Node[V]] | _Node[V] | None = None
+        # This node's level: its key under its parent (the only child is found by it).
+        self.level = level
         self.plus: _Node[V] | None = None
         # Values of the filter "<this path>/#"; None rather than {} keeps idle nodes small.
         self.multi: dict[V, None] | None = None
@@ -39,9 +40,59 @@ class _Node(Generic[V]):
         # about 180 bytes and an object for the collector), a dict from the second on.
         self.values: dict[V, None] | V | None = None
 
+    def child(self, level: str) -> _Node[V] | None:
+        """The literal child at ``level``, if any (the match walk writes this out)."""
+        children = self.children
+        if type(children) is dict:
+            return children.get(level)
+        if children is not None and children.level == level:  # type: ignore[union-attr]
+            return children  # type: ignore[return-value]
+        return None
+
+    def add_child(self, level: str) -> _Node[V]:
+        """The literal child at ``level``, made if missing."""
+        children = self.children
+        if children is None:
+            child = self.children = _Node(level)
+            return child
+        if type(children) is dict:
+            found = children.get(level)
+            if found is None:
+                found = children[level] = _Node(level)
+            return found
+        only: _Node[V] = children  # type: ignore[assignment]
+        if only.level == level:
+            return only
+        child = _Node(level)
+        self.children = {only.level: only, level: child}
+        return child
+
+    def drop_child(self, level: str) -> None:
+        """Unlink the (present) literal child at ``level``; a dict left with one child gives
+        way to the child alone."""
+        children = self.children
+        if type(children) is dict:
+            del children[level]
+            if len(children) == 1:
+                self.children = next(iter(children.values()))
+        else:
+            self.children = None
+
+    def literal_children(self) -> list[tuple[str, _Node[V]]]:
+        children = self.children
+        if children is None:
+            return []
+        if type(children) is dict:
+            return list(children.items())
+        only: _Node[V] = children  # type: ignore[assignment]
+        return [(only.level, only)]
+
     def is_empty(self) -> bool:
         return (
-            not self.children and self.plus is None and not self.multi and self.values is None
+            self.children is None
+            and self.plus is None
+            and not self.multi
+            and self.values is None
         )
 
 
@@ -58,7 +109,7 @@ class TopicTree(Generic[V]):
     def __init__(self, cache_size: int = 4096) -> None:
         if cache_size < 0:
             raise ValueError(f"cache_size must be 0 (no cache) or more, not {cache_size}.")
-        self._root: _Node[V] = _Node()
+        self._root: _Node[V] = _Node("")
         self._count = 0
         self._cache_size = cache_size
         self._cache: dict[str, tuple[V, ...]] = {}
@@ -88,16 +139,24 @@ class TopicTree(Generic[V]):
                 break
             if level == "+":
                 if node.plus is None:
-                    node.plus = _Node()
+                    node.plus = _Node(level)
                 node = node.plus
             else:
+                # add_child, written out: every level of every filter subscribed.
                 children = node.children
-                child = children.get(level)
-                if child is None:
-                    if children is _NO_CHILDREN:
-                        children = node.children = {}
-                    child = children[level] = _Node()
-                node = child
+                if children is None:
+                    # Not "node = node.children = ...": targets are assigned left to right.
+                    child = node.children = _Node(level)
+                    node = child
+                elif type(children) is dict:
+                    found = children.get(level)
+                    if found is None:
+                        found = children[level] = _Node(level)
+                    node = found
+                elif children.level == level:  # type: ignore[union-attr]
+                    node = children  # type: ignore[assignment]
+                else:
+                    node = node.add_child(level)
         else:
             values = node.values
             if values is None:
@@ -137,7 +196,7 @@ class TopicTree(Generic[V]):
                 if not node.multi:
                     node.multi = None
                 break
-            nxt = node.plus if level == "+" else node.children.get(level)
+            nxt = node.plus if level == "+" else node.child(level)
             if nxt is None:
                 return False
             path.append((node, level))
@@ -161,9 +220,7 @@ class TopicTree(Generic[V]):
             if level == "+":
                 parent.plus = None
             else:
-                del parent.children[level]
-                if not parent.children:
-                    parent.children = _NO_CHILDREN
+                parent.drop_child(level)
             node = parent
         self._invalidate(topic_filter)
         return True
@@ -199,7 +256,7 @@ class TopicTree(Generic[V]):
                 out.append("/".join([*prefix, "#"]))
             if node.plus is not None:
                 stack.append((node.plus, [*prefix, "+"]))
-            for level, child in reversed(node.children.items()):
+            for level, child in reversed(node.literal_children()):
                 stack.append((child, [*prefix, level]))
         return out
 
@@ -217,7 +274,7 @@ class TopicTree(Generic[V]):
         if topic_name[:1] == "$":
             # §4.7.2: a first-level wildcard must not see "$SYS/..."-style topics, so the walk
             # starts below the root's '+' and '#'.
-            node = self._root.children.get(levels[0])
+            node = self._root.child(levels[0])
             if node is None:
                 return ()
             depth = 1
@@ -257,7 +314,15 @@ class TopicTree(Generic[V]):
                         branches = [(plus, depth + 1)]
                     else:
                         branches.append((plus, depth + 1))
-                node = node.children.get(levels[depth])
+                # child(), written out: every level of every uncached publication. A
+                # fleet's device level has one child, compared by its level.
+                children = node.children
+                if type(children) is dict:
+                    node = children.get(levels[depth])
+                elif children is not None and children.level == levels[depth]:  # type: ignore[union-attr]
+                    node = children  # type: ignore[assignment]
+                else:
+                    node = None
                 depth += 1
             if not branches:
                 break

@@ -119,6 +119,57 @@ def test_literal_matches_come_before_wildcard_ones() -> None:
     assert tree.match_uncached("$a/b") == ("dollar",)
 
 
+def assert_compact(tree: TopicTree[str]) -> None:
+    """Every node keeps an only child on itself, a dict only for two or more, and every
+    child's level is its key."""
+    stack = [tree._root]
+    while stack:
+        node = stack.pop()
+        children = node.children
+        if isinstance(children, dict):
+            assert len(children) >= 2, children
+            for level, child in children.items():
+                assert child.level == level
+        if node.plus is not None:
+            stack.append(node.plus)
+        stack.extend(child for _level, child in node.literal_children())
+
+
+def test_a_fleets_filters_keep_no_dict_of_one_child() -> None:
+    """A device's level has one child ("s/<i>/v"): it lives on the node, not in a one-entry
+    dict (about 200 bytes and one more object for the collector per filter), and a second
+    child, then its removal, move between the two forms with every match unchanged."""
+    tree: TopicTree[str] = TopicTree(cache_size=0)
+    for i in range(50):
+        tree.insert(f"s/{i}/v", f"d{i}")
+    device = tree._root.child("s")
+    assert device is not None
+    assert isinstance(device.children, dict)
+    assert len(device.children) == 50
+    for i in range(50):
+        node = device.child(str(i))
+        assert node is not None
+        assert not isinstance(node.children, dict)
+        assert node.child("v") is not None
+        assert tree.match_uncached(f"s/{i}/v") == (f"d{i}",)
+        assert tree.match_uncached(f"s/{i}/w") == ()
+    tree.insert("s/7/w", "second")
+    assert tree.match_uncached("s/7/w") == ("second",)
+    assert tree.match_uncached("s/7/v") == ("d7",)
+    assert_compact(tree)
+    assert tree.remove("s/7/v", "d7")
+    assert tree.match_uncached("s/7/w") == ("second",)
+    assert tree.match_uncached("s/7/v") == ()
+    assert_compact(tree)
+    assert tree.remove("s/7/w", "second")
+    assert device.child("7") is None
+    for i in range(50):
+        if i != 7:
+            assert tree.remove(f"s/{i}/v", f"d{i}")
+    assert tree._root.children is None
+    assert tree.filters() == []
+
+
 class TreeMachine(RuleBasedStateMachine):
     """Random insert/remove/match interleavings, so stale cache entries would be caught."""
 
@@ -157,6 +208,10 @@ class TreeMachine(RuleBasedStateMachine):
     def sizes_agree(self) -> None:
         assert len(self.tree) == sum(len(v) for v in self.model.values())
         assert len(self.tree._cache) <= 4
+
+    @invariant()
+    def only_children_need_no_dict(self) -> None:
+        assert_compact(self.tree)
 
     def teardown(self) -> None:
         for topic_filter, values in list(self.model.items()):
@@ -277,7 +332,7 @@ def test_removing_everything_prunes_the_tree() -> None:
         assert tree.remove(topic_filter, "shared")
         assert tree.remove(topic_filter, f"v{len(filters_) - 1 - i}")
     root = tree._root
-    assert root.children == {}
+    assert root.children is None
     assert root.plus is None
     assert root.multi is None
     assert root.values is None
@@ -291,8 +346,10 @@ def test_pruning_keeps_nodes_other_filters_still_use() -> None:
     tree.insert("a", "shallow")
     tree.insert("a/#", "multi")
     assert tree.remove("a/b/c", "deep")
-    assert list(tree._root.children) == ["a"]
-    assert tree._root.children["a"].children == {}
+    assert [level for level, _child in tree._root.literal_children()] == ["a"]
+    kept = tree._root.child("a")
+    assert kept is not None
+    assert kept.children is None
     assert tree.match("a") == ("multi", "shallow")
 
 
