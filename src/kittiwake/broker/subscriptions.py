@@ -158,18 +158,21 @@ def _attach(
     queue = session.made_queue
     if queue is None:
         queue = session.queue
+    # The binding's fields positionally and the options left at their defaults unpassed:
+    # keyword arguments for all ten cost a fleet's subscribe about a twentieth of a filter.
     subscription = Subscription(
-        session=session,
-        topic_filter=topic_filter,
-        queue=queue,
-        owner=session.client_id,
-        max_qos=options.max_qos,
-        share_group=group,
-        no_local=options.no_local,
-        retain_as_published=options.retain_as_published,
-        retain_handling=options.retain_handling,
-        subscription_id=options.subscription_id,
+        topic_filter, queue, options.max_qos, options.no_local, session.client_id, session=session
     )
+    if (
+        group is not None
+        or options.retain_as_published
+        or options.retain_handling
+        or options.subscription_id is not None
+    ):
+        subscription.share_group = group
+        subscription.retain_as_published = options.retain_as_published
+        subscription.retain_handling = options.retain_handling
+        subscription.subscription_id = options.subscription_id
     subscriptions = session.subscriptions
     if type(subscriptions) is SubscriptionMap:
         subscriptions[full_filter] = subscription  # session.add_subscription, inlined

@@ -117,8 +117,14 @@ def validate_topic_filter(topic_filter: str, max_levels: int | None = None) -> N
         # The common checks in one expression first, as for topic names: a fleet subscribes
         # filter after filter. Any doubt takes the checks, which say what is wrong.
         _check_common(topic_filter, "topic filter", max_levels)
-    if "+" not in topic_filter and "#" not in topic_filter:
-        return
+    if "#" not in topic_filter:
+        if "+" not in topic_filter:
+            return
+        # Every '+' a whole level ("s/<device>/+", half a fleet's filters): as many "/+/" as
+        # '+' once the filter has a '/' each side. Non-overlapping counts may miss one of
+        # "+/+" (checked below, then), never count a '+' that is not a whole level.
+        if f"/{topic_filter}/".count("/+/") == topic_filter.count("+"):
+            return
     levels = topic_filter.split("/")
     last = len(levels) - 1
     for i, level in enumerate(levels):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kittiwake.broker.topics import (
     MAX_TOPIC_BYTES,
@@ -254,3 +256,25 @@ def test_parse_shared_leaves_the_filter_to_validate_topic_filter() -> None:
 )
 def test_is_wildcard(topic_filter: str, expected: bool) -> None:
     assert is_wildcard(topic_filter) is expected
+
+
+def _wildcards_well_placed(topic_filter: str) -> bool:
+    """The wildcard rule level by level: '+' and '#' whole levels, '#' the last one."""
+    levels = topic_filter.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            return False
+        if "+" in level and level != "+":
+            return False
+    return True
+
+
+@given(st.text(alphabet="ab+/#", min_size=1, max_size=12))
+def test_filter_validation_agrees_with_the_level_by_level_rule(topic_filter: str) -> None:
+    """validate_topic_filter's shortcut for '+' filters ("s/<device>/+") accepts exactly
+    what the level-by-level rule accepts, consecutive '+' levels included."""
+    if _wildcards_well_placed(topic_filter):
+        validate_topic_filter(topic_filter)
+    else:
+        with pytest.raises(TopicError):
+            validate_topic_filter(topic_filter)
