@@ -492,7 +492,9 @@ def _decode_publish_at(
         pos = start + 2 + ((src[start] << 8) | src[start + 1]) if end - start >= 2 else end + 1
         if countdown and pos <= end:
             try:
-                topic = src[start + 2 : pos].decode("utf-8")
+                # decode() without its argument: strict UTF-8 all the same, without the
+                # encoding name's lookup (about a twentieth of a cycling publisher's decode).
+                topic = src[start + 2 : pos].decode()
             except UnicodeDecodeError:
                 raise MalformedPacketError("PUBLISH topic is not valid UTF-8") from None
             if "\x00" in topic or "+" in topic or "#" in topic:
@@ -552,7 +554,7 @@ def _decode_topic(
     if pos > end:
         raise MalformedPacketError("PUBLISH topic runs past the end of the packet")
     try:
-        topic = src[start + 2 : pos].decode("utf-8")
+        topic = src[start + 2 : pos].decode()  # UTF-8, strict (see _decode_publish_at)
     except UnicodeDecodeError:
         raise MalformedPacketError("PUBLISH topic is not valid UTF-8") from None
     if "\x00" in topic:
