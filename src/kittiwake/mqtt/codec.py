@@ -617,22 +617,24 @@ def _decode_subscribe(dec: PacketDecoder, flags: int, body: memoryview) -> Packe
     subscriptions = []
     if not v5:
         # 3.1/3.1.1 (a fleet subscribes filter after filter): read_string's checks written
-        # out, no call and no tuple per filter.
+        # out, no call and no tuple per filter, read from a copy of the body as bytes (one
+        # copy a packet): a bytes slice decodes in half the time of str() of a view's slice.
+        data = bytes(body)
         while pos < end:
             if pos + 2 > end:
                 raise MalformedPacketError("string length runs past the end of the packet")
-            stop = pos + 2 + ((body[pos] << 8) | body[pos + 1])
+            stop = pos + 2 + ((data[pos] << 8) | data[pos + 1])
             if stop >= end:
                 if stop > end:
                     raise MalformedPacketError("string runs past the end of the packet")
                 raise MalformedPacketError("SUBSCRIBE topic filter without subscription options")
             try:
-                topic_filter = str(body[pos + 2 : stop], "utf-8")
+                topic_filter = data[pos + 2 : stop].decode()  # UTF-8, strict
             except UnicodeDecodeError:
                 raise MalformedPacketError("string is not valid UTF-8") from None
             if "\x00" in topic_filter:
                 raise MalformedPacketError("string contains U+0000")
-            options = body[stop]
+            options = data[stop]
             if options & 0xFC or options == 3:
                 raise MalformedPacketError(f"SUBSCRIBE invalid requested QoS byte 0x{options:02X}")
             subscriptions.append(SubscriptionRequest(topic_filter, options))
