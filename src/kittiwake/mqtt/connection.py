@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Final, Protocol, TypeAlias
 
 from kittiwake.broker.authentication import Authentication, Principal, Refusal
 from kittiwake.broker.authorization import RenewPermissions
-from kittiwake.broker.broker import Broker, SubscribeRefusal, SubscriptionOptions
+from kittiwake.broker.broker import Broker, Subscribed, SubscribeRefusal, SubscriptionOptions
 from kittiwake.broker.completion import NOT_FOUND, Completion, all_of
 from kittiwake.broker.connection_admission import AdmissionRefusal
 from kittiwake.broker.consumers import Delivery, DeliveryState
@@ -960,6 +960,7 @@ class MQTTConnection:
         codes: list[int] = []
         accepted = []
         completion: Completion = None
+        subscribe = self.broker.subscribe
         for request in packet.subscriptions:
             if request.no_local and version == 5 and _is_shared(request.topic_filter):
                 raise MQTTProtocolError(
@@ -975,8 +976,16 @@ class MQTTConnection:
                     retain_handling=request.retain_handling,
                     subscription_id=subscription_id,
                 )
-            outcome = self.broker.subscribe(session, request.topic_filter, options)
-            if isinstance(outcome, SubscribeRefusal):
+            outcome = subscribe(session, request.topic_filter, options)
+            if type(outcome) is Subscribed:
+                # The usual answer first, by its exact type: isinstance against the Enum
+                # class asks its metaclass, about twice the cost, on a fleet's every filter.
+                codes.append(outcome.subscription.max_qos)  # granted_qos without its call
+                accepted.append(outcome)
+                if outcome.completion is not None:  # a persistent session's: else no call
+                    completion = all_of(completion, outcome.completion)
+            else:
+                assert isinstance(outcome, SubscribeRefusal)
                 self._log.info(
                     "client %s (user %s, %s): subscription to %s refused: %s",
                     self.client_id,
@@ -986,11 +995,6 @@ class MQTTConnection:
                     outcome.value,
                 )
                 codes.append(_REFUSAL_REASON[outcome] if version == 5 else SUBACK_FAILURE_V3)
-            else:
-                codes.append(outcome.subscription.max_qos)  # granted_qos without its call
-                accepted.append(outcome)
-                if outcome.completion is not None:  # a persistent session's: else no call
-                    completion = all_of(completion, outcome.completion)
 
         then: Callable[[], None] | None = None
         # A SUBACK written at once while nothing is retained has nothing to send after it
