@@ -153,8 +153,18 @@ class RoutePlans:
         """A subscription (or a shared group's member) came, went or changed its options: the
         plans of the topics its filter matches are forgotten. Its copy's own plan stays: what
         it says changes only with the session's connection (session_changed), and new options
-        come with a new copy (subscriptions.subscribe)."""
-        self._filter_changed(subscription.topic_filter)
+        come with a new copy (subscriptions.subscribe). The work itself, not a call to more:
+        every filter of a fleet's subscribe comes here."""
+        topic_filter = subscription.topic_filter
+        if "+" in topic_filter or "#" in topic_filter:  # is_wildcard, without its call
+            self.changed()
+            return
+        # A filter without wildcards matches the topic spelled like it, and no other.
+        if self.by_topic:
+            self.by_topic.pop(topic_filter, None)
+        if self._older:
+            self._older.pop(topic_filter, None)
+        self._limit = -1  # the tree's size changed: the bound follows it (_bound)
 
     def session_changed(self, session: Session) -> None:
         """A session connected or disconnected: its subscriptions' plans say who is connected
@@ -171,18 +181,7 @@ class RoutePlans:
             copy = subscription.copy
             if copy is not None:
                 copy.plan = None
-            self._filter_changed(subscription.topic_filter)
-
-    def _filter_changed(self, topic_filter: str) -> None:
-        if "+" in topic_filter or "#" in topic_filter:  # is_wildcard: a burst's every filter
-            self.changed()
-            return
-        # A filter without wildcards matches the topic spelled like it, and no other.
-        if self.by_topic:
-            self.by_topic.pop(topic_filter, None)
-        if self._older:
-            self._older.pop(topic_filter, None)
-        self._limit = -1  # the tree's size changed: the bound follows it (_bound)
+            self.subscription_changed(subscription)
 
     def plan(self, topic: str) -> RoutePlan:
         plan = self.by_topic.get(topic)  # not a subscript in try: raising costs a miss ~1 us
