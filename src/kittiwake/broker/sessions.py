@@ -21,7 +21,7 @@ from kittiwake.broker.routing import Binding
 
 if TYPE_CHECKING:
     from kittiwake.broker.authorization import Permissions
-    from kittiwake.broker.mqtt_subscriptions import CopyOptions, SessionCopy
+    from kittiwake.broker.mqtt_subscriptions import SessionCopy
     from kittiwake.broker.shared_groups import Member
 
 # A session expiry interval meaning "never expires" (the MQTT 5 value 0xFFFFFFFF).
@@ -51,7 +51,7 @@ class SubscriptionMap(dict[str, "Subscription"]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.plain_copies: dict[CopyOptions, SessionCopy] | None = None
+        self.plain_copies: dict[tuple[int, bool], SessionCopy] | None = None
 
 
 def session_queue_name(client_id: str) -> str:
@@ -162,7 +162,7 @@ class Session:
     queue_rules: QueueRules = DEFAULT_QUEUE_RULES
 
     @property
-    def plain_copies(self) -> dict[CopyOptions, SessionCopy] | None:
+    def plain_copies(self) -> dict[tuple[int, bool], SessionCopy] | None:
         """The copies its plain subscriptions share (see SubscriptionMap); None for none."""
         subscriptions = self.subscriptions
         return subscriptions.plain_copies if type(subscriptions) is SubscriptionMap else None

@@ -264,7 +264,8 @@ def _drop_copy(subscription: Subscription) -> None:
         return
     subscription.copy = None
     plain = subscription.session.plain_copies
-    if not plain or plain.get(copy.options) is not copy:
+    options = copy.options
+    if not plain or plain.get((options.max_qos, options.retain_as_published)) is not copy:
         copy.plan = None
 
 
