@@ -30,7 +30,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -1119,25 +1119,25 @@ class SQLiteStore:
                 self._cancels_seen = cancelled
                 self._accepting_at = now
             if now - self._accepting_at < window:
-                aged = max(
-                    self._nothing_to_write(aged),
-                    bisect.bisect_right(times, now - window * _ACCEPTING_HOLD + _RELEASE_SLACK),
-                )
+                aged = bisect.bisect_right(times, now - window * _ACCEPTING_HOLD + _RELEASE_SLACK)
+        # Turns whose every entry is accepted go too, done without a write, rather than at
+        # the end of their window: held on, each would keep its messages alive that long.
+        aged = max(aged, self._nothing_to_write(len(times)))
         if aged:
             self._send(aged)
             if self._sealed and not self._writing:
                 self._offer()  # everything sent was cancelled: the rest waits its turn
             return
-        # Released in groups at most a fraction of the window apart, so a steady flow of
-        # turns is written in a few commits per window rather than one per turn.
-        wait = max(times[0] - due, window * _RELEASE_GROUPING)
-        self._held = loop.call_later(wait, self._release)
+        # A look every fraction of the window: released in groups at most that far apart, so
+        # a steady flow of turns is written in a few commits per window rather than one per
+        # turn, and turns whose entries were all accepted meanwhile are let go.
+        self._held = loop.call_later(window * _RELEASE_GROUPING, self._release)
 
     def _nothing_to_write(self, count: int) -> int:
         """How many of the oldest ``count`` sealed turns have nothing left to write but the
         id counter (every entry insert in them cancelled, no other operation)."""
         done = 0
-        for ops, _future in self._sealed[:count]:
+        for ops, _future in islice(self._sealed, count):
             for sql, rows in ops:
                 if sql is _INSERT_ENTRY:
                     for insert in rows:
@@ -1149,7 +1149,7 @@ class SQLiteStore:
         return done
 
     def _release(self) -> None:
-        """The oldest held turn has waited the acceptance window."""
+        """A look at the held turns (see _offer)."""
         self._held = None
         if self._sealed and not self._writing and not self._closed:
             self._offer()

@@ -521,6 +521,46 @@ def test_a_turn_past_its_window_stays_held_while_held_entries_are_being_accepted
     assert queued(tmp_path) == [("c", later.message_id)]
 
 
+def test_a_held_turn_whose_entries_are_all_accepted_is_done_before_its_window_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With entries of a later turn still held (a steady flood: the held entries are never
+    all accepted at once), a turn whose every entry was accepted is done at the next look,
+    not kept (with its messages) until its window is over."""
+    offset = [0.0]
+    old, young = message(b"old"), message(b"young")
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        store.journal(old)
+        store.enqueue("c", entry(old))
+        old_turn = store.commit_unhurried()
+        assert old_turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        store.journal(young)
+        store.enqueue("c", entry(young))
+        young_turn = store.commit_unhurried()
+        assert young_turn is not None and young_turn is not old_turn
+        await asyncio.sleep(0)  # sealed and held too
+        store.remove("c", old.message_id)  # accepted; the young entry is not
+        offset[0] += 20  # a look (every eighth of the window), well within the window
+        await asyncio.wait_for(old_turn, TIMEOUT)
+        assert not young_turn.done()
+        assert store.written_entries == 0 and not writer.inserted(old.message_id)
+        store.remove("c", young.message_id)
+        await asyncio.wait_for(young_turn, TIMEOUT)
+        assert store.written_entries == 0 and store.cancelled_writes == 2
+        store.close()
+
+    asyncio.run(body())
+    assert queued(tmp_path) == []
+
+
 def test_a_turn_held_while_others_entries_are_accepted_is_written_after_a_bounded_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
