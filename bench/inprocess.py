@@ -157,6 +157,10 @@ DURABLE = {"on": False}
 # --ack-after-commit: the subscriber acknowledges only what the store has committed.
 STORE_OPTIONS: dict[str, float | None] = {"acceptance_window": None}
 LATE_ACKS = {"on": False}
+# qos1 --publishers N --one-turn: every publisher's read of a round in one loop turn (as a
+# flooded event loop serves every ready socket before its next turn), so one store commit
+# spans them all.
+ONE_TURN = {"on": False}
 # Per durable run: (queue entries written, inserts cancelled) by the store (write cancellation).
 ENTRY_WRITES: list[tuple[int, int]] = []
 
@@ -275,8 +279,8 @@ async def qos1(
 
 async def qos1_fan_in(messages: int, batch: int, publishers: int, qos: int = 1) -> float:
     """QoS 1 N->1: per round every publisher reads `batch` PUBLISHes (one loop turn after
-    each read), then the subscriber acknowledges its window's deliveries, one read and one
-    loop turn per window, until the round is settled."""
+    each read; with --one-turn, one after them all), then the subscriber acknowledges its
+    window's deliveries, one read and one loop turn per window, until the round is settled."""
     broker = make_broker()
     cancel = broker.schedule_ticks(asyncio.get_running_loop())
     sub = Client(broker, "sub", clean_start=not DURABLE["on"])
@@ -322,6 +326,9 @@ async def qos1_fan_in(messages: int, batch: int, publishers: int, qos: int = 1) 
     for reads in publish_reads:
         for pub, data in zip(pubs, reads, strict=True):
             pub.read(data)
+            if not ONE_TURN["on"]:
+                await asyncio.sleep(0)
+        if ONE_TURN["on"]:
             await asyncio.sleep(0)
         await committed(broker)
         while consumer.unsettled:
@@ -629,7 +636,14 @@ def main() -> None:
         help="qos1 --durable: the subscriber acknowledges only what the store has committed "
         "(every copy written, then deleted)",
     )
+    parser.add_argument(
+        "--one-turn",
+        action="store_true",
+        help="qos1 --publishers N: every publisher's read of a round in one loop turn (one "
+        "store commit for them all, as in a flooded event loop), not a turn each",
+    )
     args = parser.parse_args()
+    ONE_TURN["on"] = args.one_turn
     STORE_OPTIONS["acceptance_window"] = args.acceptance_window
     LATE_ACKS["on"] = args.ack_after_commit
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # as kittiwake.app.serve

@@ -14,7 +14,8 @@ the insert of a message numbered in its own turn is cancellable (nothing older c
 under its key); journal rows (retention, several references) and retained rows are always
 written. While only callers of :meth:`SQLiteStore.commit_unhurried` wait (QoS 1 publishers who
 also go once their copies are accepted), sealed turns holding cancellable inserts wait up to
-``acceptance_window`` for an idle writer, so that what is accepted meanwhile is never written.
+``acceptance_window`` for an idle writer, so that what is accepted meanwhile is never written;
+longer (a bounded number of windows) while held entries are being accepted.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,9 @@ SWEEP_INTERVAL = 1.0
 _RELEASE_SLACK = 0.001
 # Held turns are released at most this fraction of the acceptance window apart.
 _RELEASE_GROUPING = 0.125
+# While held entries are being accepted, a turn past its acceptance window stays held up to
+# this many windows (see SQLiteStore._offer).
+_ACCEPTING_HOLD = 4
 # How long a lazy delivery mark waits for its acknowledgement before it is written (clock
 # seconds): most QoS 1 deliveries are acknowledged sooner, and then it is never written at all.
 LAZY_MARK_DELAY = 0.05
@@ -374,6 +378,10 @@ class SQLiteStore:
         # turn has a commit() waiting on it (both for _offer).
         self._sealed_times: list[float] = []
         self._sealed_urgent = False
+        # cancelled_writes when _offer last looked, and the loop time it last saw it grow:
+        # held entries being accepted (see _offer).
+        self._cancels_seen = 0
+        self._accepting_at = 0.0
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: queue.SimpleQueue[list[tuple[list[Operation], asyncio.Future[None]]] | None]
@@ -1075,6 +1083,16 @@ class SQLiteStore:
         Only the turns that waited that long go (in order: a commit future still means every
         earlier turn is settled); younger ones keep waiting, else each release would write
         every entry sealed just before it, accepted a moment later.
+
+        While held entries are being accepted (an acceptance within the last window), a turn
+        past its window stays held, up to ``_ACCEPTING_HOLD`` windows, and only the turns left
+        with nothing to write go (done, without a write): a subscriber taking a flood in order
+        accepts a copy once the copies queued ahead of it are accepted, which under a deep
+        queue (and a slow loop) can take longer than the window although it makes steady
+        progress; writing then would write and delete nearly every copy. The copies' own
+        publishers wait for their acceptance meanwhile, as they would for the commit; an
+        entry not accepted while nothing is (a stalled subscriber's) is written a window after
+        the last acceptance.
         """
         if (
             self._sealed_urgent
@@ -1092,20 +1110,46 @@ class SQLiteStore:
         times = self._sealed_times
         # A timer may fire a little early (the loop's clock resolution): a turn that close
         # to its time goes now rather than on a timer of its own.
-        due = loop.time() - window + _RELEASE_SLACK
+        now = loop.time()
+        due = now - window + _RELEASE_SLACK
         aged = bisect.bisect_right(times, due)
+        if aged:
+            cancelled = self.cancelled_writes
+            if cancelled != self._cancels_seen:
+                self._cancels_seen = cancelled
+                self._accepting_at = now
+            if now - self._accepting_at < window:
+                aged = bisect.bisect_right(times, now - window * _ACCEPTING_HOLD + _RELEASE_SLACK)
+        # Turns whose every entry is accepted go too, done without a write, rather than at
+        # the end of their window: held on, each would keep its messages alive that long.
+        aged = max(aged, self._nothing_to_write(len(times)))
         if aged:
             self._send(aged)
             if self._sealed and not self._writing:
                 self._offer()  # everything sent was cancelled: the rest waits its turn
             return
-        # Released in groups at most a fraction of the window apart, so a steady flow of
-        # turns is written in a few commits per window rather than one per turn.
-        wait = max(times[0] - due, window * _RELEASE_GROUPING)
-        self._held = loop.call_later(wait, self._release)
+        # A look every fraction of the window: released in groups at most that far apart, so
+        # a steady flow of turns is written in a few commits per window rather than one per
+        # turn, and turns whose entries were all accepted meanwhile are let go.
+        self._held = loop.call_later(window * _RELEASE_GROUPING, self._release)
+
+    def _nothing_to_write(self, count: int) -> int:
+        """How many of the oldest ``count`` sealed turns have nothing left to write but the
+        id counter (every entry insert in them cancelled, no other operation)."""
+        done = 0
+        for ops, _future in islice(self._sealed, count):
+            for sql, rows in ops:
+                if sql is _INSERT_ENTRY:
+                    for insert in rows:
+                        if not insert.cancelled:
+                            return done
+                elif sql is not _SET_LAST_ID:
+                    return done
+            done += 1
+        return done
 
     def _release(self) -> None:
-        """The oldest held turn has waited the acceptance window."""
+        """A look at the held turns (see _offer)."""
         self._held = None
         if self._sealed and not self._writing and not self._closed:
             self._offer()

@@ -466,6 +466,148 @@ def test_a_release_writes_only_the_turns_whose_window_is_over(
     assert queued(tmp_path) == [("c", old.message_id)]
 
 
+def test_a_turn_past_its_window_stays_held_while_held_entries_are_being_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscriber taking a flood in order accepts each copy once those queued ahead of it
+    are: past the window, a turn still stays held while held entries are being accepted, and
+    goes without a write once all of its entries are; a turn whose entries nobody accepts
+    for a window (a stalled subscriber) is written then."""
+    offset = [0.0]
+    first, second, later = message(b"first"), message(b"second"), message(b"later")
+
+    async def turns() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        # The loop's clock, moved on by the test (its timers follow it).
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        for m in (first, second):
+            store.journal(m)
+            store.enqueue("c", entry(m))
+        old_turn = store.commit_unhurried()
+        assert old_turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        offset[0] += 60
+        store.journal(later)
+        store.enqueue("c", entry(later))
+        young_turn = store.commit_unhurried()
+        assert young_turn is not None and young_turn is not old_turn
+        await asyncio.sleep(0)  # sealed and held too
+        store.remove("c", first.message_id)  # accepted: the subscriber makes progress
+        offset[0] += 50  # the old turn's window is over
+        await turns()
+        assert not old_turn.done(), "written while its entries were being accepted"
+        store.remove("c", second.message_id)
+        offset[0] += 20  # the next look: the old turn has nothing left to write
+        await asyncio.wait_for(old_turn, TIMEOUT)
+        assert not writer.inserted(first.message_id)
+        assert not writer.inserted(second.message_id)
+        await turns()
+        assert not young_turn.done()
+        offset[0] += 200  # nothing accepted for more than a window: the young turn goes
+        await asyncio.wait_for(young_turn, TIMEOUT)
+        assert writer.inserted(later.message_id)
+        assert store.cancelled_writes == 2 and store.written_entries == 1
+        store.close()
+
+    asyncio.run(body())
+    assert queued(tmp_path) == [("c", later.message_id)]
+
+
+def test_a_held_turn_whose_entries_are_all_accepted_is_done_before_its_window_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With entries of a later turn still held (a steady flood: the held entries are never
+    all accepted at once), a turn whose every entry was accepted is done at the next look,
+    not kept (with its messages) until its window is over."""
+    offset = [0.0]
+    old, young = message(b"old"), message(b"young")
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        store.journal(old)
+        store.enqueue("c", entry(old))
+        old_turn = store.commit_unhurried()
+        assert old_turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        store.journal(young)
+        store.enqueue("c", entry(young))
+        young_turn = store.commit_unhurried()
+        assert young_turn is not None and young_turn is not old_turn
+        await asyncio.sleep(0)  # sealed and held too
+        store.remove("c", old.message_id)  # accepted; the young entry is not
+        offset[0] += 20  # a look (every eighth of the window), well within the window
+        await asyncio.wait_for(old_turn, TIMEOUT)
+        assert not young_turn.done()
+        assert store.written_entries == 0 and not writer.inserted(old.message_id)
+        store.remove("c", young.message_id)
+        await asyncio.wait_for(young_turn, TIMEOUT)
+        assert store.written_entries == 0 and store.cancelled_writes == 2
+        store.close()
+
+    asyncio.run(body())
+    assert queued(tmp_path) == []
+
+
+def test_a_turn_held_while_others_entries_are_accepted_is_written_after_a_bounded_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry nobody accepts (a stalled subscriber's) while other held entries keep being
+    accepted is written once its turn has waited _ACCEPTING_HOLD windows, not held on."""
+    offset = [0.0]
+    stalled = message(b"stalled")
+    flowing = [message(b"%d" % n) for n in range(2 * sqlite_module._ACCEPTING_HOLD + 2)]
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        real_time = loop.time
+        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
+        writer = HeldWriter(store, monkeypatch)
+        writer.gate.set()
+        store.journal(stalled)
+        store.enqueue("stalled", entry(stalled))
+        old_turn = store.commit_unhurried()
+        assert old_turn is not None
+        await asyncio.sleep(0)  # sealed and held
+        offset[0] += 1
+        for m in flowing:
+            store.journal(m)
+            store.enqueue("flowing", entry(m))
+        young_turn = store.commit_unhurried()
+        assert young_turn is not None and young_turn is not old_turn
+        await asyncio.sleep(0)
+        held_until = 100 * sqlite_module._ACCEPTING_HOLD
+        accepted = iter(flowing)
+        while offset[0] + 50 < held_until:
+            store.remove("flowing", next(accepted).message_id)  # the other queue moves
+            offset[0] += 50
+            for _ in range(3):
+                await asyncio.sleep(0)
+            if offset[0] > 100:
+                assert not old_turn.done(), "written while held entries were being accepted"
+        store.remove("flowing", next(accepted).message_id)
+        offset[0] = held_until + 10  # the wait's bound is over: accepted or not
+        await asyncio.wait_for(old_turn, TIMEOUT)
+        assert writer.inserted(stalled.message_id)
+        store.close()
+
+    asyncio.run(body())
+    assert ("stalled", stalled.message_id) in queued(tmp_path)
+
+
 def recovered_marks(store_dir: Path) -> list[tuple[int, str, int]]:
     """(delivery id, state, delivery count) of every stored entry."""
     store = SQLiteStore(store_dir, clock=ManualClock())
