@@ -537,6 +537,15 @@ class ProducerLink:
         self._impl = link._impl
         # Credit is topped up to this once it falls to half of it.
         self.credit = layer.connection.config.link_credit
+        # A fixed address is checked per transfer only for what can change under the link: a
+        # queue's or a temporary node's existence. A topic's name and whether this user may
+        # publish to it are judged once and kept with the Permissions that judged them (a
+        # reload of the rules gives the connection new ones, so the verdict is judged again).
+        self._temporary = request.name is not None and layer.temporaries.is_temporary(
+            request.name
+        )
+        self._judged_by: Permissions | None = None
+        self._refusal: tuple[str, str] | None = None
 
     def transfer(self, delivery: Any) -> None:
         """A transfer arrived (``delivery``: the engine's C object)."""
@@ -580,27 +589,32 @@ class ProducerLink:
             kind = NodeKind.TOPIC if incoming.to_type in _TOPIC_TYPES else NodeKind.QUEUE
             message.topic = name
         presettled = engine_calls.delivery_settled(delivery)  # by the client already
-        try:
-            layer.check_destination(kind, name, consuming=False)
-        except TerminusError as exc:
-            self._reject(wrap(delivery), exc.condition, str(exc))
-            return
+        fixed = request.name is not None
+        if (
+            not fixed
+            or self._temporary
+            or (kind is NodeKind.QUEUE and not layer.queues.exists(name))
+        ):
+            try:
+                layer.check_destination(kind, name, consuming=False)
+            except TerminusError as exc:
+                self._reject(wrap(delivery), exc.condition, str(exc))
+                return
         if presettled and not message.persistent:
             message.qos = 0  # acknowledgements disabled: at most once (DESIGN.md section 2)
         if kind is NodeKind.TOPIC:
-            try:
-                validate_topic_name(name)
-            except TopicError as exc:
-                self._reject(
-                    wrap(delivery), "amqp:invalid-field", f"not a valid topic name: {exc}", to=name
-                )
+            if fixed:
+                permissions = layer.permissions
+                if permissions is not self._judged_by:
+                    self._refusal = _topic_refusal(name, permissions)
+                    self._judged_by = permissions
+                refusal = self._refusal
+            else:
+                refusal = _topic_refusal(name, layer.permissions)
+            if refusal is not None:
+                self._reject(wrap(delivery), *refusal, to=name)
                 return
-            if not layer.permissions.may_publish(name):
-                self._reject(
-                    wrap(delivery), UNAUTHORIZED_ACCESS, f"may not publish to {name}", to=name
-                )
-                return
-        elif request.name is None:  # an anonymous relay's queue: checked per transfer
+        elif not fixed:  # an anonymous relay's queue: checked per transfer
             try:
                 layer.check_queue_access("send", name)
             except TerminusError as exc:
@@ -683,6 +697,18 @@ class ProducerLink:
 
 
 _TOPIC_TYPES = (DestinationType.TOPIC, DestinationType.TEMPORARY_TOPIC)
+
+
+def _topic_refusal(name: str, permissions: Permissions) -> tuple[str, str] | None:
+    """Why a transfer may not publish to topic ``name`` (condition, description); None
+    when it may."""
+    try:
+        validate_topic_name(name)
+    except TopicError as exc:
+        return "amqp:invalid-field", f"not a valid topic name: {exc}"
+    if not permissions.may_publish(name):
+        return UNAUTHORIZED_ACCESS, f"may not publish to {name}"
+    return None
 
 
 # -- consumers ----------------------------------------------------------------------------------
