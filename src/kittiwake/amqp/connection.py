@@ -151,6 +151,9 @@ class AMQPConnection:
         self.transport.bind(self.engine)
         # Links per session, counted here to apply max_links_per_session.
         self._links: dict[Session, int] = {}
+        # The peer's close arrived (its engine event was handled): until then a read that
+        # leaves the engine reading needs no look at the connection's state.
+        self._close_seen = False
 
     # -- the shell's side -------------------------------------------------------------------
 
@@ -173,7 +176,12 @@ class AMQPConnection:
 
     def _receive_guarded(self, data: bytes) -> None:
         try:
-            self._receive(data)
+            if self.phase is Phase.OPEN:
+                # The usual read, frames for the engine: one call fewer than through _receive.
+                self._gate.check(data)
+                self._push(data)
+            else:
+                self._receive(data)
         except FramingError as exc:
             self.fail(exc.condition, exc.description)
         except UnicodeDecodeError:
@@ -192,9 +200,11 @@ class AMQPConnection:
         if phase is Phase.OPEN or phase is Phase.CLOSED:
             # One pending count a turn when there is nothing to write (the usual flush after
             # a read that only took an acknowledgement), each count's bytes taken at once.
-            pending = self._pending()
+            transport = self._transport_impl
+            pending = engine_calls.transport_pending(transport)
+            if pending < engine_calls.EOS:
+                pending = self.transport.pending()  # an engine error, raised by proton
             if pending >= 0:
-                transport = self._transport_impl
                 while pending > 0:
                     chunk = engine_calls.take_output(transport, pending)
                     if chunk is not None:
@@ -354,8 +364,11 @@ class AMQPConnection:
 
     def _push(self, data: bytes) -> None:
         transport = self._transport_impl
+        capacity_of = engine_calls.transport_capacity
         while data:
-            capacity = self._capacity()
+            capacity = capacity_of(transport)
+            if capacity < engine_calls.EOS:
+                capacity = self.transport.capacity()  # an engine error, raised by proton
             if capacity < 0:
                 break
             if capacity == 0:
@@ -372,6 +385,12 @@ class AMQPConnection:
                 self.transport._check(taken)  # an engine error raised as proton's push does
                 raise OverflowError(f"the engine took {taken} of {len(chunk)} bytes")
             self._process_events()
+        if (
+            not self._close_seen
+            and not self.closed
+            and engine_calls.transport_capacity(transport) >= 0
+        ):
+            return  # the usual read: the engine still reads and the peer has not closed
         self._check_engine_state()
 
     def _check_engine_state(self) -> None:
@@ -452,6 +471,7 @@ class AMQPConnection:
         elif kind is Event.CONNECTION_REMOTE_OPEN:
             self._opened()
         elif kind is Event.CONNECTION_REMOTE_CLOSE:
+            self._close_seen = True
             condition = self.engine.remote_condition
             if condition is not None:
                 self._log.info("amqp %s: peer closed with %s", self.peer, condition.name)
