@@ -871,18 +871,18 @@ class ConsumerLink:
     def _send(self, tag: bytes, entry: QueuedMessage, delivery_count: int) -> Any:
         """Send one transfer; returns the engine's delivery (its C object), None when it
         went settled."""
-        link = self.link
+        layer = self.layer
         encoded = to_amqp(
             entry.message,
             durable=entry.persistent,
             delivery_count=delivery_count,
-            clocks=self.layer.clocks,
+            clocks=layer.clocks,
             destination_type=self.destination_type,
             retained=entry.retain,
         )
-        wire = engine_calls.send(link._impl, tag, encoded)
-        self.layer.traffic.messages_sent += 1
-        self.layer.connection.wake()
+        wire = engine_calls.send(self._impl, tag, encoded)
+        layer.traffic.messages_sent += 1
+        layer.connection.wake()
         if self.presettled or entry.qos == 0:
             engine_calls.delivery_settle(wire)
             return None
@@ -897,8 +897,8 @@ class ConsumerLink:
         if state == TRANSACTIONAL_STATE:
             self._transactional(wire)
             return
-        if not engine_calls.delivery_settled(wire) and state not in _TERMINAL:
-            return  # only a received state, or nothing yet
+        if state not in _TERMINAL and not engine_calls.delivery_settled(wire):
+            return  # only a received state, or nothing yet (an outcome needs no second look)
         delivery = self.unsettled.pop(wire, None)
         if delivery is None:
             engine_calls.delivery_settle(wire)
@@ -1198,10 +1198,12 @@ class TopicConsumerLink(ConsumerLink):
         self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
     ) -> None:
         session = self.session
-        if session is not None:
-            self.layer.broker.settle(
-                session, delivery, settlement, undeliverable_here=undeliverable
-            )
+        if session is None:
+            return
+        if settlement is Settlement.ACCEPTED:
+            self.layer.broker.acknowledge(session, delivery)  # what settle() calls for it
+            return
+        self.layer.broker.settle(session, delivery, settlement, undeliverable_here=undeliverable)
 
 
 class SharedConsumerLink(ConsumerLink):
