@@ -364,27 +364,23 @@ class AMQPConnection:
 
     def _push(self, data: bytes) -> None:
         transport = self._transport_impl
-        capacity_of = engine_calls.transport_capacity
+        push = engine_calls.transport_push
         while data:
-            capacity = capacity_of(transport)
-            if capacity < engine_calls.EOS:
-                capacity = self.transport.capacity()  # an engine error, raised by proton
-            if capacity < 0:
-                break
-            if capacity == 0:
+            # Pushed without asking the engine's capacity first: the push takes what fits
+            # (usually the whole read, not copied) and says how much, or why none (one
+            # engine call a read fewer).
+            taken = push(transport, data)
+            if taken < 0:
+                if taken < engine_calls.EOS:
+                    self.transport._check(taken)  # an engine error, raised as proton's push does
+                break  # the engine reads no more input
+            if taken == 0:
                 # The engine holds a whole frame's worth of input; it processes it on push.
                 raise FramingError("the engine cannot take more input", RESOURCE_LIMIT_EXCEEDED)
-            if capacity >= len(data):
-                chunk = data  # the usual case: the whole read at once, not copied
-                data = b""
-            else:
-                chunk = data[:capacity]
-                data = data[capacity:]
-            taken = engine_calls.transport_push(transport, chunk)
-            if taken != len(chunk):
-                self.transport._check(taken)  # an engine error raised as proton's push does
-                raise OverflowError(f"the engine took {taken} of {len(chunk)} bytes")
             self._process_events()
+            if taken == len(data):
+                break
+            data = data[taken:]
         if (
             not self._close_seen
             and not self.closed
