@@ -79,8 +79,9 @@ class LinkHandler(Protocol):
         """The peer attached a link: answer it (open, or refuse with a condition)."""
 
     def link_flow(self, link: Any) -> None:
-        """The peer changed a link's credit (or drain) flag (``link``: the engine's C object,
-        unwrapped)."""
+        """The peer changed a link's credit (or drain) flag, or the engine reports a flow
+        after a transfer sent (``link``: the engine's C object, unwrapped; the link may have
+        been closed here since: acted on only while it is open)."""
 
     def link_closed(self, link: Link, *, closed: bool) -> None:
         """The peer detached (``closed`` False: a durable subscription stays) or closed a
@@ -436,12 +437,8 @@ class AMQPConnection:
                     if handler is not None:
                         handler.delivery_updated(engine_calls.event_delivery(impl))
                 elif kind == flow_kind:
-                    link_impl = engine_calls.event_link(impl)
-                    if (
-                        handler is not None
-                        and engine_calls.link_state(link_impl) & engine_calls.LOCAL_ACTIVE
-                    ):
-                        handler.link_flow(link_impl)
+                    if handler is not None:
+                        handler.link_flow(engine_calls.event_link(impl))
                 elif kind in engine_calls.HANDLED:
                     self._on_event(engine_calls.wrap_event(impl))
             finally:

@@ -778,7 +778,14 @@ class ConsumerLink:
             and not engine_calls.link_get_drain(self._impl)
         ):
             return
-        self.flow()
+        if self.open_locally():
+            self.flow()
+
+    def open_locally(self) -> bool:
+        """Is the link still open on the broker's side (not closed since the event was made)?
+        Asked only when a flow event calls for work: the one after every transfer sent
+        needs none."""
+        return bool(engine_calls.link_state(self._impl) & engine_calls.LOCAL_ACTIVE)
 
     def pump_then(self, then: Callable[[], None]) -> None:
         """Pump now, then call ``then`` once what waits has gone out (a queue's link may
@@ -1035,7 +1042,8 @@ class BrowserLink(ConsumerLink):
     def flow_event(self) -> None:
         # Its consumer's credit is never spent (pump_now sends by the link's own credit), so
         # an unchanged number does not mean nothing changed: every flow event pumps.
-        self.flow()
+        if self.open_locally():
+            self.flow()
 
     def pump(self) -> None:
         self.pump_now()
