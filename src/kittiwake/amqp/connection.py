@@ -263,10 +263,8 @@ class AMQPConnection:
     # -- phases -----------------------------------------------------------------------------
 
     def _receive(self, data: bytes) -> None:
-        if self.phase is Phase.OPEN:
-            self._gate.check(data)
-            self._push(data)
-            return
+        """The phases before the engine's (an OPEN connection's reads go straight to it, see
+        :meth:`_receive_guarded`)."""
         if self.phase is Phase.HEADER:
             data = self._take_header(data)
             if self.closed:
