@@ -1,8 +1,10 @@
-"""A producer link with a fixed address keeps its topic's verdict (a valid topic name this user
-may publish to) instead of judging it again on every transfer, and judges it again when the
-rules are reloaded; what can change under the link (a temporary node deleted, a queue gone)
-is still checked on every transfer. Driven with bytes alone (a proton client engine, the
-broker's connection and link layer, a memory store, no event loop)."""
+"""Producer links, driven with bytes alone (a proton client engine, the broker's connection and
+link layer, a memory store, no event loop).
+
+A link with a fixed address keeps its topic's verdict (a valid topic name this user may
+publish to) instead of judging it again on every transfer, and judges it again when the rules
+are reloaded; what can change under the link (a temporary node deleted, a queue gone) is still
+checked on every transfer. A read larger than the engine takes at once is pushed in parts."""
 
 from __future__ import annotations
 
@@ -111,3 +113,29 @@ def test_a_deleted_temporary_topic_refuses_the_next_transfer(producer: Producer)
     assert producer.send() == Delivery.ACCEPTED
     producer.temporaries.delete(temporary)
     assert producer.send() == Delivery.REJECTED
+
+
+def test_a_read_larger_than_the_engine_takes_is_pushed_in_parts(producer: Producer) -> None:
+    """Many transfers in one read, more bytes than the engine's input capacity: every one
+    is taken and accepted, in order (the engine takes what fits, the rest follows)."""
+    producer.attach("big")
+    capacity = producer.server.transport.capacity()
+    deliveries = []
+    body = "x" * 2000
+    count = 3 * capacity // len(body) + 1
+    for n in range(count):
+        delivery = producer.sender.delivery(b"b%d" % n)
+        producer.sender.send(Message(body=body, durable=False).encode())
+        producer.sender.advance()
+        deliveries.append(delivery)
+    data = b""
+    while (pending := producer.client.transport.pending()) > 0:
+        data += bytes(producer.client.transport.peek(pending))
+        producer.client.transport.pop(pending)
+    assert len(data) > capacity  # (the session window lets about two capacities out)
+    producer.server.receive(data)
+    assert not producer.server.closed
+    producer.client.pump()
+    assert [d.remote_state for d in deliveries] == [Delivery.ACCEPTED] * count
+    queue = producer.queues.queue("big")
+    assert queue.count == count
