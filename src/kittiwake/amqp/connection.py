@@ -363,12 +363,14 @@ class AMQPConnection:
 
     def _push(self, data: bytes) -> None:
         transport = self._transport_impl
-        push = engine_calls.transport_push
         while data:
             # Pushed without asking the engine's capacity first: the push takes what fits
             # (usually the whole read, not copied) and says how much, or why none (one
-            # engine call a read fewer).
-            taken = push(transport, data)
+            # engine call a read fewer). A socket's read is a bytes object: straight to C.
+            if type(data) is bytes:
+                taken = engine_calls.transport_push_bytes(transport, data, len(data))
+            else:
+                taken = engine_calls.transport_push(transport, data)
             if taken < 0:
                 if taken < engine_calls.EOS:
                     self.transport._check(taken)  # an engine error, raised as proton's push does
