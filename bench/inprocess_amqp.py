@@ -104,7 +104,8 @@ class Client:
     def to_broker(self) -> None:
         started = time.process_time()
         pending = self.transport.pending()
-        data = self.transport.peek(pending) if pending > 0 else b""
+        # bytes, as a socket read hands them over (proton's peek gives a bytearray)
+        data = bytes(self.transport.peek(pending)) if pending > 0 else b""
         if pending > 0:
             self.transport.pop(pending)
         CLIENT[0] += time.process_time() - started
