@@ -199,22 +199,21 @@ class AMQPConnection:
         output = self._output
         phase = self.phase
         if phase is Phase.OPEN or phase is Phase.CLOSED:
-            # One engine call a turn when there is nothing to write (the usual flush after a
-            # read that only took an acknowledgement), one more for each batch of bytes; a
-            # number is what the engine says instead of bytes (0: none, below 0: its output
-            # ended).
+            # One pending count a turn when there is nothing to write (the usual flush after
+            # a read that only took an acknowledgement), each count's bytes taken at once.
             transport = self._transport_impl
-            read_output = engine_calls.read_output
-            result = read_output(transport)
-            if isinstance(result, int) and result < engine_calls.EOS:
-                self.transport.pending()  # an engine error, raised by proton
-            if isinstance(result, bytes) or result >= 0:  # output had not ended before
-                while isinstance(result, bytes):
-                    output.append(result)
-                    result = read_output(transport)
-                if result < engine_calls.EOS:
-                    self.transport.pending()  # an engine error, raised by proton
-                if phase is Phase.OPEN and result < 0:
+            pending = engine_calls.transport_pending(transport)
+            if pending < engine_calls.EOS:
+                pending = self.transport.pending()  # an engine error, raised by proton
+            if pending >= 0:
+                while pending > 0:
+                    chunk = engine_calls.take_output(transport, pending)
+                    if chunk is not None:
+                        output.append(chunk)
+                    pending = self._pending()
+                    if chunk is None:
+                        break
+                if phase is Phase.OPEN and pending < 0:
                     # Both closes exchanged (or the engine gave up): nothing more to say.
                     self._finish()
         if not output:

@@ -142,19 +142,6 @@ def update_with_fields(delivery: Any, state: int, fields: bytes) -> None:
     _lib.pn_delivery_update(delivery, state)
 
 
-def read_output(transport: Any) -> bytes | int:
-    """The bytes the engine has ready to write (up to the scratch buffer's size; call again
-    for more), taken out of it; when it has none, 0, or its end of stream or error code
-    (below 0). pn_transport_peek counts (and makes) the output itself, so this is one engine
-    call fewer than asking the pending count first."""
-    buffer = _scratch.buffer
-    got = _transport_peek(transport, buffer, _scratch.size)
-    if got <= 0:
-        return int(got)
-    _transport_pop(transport, got)
-    return bytes(_unpack(buffer, got))
-
-
 def take_output(transport: Any, pending: int | None = None) -> bytes | None:
     """The bytes the engine has ready to write, taken out of it; None when there are none.
     ``pending``: the engine's pending count, when the caller has just read it."""
