@@ -314,7 +314,15 @@ def summary(r: dict[str, Any]) -> str:
             f"broker CPU {r['broker_cpu_pct'] or 0:.0f}%, gen CPU {r['gen_cpu_pct'] or 0:.0f}%"
             f" (waiting for a CPU: broker {r.get('broker_wait_pct') or 0:.0f}%, "
             f"gen {r.get('gen_wait_pct') or 0:.0f}%)"
-            f"{extra}{errs}")
+            f"{_calls(r)}{extra}{errs}")
+
+
+def _calls(r: dict[str, Any]) -> str:
+    """The broker's read and write system calls per delivery, when the run counted them."""
+    reads, writes = r.get("broker_reads_per_msg"), r.get("broker_writes_per_msg")
+    if reads is None or writes is None:
+        return ""
+    return f", broker reads/writes per delivery {reads:.2f}/{writes:.2f}"
 
 
 def complete(r: dict[str, Any]) -> bool:

@@ -49,6 +49,22 @@ def disk_write_bytes(pid: int) -> int:
     return 0
 
 
+def io_calls(pid: int) -> tuple[int, int]:
+    """Read and write system calls the process (every thread) has made (/proc/PID/io
+    syscr, syscw): a broker's socket reads and writes, each a read()/write() call under
+    libuv; (0, 0) when unreadable."""
+    counts = {"syscr:": 0, "syscw:": 0}
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key in counts:
+                    counts[key] = int(value)
+    except OSError:
+        pass
+    return counts["syscr:"], counts["syscw:"]
+
+
 class KittiwakeAMQP(Kittiwake):
     """Kittiwake with an AMQP 1.0 listener and its durable store."""
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from kwbench import jms_loadgen
 from kwbench.brokers import Broker
-from kwbench.jms_brokers import disk_write_bytes
+from kwbench.jms_brokers import disk_write_bytes, io_calls
 from kwbench.jms_workloads import Scenario
 from kwbench.runner import _Workers, cpu_wait_seconds, machine_busy_s, percentile
 
@@ -94,6 +94,7 @@ def run_scenario(broker: Any, client: str, s: Scenario, opt: Options) -> dict[st
         cpu0 = broker.cpu_seconds()
         wait0 = cpu_wait_seconds(broker.pid)
         io0 = _disk_writes(broker)
+        calls0 = io_calls(broker.pid)
         busy0 = machine_busy_s()
         t0 = time.monotonic()
         workers.go.set()
@@ -105,6 +106,7 @@ def run_scenario(broker: Any, client: str, s: Scenario, opt: Options) -> dict[st
         cpu1 = broker.cpu_seconds() if alive else cpu0
         wait1 = cpu_wait_seconds(broker.pid) if alive else wait0
         io1 = _disk_writes(broker) if alive else io0
+        calls1 = io_calls(broker.pid) if alive else calls0
         store = broker.store_check() if alive else "broker died"
     finally:
         workers.finish()
@@ -141,6 +143,10 @@ def run_scenario(broker: Any, client: str, s: Scenario, opt: Options) -> dict[st
         "broker_cpu_us_per_msg": 1e6 * broker_cpu / received if received else None,
         "broker_disk_write_bytes": io1 - io0,
         "disk_bytes_per_msg": (io1 - io0) / (prod.get("sent") or 1) if prod else None,
+        # The broker's read and write system calls (sockets, and the store's files) per
+        # delivery: how many socket reads and writes the clients' wire pattern costs it.
+        "broker_reads_per_msg": (calls1[0] - calls0[0]) / received if received else None,
+        "broker_writes_per_msg": (calls1[1] - calls0[1]) / received if received else None,
         "store": store,
         # Runnable but waiting for a CPU (other load, or processes sharing a pinned core):
         # low CPU % with a high wait % is a starved process, not an idle one.

@@ -79,8 +79,9 @@ class LinkHandler(Protocol):
         """The peer attached a link: answer it (open, or refuse with a condition)."""
 
     def link_flow(self, link: Any) -> None:
-        """The peer changed a link's credit (or drain) flag (``link``: the engine's C object,
-        unwrapped)."""
+        """The peer changed a link's credit (or drain) flag, or the engine reports a flow
+        after a transfer sent (``link``: the engine's C object, unwrapped; the link may have
+        been closed here since: acted on only while it is open)."""
 
     def link_closed(self, link: Link, *, closed: bool) -> None:
         """The peer detached (``closed`` False: a durable subscription stays) or closed a
@@ -151,6 +152,9 @@ class AMQPConnection:
         self.transport.bind(self.engine)
         # Links per session, counted here to apply max_links_per_session.
         self._links: dict[Session, int] = {}
+        # The peer's close arrived (its engine event was handled): until then a read that
+        # leaves the engine reading needs no look at the connection's state.
+        self._close_seen = False
 
     # -- the shell's side -------------------------------------------------------------------
 
@@ -173,7 +177,12 @@ class AMQPConnection:
 
     def _receive_guarded(self, data: bytes) -> None:
         try:
-            self._receive(data)
+            if self.phase is Phase.OPEN:
+                # The usual read, frames for the engine: one call fewer than through _receive.
+                self._gate.check(data)
+                self._push(data)
+            else:
+                self._receive(data)
         except FramingError as exc:
             self.fail(exc.condition, exc.description)
         except UnicodeDecodeError:
@@ -192,9 +201,11 @@ class AMQPConnection:
         if phase is Phase.OPEN or phase is Phase.CLOSED:
             # One pending count a turn when there is nothing to write (the usual flush after
             # a read that only took an acknowledgement), each count's bytes taken at once.
-            pending = self._pending()
+            transport = self._transport_impl
+            pending = engine_calls.transport_pending(transport)
+            if pending < engine_calls.EOS:
+                pending = self.transport.pending()  # an engine error, raised by proton
             if pending >= 0:
-                transport = self._transport_impl
                 while pending > 0:
                     chunk = engine_calls.take_output(transport, pending)
                     if chunk is not None:
@@ -252,10 +263,8 @@ class AMQPConnection:
     # -- phases -----------------------------------------------------------------------------
 
     def _receive(self, data: bytes) -> None:
-        if self.phase is Phase.OPEN:
-            self._gate.check(data)
-            self._push(data)
-            return
+        """The phases before the engine's (an OPEN connection's reads go straight to it, see
+        :meth:`_receive_guarded`)."""
         if self.phase is Phase.HEADER:
             data = self._take_header(data)
             if self.closed:
@@ -355,23 +364,30 @@ class AMQPConnection:
     def _push(self, data: bytes) -> None:
         transport = self._transport_impl
         while data:
-            capacity = self._capacity()
-            if capacity < 0:
-                break
-            if capacity == 0:
+            # Pushed without asking the engine's capacity first: the push takes what fits
+            # (usually the whole read, not copied) and says how much, or why none (one
+            # engine call a read fewer). A socket's read is a bytes object: straight to C.
+            if type(data) is bytes:
+                taken = engine_calls.transport_push_bytes(transport, data, len(data))
+            else:
+                taken = engine_calls.transport_push(transport, data)
+            if taken < 0:
+                if taken < engine_calls.EOS:
+                    self.transport._check(taken)  # an engine error, raised as proton's push does
+                break  # the engine reads no more input
+            if taken == 0:
                 # The engine holds a whole frame's worth of input; it processes it on push.
                 raise FramingError("the engine cannot take more input", RESOURCE_LIMIT_EXCEEDED)
-            if capacity >= len(data):
-                chunk = data  # the usual case: the whole read at once, not copied
-                data = b""
-            else:
-                chunk = data[:capacity]
-                data = data[capacity:]
-            taken = engine_calls.transport_push(transport, chunk)
-            if taken != len(chunk):
-                self.transport._check(taken)  # an engine error raised as proton's push does
-                raise OverflowError(f"the engine took {taken} of {len(chunk)} bytes")
             self._process_events()
+            if taken == len(data):
+                break
+            data = data[taken:]
+        if (
+            not self._close_seen
+            and not self.closed
+            and engine_calls.transport_capacity(transport) >= 0
+        ):
+            return  # the usual read: the engine still reads and the peer has not closed
         self._check_engine_state()
 
     def _check_engine_state(self) -> None:
@@ -421,12 +437,8 @@ class AMQPConnection:
                     if handler is not None:
                         handler.delivery_updated(engine_calls.event_delivery(impl))
                 elif kind == flow_kind:
-                    link_impl = engine_calls.event_link(impl)
-                    if (
-                        handler is not None
-                        and engine_calls.link_state(link_impl) & engine_calls.LOCAL_ACTIVE
-                    ):
-                        handler.link_flow(link_impl)
+                    if handler is not None:
+                        handler.link_flow(engine_calls.event_link(impl))
                 elif kind in engine_calls.HANDLED:
                     self._on_event(engine_calls.wrap_event(impl))
             finally:
@@ -452,6 +464,7 @@ class AMQPConnection:
         elif kind is Event.CONNECTION_REMOTE_OPEN:
             self._opened()
         elif kind is Event.CONNECTION_REMOTE_CLOSE:
+            self._close_seen = True
             condition = self.engine.remote_condition
             if condition is not None:
                 self._log.info("amqp %s: peer closed with %s", self.peer, condition.name)

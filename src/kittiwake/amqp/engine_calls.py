@@ -110,6 +110,11 @@ def send(link: Any, tag: bytes, encoded: bytes) -> Any:
     return delivery
 
 
+# pn_transport_push itself, for a caller holding a bytes object (passed to C as it is): one
+# Python call fewer than transport_push on every read.
+transport_push_bytes: Callable[[Any, bytes, int], int] = _lib.pn_transport_push
+
+
 def transport_push(transport: Any, data: bytes | bytearray | memoryview) -> int:
     """Hand ``data`` to the engine (not copied by Python); what it took, or an error code."""
     return int(_transport_push(transport, _c_bytes(data), len(data)))

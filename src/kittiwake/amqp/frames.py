@@ -127,8 +127,19 @@ class FrameGate:
             header, self._header = self._header, b""
             position = needed + self._frame_size(*FRAME_HEADER.unpack(header)) - MIN_FRAME_SIZE
         unpack_from = FRAME_HEADER.unpack_from
+        limit = self.max_frame_size
         while position + MIN_FRAME_SIZE <= end:
-            position += self._frame_size(*unpack_from(data, position))
+            size, offset, frame_type, channel = unpack_from(data, position)
+            if (
+                size < MIN_FRAME_SIZE
+                or size > limit
+                or offset < 2
+                or offset * 4 > size
+                or frame_type != FRAME_TYPE_AMQP
+            ):
+                self._frame_size(size, offset, frame_type, channel)  # raises, saying why
+            # A good header (every frame of a read, nearly always) costs no call.
+            position += size
         if position < end:
             self._header = bytes(data[position:])
             self._remaining = 0

@@ -537,6 +537,15 @@ class ProducerLink:
         self._impl = link._impl
         # Credit is topped up to this once it falls to half of it.
         self.credit = layer.connection.config.link_credit
+        # A fixed address is checked per transfer only for what can change under the link: a
+        # queue's or a temporary node's existence. A topic's name and whether this user may
+        # publish to it are judged once and kept with the Permissions that judged them (a
+        # reload of the rules gives the connection new ones, so the verdict is judged again).
+        self._temporary = request.name is not None and layer.temporaries.is_temporary(
+            request.name
+        )
+        self._judged_by: Permissions | None = None
+        self._refusal: tuple[str, str] | None = None
 
     def transfer(self, delivery: Any) -> None:
         """A transfer arrived (``delivery``: the engine's C object)."""
@@ -580,27 +589,32 @@ class ProducerLink:
             kind = NodeKind.TOPIC if incoming.to_type in _TOPIC_TYPES else NodeKind.QUEUE
             message.topic = name
         presettled = engine_calls.delivery_settled(delivery)  # by the client already
-        try:
-            layer.check_destination(kind, name, consuming=False)
-        except TerminusError as exc:
-            self._reject(wrap(delivery), exc.condition, str(exc))
-            return
+        fixed = request.name is not None
+        if (
+            not fixed
+            or self._temporary
+            or (kind is NodeKind.QUEUE and not layer.queues.exists(name))
+        ):
+            try:
+                layer.check_destination(kind, name, consuming=False)
+            except TerminusError as exc:
+                self._reject(wrap(delivery), exc.condition, str(exc))
+                return
         if presettled and not message.persistent:
             message.qos = 0  # acknowledgements disabled: at most once (DESIGN.md section 2)
         if kind is NodeKind.TOPIC:
-            try:
-                validate_topic_name(name)
-            except TopicError as exc:
-                self._reject(
-                    wrap(delivery), "amqp:invalid-field", f"not a valid topic name: {exc}", to=name
-                )
+            if fixed:
+                permissions = layer.permissions
+                if permissions is not self._judged_by:
+                    self._refusal = _topic_refusal(name, permissions)
+                    self._judged_by = permissions
+                refusal = self._refusal
+            else:
+                refusal = _topic_refusal(name, layer.permissions)
+            if refusal is not None:
+                self._reject(wrap(delivery), *refusal, to=name)
                 return
-            if not layer.permissions.may_publish(name):
-                self._reject(
-                    wrap(delivery), UNAUTHORIZED_ACCESS, f"may not publish to {name}", to=name
-                )
-                return
-        elif request.name is None:  # an anonymous relay's queue: checked per transfer
+        elif not fixed:  # an anonymous relay's queue: checked per transfer
             try:
                 layer.check_queue_access("send", name)
             except TerminusError as exc:
@@ -685,6 +699,18 @@ class ProducerLink:
 _TOPIC_TYPES = (DestinationType.TOPIC, DestinationType.TEMPORARY_TOPIC)
 
 
+def _topic_refusal(name: str, permissions: Permissions) -> tuple[str, str] | None:
+    """Why a transfer may not publish to topic ``name`` (condition, description); None
+    when it may."""
+    try:
+        validate_topic_name(name)
+    except TopicError as exc:
+        return "amqp:invalid-field", f"not a valid topic name: {exc}"
+    if not permissions.may_publish(name):
+        return UNAUTHORIZED_ACCESS, f"may not publish to {name}"
+    return None
+
+
 # -- consumers ----------------------------------------------------------------------------------
 
 
@@ -752,7 +778,14 @@ class ConsumerLink:
             and not engine_calls.link_get_drain(self._impl)
         ):
             return
-        self.flow()
+        if self.open_locally():
+            self.flow()
+
+    def open_locally(self) -> bool:
+        """Is the link still open on the broker's side (not closed since the event was made)?
+        Asked only when a flow event calls for work: the one after every transfer sent
+        needs none."""
+        return bool(engine_calls.link_state(self._impl) & engine_calls.LOCAL_ACTIVE)
 
     def pump_then(self, then: Callable[[], None]) -> None:
         """Pump now, then call ``then`` once what waits has gone out (a queue's link may
@@ -845,18 +878,18 @@ class ConsumerLink:
     def _send(self, tag: bytes, entry: QueuedMessage, delivery_count: int) -> Any:
         """Send one transfer; returns the engine's delivery (its C object), None when it
         went settled."""
-        link = self.link
+        layer = self.layer
         encoded = to_amqp(
             entry.message,
             durable=entry.persistent,
             delivery_count=delivery_count,
-            clocks=self.layer.clocks,
+            clocks=layer.clocks,
             destination_type=self.destination_type,
             retained=entry.retain,
         )
-        wire = engine_calls.send(link._impl, tag, encoded)
-        self.layer.traffic.messages_sent += 1
-        self.layer.connection.wake()
+        wire = engine_calls.send(self._impl, tag, encoded)
+        layer.traffic.messages_sent += 1
+        layer.connection.wake()
         if self.presettled or entry.qos == 0:
             engine_calls.delivery_settle(wire)
             return None
@@ -871,8 +904,8 @@ class ConsumerLink:
         if state == TRANSACTIONAL_STATE:
             self._transactional(wire)
             return
-        if not engine_calls.delivery_settled(wire) and state not in _TERMINAL:
-            return  # only a received state, or nothing yet
+        if state not in _TERMINAL and not engine_calls.delivery_settled(wire):
+            return  # only a received state, or nothing yet (an outcome needs no second look)
         delivery = self.unsettled.pop(wire, None)
         if delivery is None:
             engine_calls.delivery_settle(wire)
@@ -1009,7 +1042,8 @@ class BrowserLink(ConsumerLink):
     def flow_event(self) -> None:
         # Its consumer's credit is never spent (pump_now sends by the link's own credit), so
         # an unchanged number does not mean nothing changed: every flow event pumps.
-        self.flow()
+        if self.open_locally():
+            self.flow()
 
     def pump(self) -> None:
         self.pump_now()
@@ -1172,10 +1206,12 @@ class TopicConsumerLink(ConsumerLink):
         self, delivery: Delivery, settlement: Settlement, undeliverable: bool = False
     ) -> None:
         session = self.session
-        if session is not None:
-            self.layer.broker.settle(
-                session, delivery, settlement, undeliverable_here=undeliverable
-            )
+        if session is None:
+            return
+        if settlement is Settlement.ACCEPTED:
+            self.layer.broker.acknowledge(session, delivery)  # what settle() calls for it
+            return
+        self.layer.broker.settle(session, delivery, settlement, undeliverable_here=undeliverable)
 
 
 class SharedConsumerLink(ConsumerLink):
