@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -59,6 +60,7 @@ from kittiwake.proton_calls import delivery_update as delivery_update
 from kittiwake.proton_calls import delivery_updated as _delivery_updated
 from kittiwake.proton_calls import event_delivery as _event_delivery
 from kittiwake.proton_calls import event_type as _event_type
+from kittiwake.proton_calls import ffi as _ffi
 from kittiwake.proton_calls import from_buffer as _from_buffer
 from kittiwake.proton_calls import link_advance as link_advance
 from kittiwake.proton_calls import link_credit as link_credit
@@ -323,6 +325,12 @@ class EngineConnection:
         self._pending_open: list[LinkEndpoint] = []
         self._flushing = False
         self.sasl: SASL | None = None
+        # While another thread does engine work (``borrowed``): flush() leaves the events
+        # for the loop and the output for that thread, which writes it once at the end.
+        self._borrowed = False
+        # The socket's file descriptor when the output may be written to it from another
+        # thread (``write_through``): a plain TCP connection, not vm://'s pipes.
+        self._fd: int | None = None
 
     @classmethod
     async def open(
@@ -366,6 +374,7 @@ class EngineConnection:
         except (OSError, TimeoutError) as exc:
             raise JMSException(f"cannot connect to {host}:{port}: {exc}") from None
         self.reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+        self._fd = _socket_fd(self.writer)
         self.connection.open()
         self.flush()
         try:
@@ -417,6 +426,8 @@ class EngineConnection:
 
     def flush(self) -> None:
         """Process the engine's events, then write what it has to send."""
+        if self._borrowed:
+            return  # on another thread: see borrowed()
         if self._flushing:
             return  # called back from an event: the outer flush finishes the work
         self._flushing = True
@@ -456,6 +467,48 @@ class EngineConnection:
                 break
             _transport_pop(transport, got)
             writer.write(bytes(_unpack(buffer, got)))
+
+    def borrowed(self, function: Callable[[], None]) -> bool:
+        """Run ``function``'s engine work on this thread, not the loop's, then write its
+        output straight to the socket; the caller holds the lock the loop's thread holds
+        whenever it is not waiting for I/O (the blocking API's), so the two never touch the
+        engine at once. Events stay in the collector for the loop's next flush: they would
+        touch the loop's futures, which are not thread-safe (what a settlement and a credit
+        top-up post is only the engine's own). False: some output is left for the loop
+        (no socket to write to, or the loop's transport has bytes queued ahead of it)."""
+        self._borrowed = True
+        try:
+            function()
+        finally:
+            self._borrowed = False
+        return self.write_through()
+
+    def write_through(self) -> bool:
+        """Write what the engine has to send to the socket from this thread (which holds
+        the loop's lock: see ``borrowed``), when nothing is queued ahead of it in the loop's
+        transport; what the socket does not take stays in the engine. True: all written."""
+        transport = self._transport_impl
+        fd = self._fd
+        writer = self.writer
+        if writer is None or writer.is_closing():
+            return True  # nothing goes out any more (the loop's flush would write nothing)
+        if fd is None or writer.transport.get_write_buffer_size():
+            return _transport_pending(transport) <= 0
+        while True:
+            pending = _transport_pending(transport)
+            if pending <= 0:
+                return True  # nothing, or the output is closed (PN_EOS) or failed
+            buffer = _scratch.at_least(pending)
+            got = _transport_peek(transport, buffer, pending)
+            if got <= 0:
+                return True
+            try:
+                written = os.write(fd, _ffi.buffer(buffer, got))
+            except OSError:  # full (BlockingIOError), or failed: the loop's I/O says which
+                return False
+            _transport_pop(transport, written)
+            if written < got:
+                return False
 
     def _settle_opens(self) -> None:
         waiting = self._pending_open
@@ -633,6 +686,18 @@ class EngineConnection:
             self.reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.reader_task
+
+
+def _socket_fd(writer: asyncio.StreamWriter | None) -> int | None:
+    """The file descriptor of ``writer``'s plain TCP socket (None for TLS, or for
+    vm://'s in-memory pipes, whose bytes only the loop may write)."""
+    if writer is None or writer.get_extra_info("sslcontext") is not None:
+        return None
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    fd = sock.fileno()
+    return fd if isinstance(fd, int) and fd >= 0 else None
 
 
 def _held_elsewhere(objects: list[Any]) -> list[Any]:
