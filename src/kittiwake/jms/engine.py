@@ -82,6 +82,8 @@ _wrap_event: Callable[[Any], Event] = Event.wrap
 _wrap_delivery: Callable[[Any], Delivery] = Delivery.wrap
 _TRANSPORT: int = _lib.PN_TRANSPORT
 _DELIVERY: int = _lib.PN_DELIVERY
+_LINK_FLOW: int = _lib.PN_LINK_FLOW
+_event_link: Callable[[Any], Any] = _lib.pn_event_link
 _ACCEPTED: int = _lib.PN_ACCEPTED
 # AMQP 1.0 transactions (section 4.5): the transactional-state's descriptor, accepted's; the
 # remote states whose outcome is their data alone (declared, transactional).
@@ -110,7 +112,6 @@ _DISPATCHED: frozenset[int] = frozenset(
         _lib.PN_LINK_REMOTE_OPEN,
         _lib.PN_LINK_REMOTE_CLOSE,
         _lib.PN_LINK_REMOTE_DETACH,
-        _lib.PN_LINK_FLOW,
         _lib.PN_TRANSPORT_ERROR,
         _lib.PN_TRANSPORT_CLOSED,
     )
@@ -367,13 +368,13 @@ class EngineConnection:
             sasl.allowed_mechs("ANONYMOUS")
         self.transport.bind(self.connection)
         try:
-            reader, self.writer = await asyncio.wait_for(
-                streams() if streams is not None else asyncio.open_connection(host, port),
-                timeout,
-            )
+            if streams is not None:
+                reader, self.writer = await asyncio.wait_for(streams(), timeout)
+                self.reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+            else:
+                self.writer = await asyncio.wait_for(self._connect(host, port), timeout)
         except (OSError, TimeoutError) as exc:
             raise JMSException(f"cannot connect to {host}:{port}: {exc}") from None
-        self.reader_task = asyncio.get_running_loop().create_task(self._read(reader))
         self._fd = _socket_fd(self.writer)
         _bound_reads(self.writer)
         self.connection.open()
@@ -390,7 +391,17 @@ class EngineConnection:
 
     # -- I/O ----------------------------------------------------------------------------------
 
+    async def _connect(self, host: str, port: int) -> asyncio.StreamWriter:
+        """A TCP connection whose bytes go into the engine as the loop reads them
+        (``_EngineProtocol``); a StreamWriter over it, as vm://'s streams give."""
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.create_connection(
+            lambda: _EngineProtocol(self), host, port
+        )
+        return asyncio.StreamWriter(transport, protocol, None, loop)
+
     async def _read(self, reader: asyncio.StreamReader) -> None:
+        """vm://'s pipe read into the engine (a TCP connection's: ``_EngineProtocol``)."""
         try:
             while True:
                 data = await reader.read(_READ_SIZE)
@@ -401,11 +412,15 @@ class EngineConnection:
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
-            if not self.dead:
-                with contextlib.suppress(Exception):
-                    self.transport.close_tail()
-                self.flush()
-                self._died(self.error or JMSException("the connection to the broker was lost"))
+            self._input_ended()
+
+    def _input_ended(self) -> None:
+        """The broker's bytes ended (closed, failed, or the engine takes no more)."""
+        if not self.dead:
+            with contextlib.suppress(Exception):
+                self.transport.close_tail()
+            self.flush()
+            self._died(self.error or JMSException("the connection to the broker was lost"))
 
     def _push(self, data: bytes) -> bool:
         """Hand what was read to the engine, processing it as it goes; False: the engine
@@ -447,6 +462,8 @@ class EngineConnection:
                     # deliveries, the events of every message, take C calls alone.
                     if kind == _DELIVERY:
                         self._delivery(_event_delivery(impl))
+                    elif kind == _LINK_FLOW:  # a producer's credit, by C calls too
+                        self._flow(_event_link(impl))
                     elif kind in _DISPATCHED or (kind == _TRANSPORT and not self.opened.done()):
                         self._dispatch(_wrap_event(impl))
                 finally:
@@ -568,13 +585,6 @@ class EngineConnection:
                     endpoint.closed.set_result(None)
                     endpoint.error = IllegalStateException("the link is closed")
                     endpoint.notify()
-        elif kind == Event.LINK_FLOW:
-            assert event.link is not None
-            endpoint = self.links.get(event.link)
-            if endpoint is not None:
-                endpoint.notify()
-                if endpoint.on_flow is not None:
-                    endpoint.on_flow()
         elif kind == Event.TRANSPORT:
             outcome = self.sasl.outcome if self.sasl is not None else None
             if outcome not in (None, SASL.OK) and not self.opened.done():
@@ -592,6 +602,15 @@ class EngineConnection:
                 self.opened.set_exception(
                     self.error or JMSException(_describe(condition, "the broker closed"))
                 )
+
+    def _flow(self, link: Any) -> None:
+        """A link's credit or drain state changed (its C object): waiters re-check, and a
+        producer with posted sends sends them."""
+        endpoint = self._by_impl.get(link)
+        if endpoint is not None:
+            endpoint.notify()
+            if endpoint.on_flow is not None:
+                endpoint.on_flow()
 
     def _delivery(self, delivery: Any) -> None:
         """A delivery event, through C calls alone: an incoming message complete (handed to
@@ -687,6 +706,25 @@ class EngineConnection:
             self.reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.reader_task
+
+
+class _EngineProtocol(asyncio.Protocol):
+    """A TCP connection's bytes straight into its engine, in the loop's read callback: a
+    StreamReader and a reading task took a second loop turn and a future a read."""
+
+    def __init__(self, engine: EngineConnection) -> None:
+        self.engine = engine
+
+    def data_received(self, data: bytes) -> None:
+        if not self.engine._push(data):
+            self.engine._input_ended()
+
+    def eof_received(self) -> bool:
+        self.engine._input_ended()
+        return False  # the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.engine._input_ended()
 
 
 def _bound_reads(writer: asyncio.StreamWriter | None) -> None:
