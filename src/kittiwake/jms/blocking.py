@@ -2,7 +2,8 @@
 one I/O thread per connection and keeps JMS's threading rules: a session's listeners run one
 at a time on that session's own thread; ``close()`` may be called from any thread and waits
 for a running listener (from the listener itself it is refused, as JMS 2.0 says). Never does
-I/O itself."""
+I/O itself: a receive() that settles a message on its own thread has the engine write it
+(``_IOThread.borrow``, under the lock the I/O thread holds while its loop runs)."""
 
 from __future__ import annotations
 
