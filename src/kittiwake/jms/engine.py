@@ -738,8 +738,9 @@ def _bound_reads(writer: asyncio.StreamWriter | None) -> None:
 
 def _socket_fd(writer: asyncio.StreamWriter | None) -> int | None:
     """The file descriptor of ``writer``'s plain TCP socket (None for TLS, or for
-    vm://'s in-memory pipes, whose bytes only the loop may write)."""
-    if writer is None or writer.get_extra_info("sslcontext") is not None:
+    vm://'s in-memory pipes, whose bytes only the loop may write; and off POSIX, where a
+    socket is no file descriptor that os.write takes)."""
+    if os.name != "posix" or writer is None or writer.get_extra_info("sslcontext") is not None:
         return None
     sock = writer.get_extra_info("socket")
     if sock is None:
