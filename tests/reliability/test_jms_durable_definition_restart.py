@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from reliability_harness import BrokerCtl
 
-from kittiwake.jms import Connection, ConnectionFactory, MessageConsumer, Session, Topic
+from kittiwake.jms import Connection, ConnectionFactory, MessageConsumer, Queue, Session, Topic
 from tests.integration.clients import unique
 
 
@@ -44,6 +44,20 @@ def send(ctl: BrokerCtl, topic: Topic, *numbers: int) -> None:
             message = session.create_text_message(str(n))
             message.set_int_property("n", n)
             producer.send(message)
+    finally:
+        connection.close()
+
+
+def committed(ctl: BrokerCtl) -> None:
+    """Returns once everything the broker did so far is on disk: a PERSISTENT send to a queue
+    nobody consumes is answered once its commit is, and a commit holds every earlier change
+    (store/sqlite.py). Without it a kill -9 soon after the subscription was made can come
+    before its definition is written (seen with nothing sent before the stop: the broker
+    came back with no subscription at all)."""
+    connection = connect(ctl)
+    try:
+        session = connection.create_session()
+        session.create_producer(Queue(unique("committed"))).send(session.create_message())
     finally:
         connection.close()
 
@@ -95,6 +109,7 @@ def restart_between(
     subscribe(connection.create_session(), topic, shared, *before).close()
     connection.close()
     send(ctl, topic, *sent_before)
+    committed(ctl)
     stop(ctl, how)
     ctl.start()
     send(ctl, topic, *sent_between)

@@ -837,7 +837,9 @@ class Session(MessageFactory):
             self.engine.flush()
 
     def _hand_over_now(self, received: Received) -> None:
-        """A receive()'s hand-over on the loop, after those posted before it."""
+        """A receive()'s hand-over, after those posted before it: on the loop, or on the
+        receiving thread under the loop's lock (the blocking API's ``_IOThread.borrow``),
+        which writes what this flushes."""
         self._run_posted()
         self._hand_over(received, listener=False)
 
@@ -1600,13 +1602,14 @@ class MessageConsumer:
             or self.endpoint.error is not None
         )
 
-    def _take_ready(self, run_on_loop: Callable[[Callable[[], None]], None]) -> Message | None:
+    def _take_ready(self, hand_over: Callable[[Callable[[], None]], None]) -> Message | None:
         """receive() without the loop's wait, for the blocking API on the caller's thread: the
         next buffered message when one is there and ``_ready_here``. Where the mode's rule
         only takes effect later (in a transaction, at commit; DUPS_OK, lazily; presettled,
         never) its hand-over is posted to the loop (Session._post); AUTO and PRE acknowledge
-        before receive() returns, so ``run_on_loop`` (a blocking call onto the loop) writes
-        it first. None: take the loop's path, which waits, pulls, and raises what it must."""
+        before receive() returns, so ``hand_over`` runs it on the engine and writes it
+        first (the blocking API's ``_IOThread.borrow``: here, under the loop's lock).
+        None: take the loop's path, which waits, pulls, and raises what it must."""
         if not self._ready_here():
             return None
         session = self.session
@@ -1621,7 +1624,7 @@ class MessageConsumer:
                 if expired or session.mode in _LATER_MODES or received.presettled:
                     session._post(received, expired=expired)
                 else:
-                    run_on_loop(functools.partial(session._hand_over_now, received))
+                    hand_over(functools.partial(session._hand_over_now, received))
             except RuntimeError:  # the loop is closed: the connection went meanwhile
                 return None
             if not expired:

@@ -2,21 +2,24 @@
 one I/O thread per connection and keeps JMS's threading rules: a session's listeners run one
 at a time on that session's own thread; ``close()`` may be called from any thread and waits
 for a running listener (from the listener itself it is refused, as JMS 2.0 says). Never does
-I/O itself."""
+I/O itself: a receive() that settles a message on its own thread has the engine write it
+(``_IOThread.borrow``, under the lock the I/O thread holds while its loop runs)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import selectors
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
 from kittiwake.jms import aio
 from kittiwake.jms.aio import AcknowledgeMode, CompletionListener, ConnectionState
 from kittiwake.jms.destinations import Destination, Queue, TemporaryQueue, TemporaryTopic, Topic
+from kittiwake.jms.engine import EngineConnection
 from kittiwake.jms.exceptions import (
     IllegalStateException,
     JMSException,
@@ -35,28 +38,55 @@ MessageListener = Callable[[Message], None]
 _WAIT_SLICE = 1.0
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop where it is installed (a dependency of the package, as for the broker),
-    else asyncio's. Most of the blocking API's cost a message is this loop's: a wake-up from
-    the caller's thread (call_soon_threadsafe, once per AUTO_ACKNOWLEDGE receive()), a socket
-    read, a socket write; uvloop does each in C where asyncio's selector loop runs Python."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
+class _UnlockingSelector(selectors.BaseSelector):
+    """The I/O thread's selector: that thread holds its connection's engine lock at all
+    times but while it waits here for I/O, so another thread that takes the lock touches
+    the engine only while the loop is idle (``_IOThread.borrow``). That is why the loop is
+    asyncio's own and not uvloop's, which has no such hook."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.inner = selectors.DefaultSelector()
+        self.lock = lock
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self.inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self.inner.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self.inner.modify(fileobj, events, data)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self.lock.release()
+        try:
+            return self.inner.select(timeout)
+        finally:
+            self.lock.acquire()
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self.inner.get_key(fileobj)
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return self.inner.get_map()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class _IOThread:
-    """The connection's event loop on its own daemon thread."""
+    """The connection's event loop on its own daemon thread, holding ``lock`` except while
+    it waits for I/O (see ``_UnlockingSelector``)."""
 
     def __init__(self) -> None:
-        self.loop = _new_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="kittiwake-jms-io", daemon=True
-        )
+        self.lock = threading.Lock()
+        self.loop = asyncio.SelectorEventLoop(_UnlockingSelector(self.lock))
+        self.thread = threading.Thread(target=self._run, name="kittiwake-jms-io", daemon=True)
         self.thread.start()
+
+    def _run(self) -> None:
+        with self.lock:
+            self.loop.run_forever()
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self.thread:
@@ -65,12 +95,30 @@ class _IOThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def call_soon(self, function: Callable[[], None]) -> None:
-        """Run ``function`` on the loop and wait for it: a callback, not a task (the hot
-        path of receive()). RuntimeError when the loop is closed."""
+        """Run ``function`` on the loop and wait for it: a callback, not a task.
+        RuntimeError when the loop is closed."""
         if threading.current_thread() is self.thread:
             function()
             return
-        aio.call_from_thread(self.loop, function)  # once per AUTO_ACKNOWLEDGE receive()
+        aio.call_from_thread(self.loop, function)
+
+    def borrow(self, engine: EngineConnection, function: Callable[[], None]) -> None:
+        """Run ``function``'s engine work here, on the caller's thread, under the loop's lock
+        instead of waking the loop and waiting for it (two thread switches each way): the
+        hot path of an AUTO_ACKNOWLEDGE receive(), whose acknowledgement is written to the
+        socket before this returns. When the socket does not take it all (or there is
+        none: vm://), the loop writes the rest and this waits for it, as the loop's own
+        write would have been waited for. RuntimeError when the loop is closed."""
+        if threading.current_thread() is self.thread:
+            function()
+            engine.flush()
+            return
+        if self.loop.is_closed():
+            raise RuntimeError("the connection's loop is closed")
+        with self.lock:
+            written = engine.borrowed(function)
+        if not written:
+            aio.call_from_thread(self.loop, engine.flush)
 
     def call(self, function: Callable[[], T]) -> T:
         """Run plain engine-touching code on the loop (the engine is not thread-safe)."""
@@ -422,19 +470,27 @@ class MessageConsumer:
         self.core = core
         self.listener: MessageListener | None = None
         self._waiter = threading.Event()
+        io = session.io
+        core_session = core.session
+
+        def hand_over(function: Callable[[], None]) -> None:
+            io.borrow(core_session.engine, function)  # the engine of the moment (reconnection)
+
+        self._hand_over = hand_over
 
     def get_message_selector(self) -> str | None:
         return self.core.get_message_selector()
 
     def receive(self, timeout: float | None = None) -> Message | None:
         # A prefetched message is taken here, on the caller's thread, its acknowledgement
-        # posted to the I/O thread in a batch (or, AUTO and PRE, written by a short call
-        # there, before this returns); with prefetch, an empty buffer is waited for here
+        # posted to the I/O thread in a batch (or, AUTO and PRE, settled and written here,
+        # under the loop's lock, before this returns: _IOThread.borrow); with prefetch, an
+        # empty buffer is waited for here
         # too (the I/O thread sets the waiter as a message arrives or anything changes).
         # The round trip to the I/O thread is left for what the loop must judge: no prefetch
         # (a pull), a timeout that ran out, stop, close, failure, reconnection.
         core = self.core
-        message = core._take_ready(self.session.io.call_soon)
+        message = core._take_ready(self._hand_over)
         if message is not None:
             return message
         if core.prefetch > 0 and (timeout is None or timeout > 0):
@@ -446,7 +502,7 @@ class MessageConsumer:
                 endpoint = core.endpoint
                 endpoint.waiter = waiter
                 try:
-                    message = core._take_ready(self.session.io.call_soon)
+                    message = core._take_ready(self._hand_over)
                     if message is not None:
                         return message
                     remaining = _WAIT_SLICE if deadline is None else deadline - time.monotonic()
@@ -456,7 +512,7 @@ class MessageConsumer:
                     waited = True
                 finally:
                     endpoint.waiter = None
-                message = core._take_ready(self.session.io.call_soon)
+                message = core._take_ready(self._hand_over)
                 if message is not None:
                     return message
             if waited and core.closed:
@@ -466,7 +522,7 @@ class MessageConsumer:
         return self.session.io.run(core.receive(timeout))
 
     def receive_no_wait(self) -> Message | None:
-        message = self.core._take_ready(self.session.io.call_soon)
+        message = self.core._take_ready(self._hand_over)
         if message is not None:
             return message
         return self.session.io.run(self.core.receive_no_wait())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -59,6 +60,7 @@ from kittiwake.proton_calls import delivery_update as delivery_update
 from kittiwake.proton_calls import delivery_updated as _delivery_updated
 from kittiwake.proton_calls import event_delivery as _event_delivery
 from kittiwake.proton_calls import event_type as _event_type
+from kittiwake.proton_calls import ffi as _ffi
 from kittiwake.proton_calls import from_buffer as _from_buffer
 from kittiwake.proton_calls import link_advance as link_advance
 from kittiwake.proton_calls import link_credit as link_credit
@@ -80,6 +82,8 @@ _wrap_event: Callable[[Any], Event] = Event.wrap
 _wrap_delivery: Callable[[Any], Delivery] = Delivery.wrap
 _TRANSPORT: int = _lib.PN_TRANSPORT
 _DELIVERY: int = _lib.PN_DELIVERY
+_LINK_FLOW: int = _lib.PN_LINK_FLOW
+_event_link: Callable[[Any], Any] = _lib.pn_event_link
 _ACCEPTED: int = _lib.PN_ACCEPTED
 # AMQP 1.0 transactions (section 4.5): the transactional-state's descriptor, accepted's; the
 # remote states whose outcome is their data alone (declared, transactional).
@@ -108,7 +112,6 @@ _DISPATCHED: frozenset[int] = frozenset(
         _lib.PN_LINK_REMOTE_OPEN,
         _lib.PN_LINK_REMOTE_CLOSE,
         _lib.PN_LINK_REMOTE_DETACH,
-        _lib.PN_LINK_FLOW,
         _lib.PN_TRANSPORT_ERROR,
         _lib.PN_TRANSPORT_CLOSED,
     )
@@ -323,6 +326,12 @@ class EngineConnection:
         self._pending_open: list[LinkEndpoint] = []
         self._flushing = False
         self.sasl: SASL | None = None
+        # While another thread does engine work (``borrowed``): flush() leaves the events
+        # for the loop and the output for that thread, which writes it once at the end.
+        self._borrowed = False
+        # The socket's file descriptor when the output may be written to it from another
+        # thread (``write_through``): a plain TCP connection, not vm://'s pipes.
+        self._fd: int | None = None
 
     @classmethod
     async def open(
@@ -359,13 +368,15 @@ class EngineConnection:
             sasl.allowed_mechs("ANONYMOUS")
         self.transport.bind(self.connection)
         try:
-            reader, self.writer = await asyncio.wait_for(
-                streams() if streams is not None else asyncio.open_connection(host, port),
-                timeout,
-            )
+            if streams is not None:
+                reader, self.writer = await asyncio.wait_for(streams(), timeout)
+                self.reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+            else:
+                self.writer = await asyncio.wait_for(self._connect(host, port), timeout)
         except (OSError, TimeoutError) as exc:
             raise JMSException(f"cannot connect to {host}:{port}: {exc}") from None
-        self.reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+        self._fd = _socket_fd(self.writer)
+        _bound_reads(self.writer)
         self.connection.open()
         self.flush()
         try:
@@ -380,7 +391,17 @@ class EngineConnection:
 
     # -- I/O ----------------------------------------------------------------------------------
 
+    async def _connect(self, host: str, port: int) -> asyncio.StreamWriter:
+        """A TCP connection whose bytes go into the engine as the loop reads them
+        (``_EngineProtocol``); a StreamWriter over it, as vm://'s streams give."""
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.create_connection(
+            lambda: _EngineProtocol(self), host, port
+        )
+        return asyncio.StreamWriter(transport, protocol, None, loop)
+
     async def _read(self, reader: asyncio.StreamReader) -> None:
+        """vm://'s pipe read into the engine (a TCP connection's: ``_EngineProtocol``)."""
         try:
             while True:
                 data = await reader.read(_READ_SIZE)
@@ -391,11 +412,15 @@ class EngineConnection:
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
-            if not self.dead:
-                with contextlib.suppress(Exception):
-                    self.transport.close_tail()
-                self.flush()
-                self._died(self.error or JMSException("the connection to the broker was lost"))
+            self._input_ended()
+
+    def _input_ended(self) -> None:
+        """The broker's bytes ended (closed, failed, or the engine takes no more)."""
+        if not self.dead:
+            with contextlib.suppress(Exception):
+                self.transport.close_tail()
+            self.flush()
+            self._died(self.error or JMSException("the connection to the broker was lost"))
 
     def _push(self, data: bytes) -> bool:
         """Hand what was read to the engine, processing it as it goes; False: the engine
@@ -417,6 +442,8 @@ class EngineConnection:
 
     def flush(self) -> None:
         """Process the engine's events, then write what it has to send."""
+        if self._borrowed:
+            return  # on another thread: see borrowed()
         if self._flushing:
             return  # called back from an event: the outer flush finishes the work
         self._flushing = True
@@ -435,6 +462,8 @@ class EngineConnection:
                     # deliveries, the events of every message, take C calls alone.
                     if kind == _DELIVERY:
                         self._delivery(_event_delivery(impl))
+                    elif kind == _LINK_FLOW:  # a producer's credit, by C calls too
+                        self._flow(_event_link(impl))
                     elif kind in _DISPATCHED or (kind == _TRANSPORT and not self.opened.done()):
                         self._dispatch(_wrap_event(impl))
                 finally:
@@ -456,6 +485,48 @@ class EngineConnection:
                 break
             _transport_pop(transport, got)
             writer.write(bytes(_unpack(buffer, got)))
+
+    def borrowed(self, function: Callable[[], None]) -> bool:
+        """Run ``function``'s engine work on this thread, not the loop's, then write its
+        output straight to the socket; the caller holds the lock the loop's thread holds
+        whenever it is not waiting for I/O (the blocking API's), so the two never touch the
+        engine at once. Events stay in the collector for the loop's next flush: they would
+        touch the loop's futures, which are not thread-safe (what a settlement and a credit
+        top-up post is only the engine's own). False: some output is left for the loop
+        (no socket to write to, or the loop's transport has bytes queued ahead of it)."""
+        self._borrowed = True
+        try:
+            function()
+        finally:
+            self._borrowed = False
+        return self.write_through()
+
+    def write_through(self) -> bool:
+        """Write what the engine has to send to the socket from this thread (which holds
+        the loop's lock: see ``borrowed``), when nothing is queued ahead of it in the loop's
+        transport; what the socket does not take stays in the engine. True: all written."""
+        transport = self._transport_impl
+        fd = self._fd
+        writer = self.writer
+        if writer is None or writer.is_closing():
+            return True  # nothing goes out any more (the loop's flush would write nothing)
+        if fd is None or writer.transport.get_write_buffer_size():
+            return _transport_pending(transport) <= 0
+        while True:
+            pending = _transport_pending(transport)
+            if pending <= 0:
+                return True  # nothing, or the output is closed (PN_EOS) or failed
+            buffer = _scratch.at_least(pending)
+            got = _transport_peek(transport, buffer, pending)
+            if got <= 0:
+                return True
+            try:
+                written = os.write(fd, _ffi.buffer(buffer, got))
+            except OSError:  # full (BlockingIOError), or failed: the loop's I/O says which
+                return False
+            _transport_pop(transport, written)
+            if written < got:
+                return False
 
     def _settle_opens(self) -> None:
         waiting = self._pending_open
@@ -514,13 +585,6 @@ class EngineConnection:
                     endpoint.closed.set_result(None)
                     endpoint.error = IllegalStateException("the link is closed")
                     endpoint.notify()
-        elif kind == Event.LINK_FLOW:
-            assert event.link is not None
-            endpoint = self.links.get(event.link)
-            if endpoint is not None:
-                endpoint.notify()
-                if endpoint.on_flow is not None:
-                    endpoint.on_flow()
         elif kind == Event.TRANSPORT:
             outcome = self.sasl.outcome if self.sasl is not None else None
             if outcome not in (None, SASL.OK) and not self.opened.done():
@@ -538,6 +602,15 @@ class EngineConnection:
                 self.opened.set_exception(
                     self.error or JMSException(_describe(condition, "the broker closed"))
                 )
+
+    def _flow(self, link: Any) -> None:
+        """A link's credit or drain state changed (its C object): waiters re-check, and a
+        producer with posted sends sends them."""
+        endpoint = self._by_impl.get(link)
+        if endpoint is not None:
+            endpoint.notify()
+            if endpoint.on_flow is not None:
+                endpoint.on_flow()
 
     def _delivery(self, delivery: Any) -> None:
         """A delivery event, through C calls alone: an incoming message complete (handed to
@@ -633,6 +706,47 @@ class EngineConnection:
             self.reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.reader_task
+
+
+class _EngineProtocol(asyncio.Protocol):
+    """A TCP connection's bytes straight into its engine, in the loop's read callback: a
+    StreamReader and a reading task took a second loop turn and a future a read."""
+
+    def __init__(self, engine: EngineConnection) -> None:
+        self.engine = engine
+
+    def data_received(self, data: bytes) -> None:
+        if not self.engine._push(data):
+            self.engine._input_ended()
+
+    def eof_received(self) -> bool:
+        self.engine._input_ended()
+        return False  # the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.engine._input_ended()
+
+
+def _bound_reads(writer: asyncio.StreamWriter | None) -> None:
+    """asyncio's socket transport reads up to 256 KiB a call into a new bytes object, which
+    costs five times a 64 KiB read (measured: 16 against 3 us a recv of 2 KB, the large
+    buffer being mapped and unmapped each time); the engine reads 64 KiB at a time anyway."""
+    transport: Any = None if writer is None else writer.transport
+    if isinstance(getattr(transport, "max_size", None), int):
+        transport.max_size = _READ_SIZE
+
+
+def _socket_fd(writer: asyncio.StreamWriter | None) -> int | None:
+    """The file descriptor of ``writer``'s plain TCP socket (None for TLS, or for
+    vm://'s in-memory pipes, whose bytes only the loop may write; and off POSIX, where a
+    socket is no file descriptor that os.write takes)."""
+    if os.name != "posix" or writer is None or writer.get_extra_info("sslcontext") is not None:
+        return None
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    fd = sock.fileno()
+    return fd if isinstance(fd, int) and fd >= 0 else None
 
 
 def _held_elsewhere(objects: list[Any]) -> list[Any]:

@@ -1,6 +1,7 @@
 """What kittiwake.jms writes to acknowledge, read off the wire (proton's frame trace of the
 client's own connection): AUTO_ACKNOWLEDGE's settled disposition is written
-before receive() returns, one per message (what its promise costs the broker: a read per
+before receive() returns (by the receiving thread, or by the loop when that thread cannot),
+one per message (what its promise costs the broker: a read per
 message); DUPS_OK_ACKNOWLEDGE writes one frame covering a range of messages."""
 
 from __future__ import annotations
@@ -93,6 +94,26 @@ def test_auto_acknowledge_writes_each_disposition_before_receive_returns(
         assert len(wire.dispositions()) == i + 1
         first, last = wire.seen[-1]
         assert first == last == wire.seen[0][0] + i
+    assert drain_queue(connect(), queue) == []
+
+
+def test_auto_acknowledge_the_loop_writes_is_written_before_receive_returns_too(
+    connect: Connect, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Where receive() cannot write its acknowledgement to the socket itself (vm://'s pipes,
+    or bytes queued ahead of it in the loop's transport), the loop writes it, waited for."""
+    queue = Queue(unique("wire-auto-loop"))
+    fill(connect(), queue, 3)
+    connection, consumer = traced_consumer(connect, AUTO_ACKNOWLEDGE, queue)
+    engine = connection.core.engine
+    connection.io.call(lambda: setattr(engine, "_fd", None))  # no socket of its own: as vm://
+    wire = Wire(capfd)
+    wire.dispositions()
+    wire.seen.clear()
+    for i in range(3):
+        message = consumer.receive(5)
+        assert isinstance(message, TextMessage) and message.get_text() == str(i)
+        assert len(wire.dispositions()) == i + 1
     assert drain_queue(connect(), queue) == []
 
 
