@@ -144,6 +144,36 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
     return True
 
 
+def enqueue_run(
+    broker: Broker, session: Session, queue: Queue, entries: list[QueuedMessage]
+) -> int:
+    """:func:`enqueue` for each of a run of at-least-once copies nobody stores (one per
+    publication of publishing.publish_run, in order) to a connected session whose queue
+    takes them all (``Queue.takes_run``): while nothing waits and the window has room they go
+    in flight at once, the rest are queued in one step. Returns the index of the first one
+    queued (``len(entries)`` when none was)."""
+    consumer = session.made_consumer or session.consumer
+    credit = consumer.credit
+    sent = 0
+    count = len(entries)
+    while (
+        sent < count
+        and not queue.count
+        and credit.available > 0
+        and consumer.receiver is not None
+    ):
+        queue.deliver_now(consumer, entries[sent])
+        sent += 1
+    if sent:
+        broker.stats.messages_sent += sent
+        if sent == count:
+            return count
+        queue.push_all(entries[sent:])
+    else:
+        queue.push_all(entries)
+    return sent
+
+
 def deliver_stored_now(
     broker: Broker, session: Session, queue: Queue, entry: QueuedMessage
 ) -> bool:

@@ -349,6 +349,36 @@ class Queue:
             self._insert(entry)
         return _PUSHED
 
+    def push_all(self, entries: list[QueuedMessage]) -> None:
+        """:meth:`push` for each of a run of entries, in one step: for a caller that has
+        checked :meth:`takes_run` for them, so each would be accepted at the back (no
+        policy, no heap) exactly as one by one (publishing.publish_run)."""
+        ready = self._ready
+        if ready is None:
+            ready = self._ready = deque()
+        sequence = self._sequence
+        size = 0
+        for entry in entries:
+            sequence += 1
+            entry.sequence = sequence
+            message = entry.message
+            size += len(message.payload) + len(message.topic)
+        self._sequence = sequence
+        self.bytes += size
+        self.totals.bytes += size
+        self.count += len(entries)
+        ready.extend(entries)
+
+    def takes_run(self, entries: int, size: int) -> bool:
+        """Would :meth:`push` accept this many more FIFO entries (no delivery time, no message
+        group) of this many bytes in all, each at the back, one after the other? (Sizes only
+        grow, so the last one's check decides.)"""
+        return (
+            self.ordering == "fifo"
+            and self.count + entries <= self.max_messages
+            and self.bytes + size <= self.max_bytes
+        )
+
     def has_room(self, entries: int, size: int) -> bool:
         """Would this many more entries of this many bytes all be accepted now?"""
         if self.policy == "discard_oldest":
