@@ -7,6 +7,7 @@ Knows no protocol; never writes to a socket itself (the link does).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.consumers import Delivery, DeliveryState
@@ -156,14 +157,25 @@ def enqueue_run(
     credit = consumer.credit
     sent = 0
     count = len(entries)
-    while (
-        sent < count
-        and not queue.count
-        and credit.available > 0
-        and consumer.receiver is not None
-    ):
-        queue.deliver_now(consumer, entries[sent])
-        sent += 1
+    receiver = consumer.receiver
+    deliver_all: Callable[[list[Delivery]], None] | None
+    deliver_all = getattr(receiver, "deliver_all", None)
+    if deliver_all is not None:
+        # A receiver that takes runs never acts on the queue while it sends: what the window
+        # takes goes at once, in one hand-over (one write).
+        if not queue.count and credit.available > 0:
+            sent = min(count, credit.available)
+            going = entries[:sent] if sent < count else entries
+            queue.deliver_now_all(consumer, going, deliver_all)
+    else:
+        while (
+            sent < count
+            and not queue.count
+            and credit.available > 0
+            and consumer.receiver is not None
+        ):
+            queue.deliver_now(consumer, entries[sent])
+            sent += 1
     if sent:
         broker.stats.messages_sent += sent
         if sent == count:

@@ -907,6 +907,35 @@ class Queue:
         receiver.deliver(delivery)
         return delivery
 
+    def deliver_now_all(
+        self,
+        consumer: Consumer,
+        entries: list[QueuedMessage],
+        deliver_all: Callable[[list[Delivery]], None],
+    ) -> None:
+        """:meth:`deliver_now` for each of a run of entries, handed over at once to the
+        consumer's receiver that takes runs (its ``deliver_all``, which never acts on this
+        queue while it runs): for an owner that has checked nothing waits ahead of them and
+        the consumer's window has room for all."""
+        sequence = self._sequence
+        delivery_id = self._next_delivery_id
+        unsettled = consumer.unsettled
+        if unsettled is NO_DELIVERIES:
+            unsettled = consumer.own_unsettled()
+        run: list[Delivery] = []
+        for entry in entries:
+            sequence += 1
+            entry.sequence = sequence
+            delivery_id += 1
+            delivery = Delivery(delivery_id, entry, consumer)
+            unsettled[delivery_id] = delivery
+            run.append(delivery)
+        self._sequence = sequence
+        self._next_delivery_id = delivery_id
+        consumer.credit.available -= len(run)
+        self.in_flight += len(run)
+        deliver_all(run)
+
     @property
     def group_count(self) -> int:
         """Message groups this queue keeps with a consumer now (bounded by ``max_groups``

@@ -113,3 +113,35 @@ def test_the_histories_hand_out_runs() -> None:
         scenario(seed, runs)
         handed.append(max(runs.runs, default=0))
     assert sum(1 for longest in handed if longest > 1) >= len(SEEDS) // 2
+
+
+def test_a_run_put_in_flight_at_once_is_what_one_by_one_puts_in_flight() -> None:
+    """Queue.deliver_now_all against deliver_now for each: the same deliveries under the same
+    ids, the same counts, and, taken back, the entries come back in their arrival order
+    among the ones that waited."""
+
+    def history(at_once: bool) -> list[object]:
+        receiver = Runs()
+        queue = Queue("q", max_messages=100, max_bytes=100_000)
+        consumer = Consumer(receiver, window=10)
+        queue.attach(consumer)
+        queue.push(QueuedMessage(Message("t", b"early", qos=1), 1, False))
+        queue.dispatch(NOW)
+        entries = [QueuedMessage(Message("t", b"m%d" % i, qos=1), 1, False) for i in range(5)]
+        if at_once:
+            queue.deliver_now_all(consumer, entries, receiver.deliver_all)
+        else:
+            for entry in entries:
+                queue.deliver_now(consumer, entry)
+        queue.push(QueuedMessage(Message("t", b"late", qos=1), 1, False))
+        seen: list[object] = [
+            [(d.id, d.entry.message.payload) for d in receiver.got],
+            consumer.credit.available,
+            queue.in_flight,
+        ]
+        queue.detach(consumer)  # everything in flight comes back, possibly delivered
+        seen.append([e.message.payload for e in iter(lambda: queue.pop(NOW), None)])
+        return seen
+
+    assert history(at_once=True) == history(at_once=False)
+    assert history(at_once=True)[-1] == [b"early", b"m0", b"m1", b"m2", b"m3", b"m4", b"late"]
