@@ -739,6 +739,10 @@ class MQTTConnection:
             self.traffic.messages_received += stats.messages_received - before
         if self.closed:
             return
+        if not self._answers and completions.count(None) == len(completions):
+            # Every PUBACK is owed now (a flood's usual case): one write.
+            self.transport.write(b"".join(map(encode_puback, run.packet_ids)))
+            return
         # PUBACKs owed now (no commit to wait for, no answer queued ahead): one write.
         acks: list[bytes] = []
         for packet_id, payload, commit in zip(
