@@ -180,9 +180,7 @@ def _run_targets(
     ):
         return None
     count = len(messages)
-    size = len(first.topic) * count
-    for message in messages:
-        size += len(message.payload)
+    size = -1  # the run's bytes, once a queue is to be asked
     levels = LEVELS[1][True]
     targets: list[_RunTarget] = []
     for copy in plan.copies:
@@ -200,6 +198,10 @@ def _run_targets(
             return None
         if session.link is None:
             continue  # as enqueue(): nothing for a session that is not connected
+        if size < 0:
+            size = len(first.topic) * count
+            for message in messages:
+                size += len(message.payload)
         if not queue.takes_run(count, size):
             return None
         targets.append((session, queue, level, options.subscription_ids))
