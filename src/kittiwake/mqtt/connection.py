@@ -733,10 +733,12 @@ class MQTTConnection:
         before = stats.messages_received
         try:
             broker.publish_run(messages, completions)
-        finally:
+        except BaseException:
             # Counted as taken, as one by one (the broker counts each as it takes it): an
             # error mid-run stops the count where it stopped.
             self.traffic.messages_received += stats.messages_received - before
+            raise
+        self.traffic.messages_received += len(messages)
         if self.closed:
             return
         if not self._answers and completions.count(None) == len(completions):
