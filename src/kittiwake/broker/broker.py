@@ -556,6 +556,8 @@ class Broker:
 
     # Accept a publication; the completion says when the publisher may be told it is safe.
     publish = publishing.publish
+    # The same for each of a run of plain QoS 1 publications on one topic (a flood).
+    publish_run = publishing.publish_run
     # A retained publication over limits.max_retained_payload: delivered, not retained.
     retained_too_large = publishing.retained_too_large
 

@@ -7,6 +7,7 @@ Knows no protocol; never writes to a socket itself (the link does).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kittiwake.broker.consumers import Delivery, DeliveryState
@@ -142,6 +143,47 @@ def enqueue(broker: Broker, session: Session, entry: QueuedMessage) -> bool:
             broker.store.journal(message)
         broker.store.enqueue(queue.name, entry)
     return True
+
+
+def enqueue_run(
+    broker: Broker, session: Session, queue: Queue, entries: list[QueuedMessage]
+) -> int:
+    """:func:`enqueue` for each of a run of at-least-once copies nobody stores (one per
+    publication of publishing.publish_run, in order) to a connected session whose queue
+    takes them all (``Queue.takes_run``): while nothing waits and the window has room they go
+    in flight at once, the rest are queued in one step. Returns the index of the first one
+    queued (``len(entries)`` when none was)."""
+    consumer = session.made_consumer or session.consumer
+    credit = consumer.credit
+    sent = 0
+    count = len(entries)
+    receiver = consumer.receiver
+    deliver_all: Callable[[list[Delivery]], None] | None
+    deliver_all = getattr(receiver, "deliver_all", None)
+    if deliver_all is not None:
+        # A receiver that takes runs never acts on the queue while it sends: what the window
+        # takes goes at once, in one hand-over (one write).
+        if not queue.count and credit.available > 0:
+            sent = min(count, credit.available)
+            going = entries[:sent] if sent < count else entries
+            queue.deliver_now_all(consumer, going, deliver_all)
+    else:
+        while (
+            sent < count
+            and not queue.count
+            and credit.available > 0
+            and consumer.receiver is not None
+        ):
+            queue.deliver_now(consumer, entries[sent])
+            sent += 1
+    if sent:
+        broker.stats.messages_sent += sent
+        if sent == count:
+            return count
+        queue.push_all(entries[sent:])
+    else:
+        queue.push_all(entries)
+    return sent
 
 
 def deliver_stored_now(

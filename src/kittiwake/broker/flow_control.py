@@ -28,6 +28,7 @@ from kittiwake.broker.sessions import Session
 
 if TYPE_CHECKING:
     from kittiwake.broker.broker import BrokerStats
+    from kittiwake.broker.queues import Queue, QueuedMessage
     from kittiwake.config import LimitsConfig
 
 log = logging.getLogger(__name__)
@@ -135,21 +136,75 @@ class FlowControl:
                 and receiver.link is not None
                 and receiver not in self._stalled
             ):
-                if receiver not in self._watched:
-                    # The next check stamps the time: no clock read on the publish path.
-                    self._watched[receiver] = _Progress(queue.deliveries_started, _UNSTAMPED)
-                # One future per batch of publications held on a congested session, shared
-                # by every publisher among them.
-                waiters = self._waiters.get(receiver)
-                if waiters is None:
-                    waiters = self._waiters[receiver] = deque()
-                if not waiters or waiters[-1].held >= RELEASE_BATCH:
-                    waiters.append(_Waiter(self.loop.create_future()))
-                    receiver.drain_waiter = waiters[-1].future
-                newest = waiters[-1]
-                newest.held += 1
-                return newest.future
+                return self._hold(receiver, queue, self.loop)
         return None
+
+    def congested_run(
+        self, queued: list[tuple[Session, list[QueuedMessage], int]], count: int
+    ) -> list[asyncio.Future[None] | None] | None:
+        """:meth:`congested` for each of a run of ``count`` publications
+        (publishing.publish_run) once every copy is queued: ``queued`` holds, in route order,
+        each session that queued copies, its copies (one per publication, in order) and the
+        index of the first one queued (those before went in flight at once). What
+        :meth:`congested` would have returned for each publication, in order; None when
+        that is None for all (the usual case). During a run queues only grow, so a session
+        holds the publications from the first whose copy left its queue at the depth on."""
+        loop = self.loop
+        if loop is None or not queued:
+            return None
+        if self._total_waiter is not None:
+            first = min(start for _, _, start in queued)
+            return [None] * first + [self._total_waiter] * (count - first)
+        holding: list[tuple[int, Session, Queue]] = []
+        depth = self.depth
+        depth_bytes = self.depth_bytes
+        for session, entries, start in queued:
+            queue = session.made_queue
+            if queue is None or session.link is None or session in self._stalled:
+                continue
+            # Walked back from the run's end, where the queue is now, to the first copy
+            # that left it at the depth.
+            waiting = queue.count
+            size = queue.bytes
+            index = count
+            while index > start and (waiting >= depth or size >= depth_bytes):
+                index -= 1
+                message = entries[index].message
+                waiting -= 1
+                size -= len(message.payload) + len(message.topic)
+            if index < count:
+                holding.append((index, session, queue))
+        if not holding:
+            return None
+        drained: list[asyncio.Future[None] | None] = []
+        for publication in range(count):
+            future = None
+            for first, session, queue in holding:
+                if first <= publication:
+                    future = self._hold(session, queue, loop)
+                    break
+            drained.append(future)
+        return drained
+
+    def _hold(
+        self, session: Session, queue: Queue, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[None]:
+        """A publication is held on this congested, progressing session: the future of its
+        batch of held publications (see RELEASE_BATCH)."""
+        if session not in self._watched:
+            # The next check stamps the time: no clock read on the publish path.
+            self._watched[session] = _Progress(queue.deliveries_started, _UNSTAMPED)
+        # One future per batch of publications held on a congested session, shared by every
+        # publisher among them.
+        waiters = self._waiters.get(session)
+        if waiters is None:
+            waiters = self._waiters[session] = deque()
+        if not waiters or waiters[-1].held >= RELEASE_BATCH:
+            waiters.append(_Waiter(loop.create_future()))
+            session.drain_waiter = waiters[-1].future
+        newest = waiters[-1]
+        newest.held += 1
+        return newest.future
 
     def pumped(self, session: Session) -> None:
         """After a pump: the publications held longest go, a batch at a time, while the queue

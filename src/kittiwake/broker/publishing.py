@@ -26,9 +26,14 @@ from typing import TYPE_CHECKING
 
 from kittiwake.broker.completion import Completion
 from kittiwake.broker.delivery import LEVELS
-from kittiwake.broker.dispatch import deliver_stored_now, enqueue, enqueue_shared
+from kittiwake.broker.dispatch import (
+    deliver_stored_now,
+    enqueue,
+    enqueue_run,
+    enqueue_shared,
+)
 from kittiwake.broker.message import Message
-from kittiwake.broker.queues import QueuedMessage
+from kittiwake.broker.queues import Queue, QueuedMessage
 from kittiwake.broker.sessions import Session
 from kittiwake.broker.shared_groups import SharedGroup
 from kittiwake.broker.topics import quoted_topic
@@ -36,6 +41,7 @@ from kittiwake.broker.topics import quoted_topic
 if TYPE_CHECKING:
     from kittiwake.broker.broker import Broker
     from kittiwake.broker.mqtt_subscriptions import SessionCopy
+    from kittiwake.broker.route_plans import RoutePlan
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,119 @@ def publish(broker: Broker, message: Message) -> Completion:
     if drained is None:
         return commit
     return broker.flow.commit_and_drain(commit, drained)
+
+
+def publish_run(broker: Broker, messages: list[Message], completions: list[Completion]) -> None:
+    """:func:`publish` for each of a run of publications on one topic, as a publisher's flood
+    brings them (the MQTT front end's PublishRun): at least once (QoS 1, persistent), not
+    retained, without delivery time or message group. Their completions are appended to
+    ``completions``, in order.
+
+    When every copy goes to a connected session that stores none of them and whose queue
+    takes the whole run (a flood's usual case), the topic's plan, each copy's level and the
+    store's commit are worked out once for the run, each session gets its copies in one step
+    (:func:`enqueue_run`) and flow control is asked once (``FlowControl.congested_run``),
+    with the one-by-one outcome: the same messages, copies, deliveries in the same order on
+    each connection, counts and completions. (Only the interleaving of writes to different
+    connections differs, which nobody can see.) Anything else is published one by one."""
+    topic = messages[0].topic
+    routes = broker.routes
+    plan = routes.by_topic.get(topic)
+    if plan is None:
+        plan = routes.missed(topic)
+    targets = _run_targets(broker, plan, messages)
+    store = broker.store
+    # What each publication's commit would be: the run adds nothing to the store (no copy
+    # stored, no journal row kept), so the same for all.
+    commit = store.commit() if targets is not None else None
+    if targets is None or (commit is not None and not broker.store_and_dispatch):
+        for message in messages:
+            completions.append(publish(broker, message))
+        return
+    # _accept for each.
+    stats = broker.stats
+    journal = store.journal
+    for message in messages:
+        if not message.created:
+            message.created = broker.clock.now()
+        stats.messages_received += 1
+        if not message.message_id:
+            journal(message)
+    count = len(messages)
+    queued: list[tuple[Session, list[QueuedMessage], int]] = []
+    pending = broker.pumps.pending
+    for session, queue, (qos, persistent), subscription_ids in targets:
+        entries = [
+            QueuedMessage(message, qos, persistent, False, subscription_ids)
+            for message in messages
+        ]
+        start = enqueue_run(broker, session, queue, entries)
+        if start < count:
+            queued.append((session, entries, start))
+            if session not in pending:
+                broker.pump_soon(session)
+    drained = broker.flow.congested_run(queued, count)
+    if drained is None:
+        completions.extend([commit] * count)
+    elif commit is None:
+        completions.extend(drained)
+    else:
+        both = broker.flow.commit_and_drain
+        completions.extend(commit if d is None else both(commit, d) for d in drained)
+
+
+# A session that gets a copy of every publication of a run: its queue, the copies' level
+# (QoS, persistent) and subscription ids.
+_RunTarget = tuple[Session, Queue, tuple[int, bool], tuple[int, ...]]
+
+
+def _run_targets(
+    broker: Broker, plan: RoutePlan, messages: list[Message]
+) -> list[_RunTarget] | None:
+    """For :func:`publish_run`: each session that gets a copy of every publication of the
+    run (its queue, the copies' level and subscription ids), in route order; None when some
+    copy needs the one-by-one path (a shared group, a noLocal or filtered subscription, an
+    at-most-once subscription, a stored copy, a retained message owed ahead, a queue that
+    would not take the whole run at its back, a journal that keeps the topic)."""
+    first = messages[0]
+    if (
+        first.qos != 1
+        or not first.persistent
+        or first.retain
+        or first.delivery_time is not None
+        or first.group_id is not None
+        or plan.groups
+        or broker.retained_cursors
+        or broker.store.keeps_in_journal(first)
+    ):
+        return None
+    count = len(messages)
+    size = -1  # the run's bytes, once a queue is to be asked
+    levels = LEVELS[1][True]
+    targets: list[_RunTarget] = []
+    for copy in plan.copies:
+        options = copy.options
+        if copy.own is not options:
+            return None
+        level = levels[options.max_qos]
+        if not level[0]:
+            return None
+        session = copy.session
+        queue = session.made_queue
+        if queue is None:
+            queue = session.queue
+        if queue.durable:
+            return None
+        if session.link is None:
+            continue  # as enqueue(): nothing for a session that is not connected
+        if size < 0:
+            size = len(first.topic) * count
+            for message in messages:
+                size += len(message.payload)
+        if not queue.takes_run(count, size):
+            return None
+        targets.append((session, queue, level, options.subscription_ids))
+    return targets
 
 
 # A copy held back until its unit's commit: a session's copy, or a shared group's message.

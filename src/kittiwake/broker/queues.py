@@ -349,6 +349,36 @@ class Queue:
             self._insert(entry)
         return _PUSHED
 
+    def push_all(self, entries: list[QueuedMessage]) -> None:
+        """:meth:`push` for each of a run of entries, in one step: for a caller that has
+        checked :meth:`takes_run` for them, so each would be accepted at the back (no
+        policy, no heap) exactly as one by one (publishing.publish_run)."""
+        ready = self._ready
+        if ready is None:
+            ready = self._ready = deque()
+        sequence = self._sequence
+        size = 0
+        for entry in entries:
+            sequence += 1
+            entry.sequence = sequence
+            message = entry.message
+            size += len(message.payload) + len(message.topic)
+        self._sequence = sequence
+        self.bytes += size
+        self.totals.bytes += size
+        self.count += len(entries)
+        ready.extend(entries)
+
+    def takes_run(self, entries: int, size: int) -> bool:
+        """Would :meth:`push` accept this many more FIFO entries (no delivery time, no message
+        group) of this many bytes in all, each at the back, one after the other? (Sizes only
+        grow, so the last one's check decides.)"""
+        return (
+            self.ordering == "fifo"
+            and self.count + entries <= self.max_messages
+            and self.bytes + size <= self.max_bytes
+        )
+
     def has_room(self, entries: int, size: int) -> bool:
         """Would this many more entries of this many bytes all be accepted now?"""
         if self.policy == "discard_oldest":
@@ -629,6 +659,42 @@ class Queue:
                         if receiver is None:
                             break
                     ready = self._ready
+                    if run is not None and ready and not self._returned and not self._delayed:
+                        # The loop's usual case for a run of entries at once: the FIFO
+                        # entries at the front that need no look (no expiry, no commit to
+                        # wait for, no consumer excluded), as many as the window takes,
+                        # started in one step (a subscriber behind a flood: every queued
+                        # delivery). The first that needs a look goes the way below.
+                        room = credit.available
+                        plain = 0
+                        size = 0
+                        for entry in ready:
+                            message = entry.message
+                            if (
+                                message.expiry is not None
+                                or message.awaiting_commit
+                                or entry.excluded is not None
+                            ):
+                                break
+                            size += len(message.payload) + len(message.topic)
+                            plain += 1
+                            if plain == room:
+                                break
+                        if plain:
+                            delivery_id = self._next_delivery_id
+                            for _ in range(plain):
+                                delivery_id += 1
+                                delivery = Delivery(delivery_id, ready.popleft(), consumer)
+                                unsettled[delivery_id] = delivery
+                                run.append(delivery)
+                            self._next_delivery_id = delivery_id
+                            self.bytes -= size
+                            self.totals.bytes -= size
+                            self.count -= plain
+                            credit.available -= plain
+                            self.in_flight += plain
+                            sent += plain
+                            continue
                     if (
                         ready
                         and not self._returned
@@ -840,6 +906,35 @@ class Queue:
         assert receiver is not None
         receiver.deliver(delivery)
         return delivery
+
+    def deliver_now_all(
+        self,
+        consumer: Consumer,
+        entries: list[QueuedMessage],
+        deliver_all: Callable[[list[Delivery]], None],
+    ) -> None:
+        """:meth:`deliver_now` for each of a run of entries, handed over at once to the
+        consumer's receiver that takes runs (its ``deliver_all``, which never acts on this
+        queue while it runs): for an owner that has checked nothing waits ahead of them and
+        the consumer's window has room for all."""
+        sequence = self._sequence
+        delivery_id = self._next_delivery_id
+        unsettled = consumer.unsettled
+        if unsettled is NO_DELIVERIES:
+            unsettled = consumer.own_unsettled()
+        run: list[Delivery] = []
+        for entry in entries:
+            sequence += 1
+            entry.sequence = sequence
+            delivery_id += 1
+            delivery = Delivery(delivery_id, entry, consumer)
+            unsettled[delivery_id] = delivery
+            run.append(delivery)
+        self._sequence = sequence
+        self._next_delivery_id = delivery_id
+        consumer.credit.available -= len(run)
+        self.in_flight += len(run)
+        deliver_all(run)
 
     @property
     def group_count(self) -> int:

@@ -702,8 +702,9 @@ class MQTTConnection:
         """The decoder's run of plain 3.x QoS 1 PUBLISHes on one topic (a publisher's flood):
         :meth:`_on_publish` for each, with what depends on the topic alone (its validity, the
         publish verdict) decided once for the run, and the PUBACKs that need not wait written
-        together. Each publication is still published on its own, in order, so every delivery
-        rule (flow control, noLocal, the store's batches) sees what it sees one by one."""
+        together. The broker takes the run at once (Broker.publish_run) with the one-by-one
+        outcome, so every delivery rule (flow control, noLocal, the store's batches) decides
+        each publication as it would one by one."""
         topic = run.topic
         allowed = self.permissions.publish_verdicts.get(topic)
         if allowed is None:
@@ -717,38 +718,49 @@ class MQTTConnection:
             return
         client_id = self.client_id
         broker = self.broker
-        publish_message = broker.publish
-        ids = run.packet_ids
         # One read came at one time: the clock is read once for the run (publish() reads it
         # for a message that has no time yet).
         now = broker.clock.now()
+        messages: list[Message] = []
+        for payload in run.payloads:
+            # As _on_publish: positional, origin set after.
+            message = Message(topic, payload, 1, False, True)
+            message.origin = client_id
+            message.created = now
+            messages.append(message)
+        completions: list[Completion] = []
+        stats = broker.stats
+        before = stats.messages_received
+        try:
+            broker.publish_run(messages, completions)
+        except BaseException:
+            # Counted as taken, as one by one (the broker counts each as it takes it): an
+            # error mid-run stops the count where it stopped.
+            self.traffic.messages_received += stats.messages_received - before
+            raise
+        self.traffic.messages_received += len(messages)
+        if self.closed:
+            return
+        if not self._answers and completions.count(None) == len(completions):
+            # Every PUBACK is owed now (a flood's usual case): one write.
+            self.transport.write(b"".join(map(encode_puback, run.packet_ids)))
+            return
         # PUBACKs owed now (no commit to wait for, no answer queued ahead): one write.
         acks: list[bytes] = []
-        taken = 0
-        try:
-            for packet_id, payload in zip(ids, run.payloads, strict=True):
-                # As _on_publish: positional, origin set after.
-                message = Message(topic, payload, 1, False, True)
-                message.origin = client_id
-                message.created = now
-                taken += 1
-                commit = publish_message(message)
-                if commit is None and not self._answers:
-                    acks.append(encode_puback(packet_id))
-                else:
-                    if acks:
-                        # The answers owed already go first (MQTT-4.6.0-2).
-                        self._write_all(acks)
-                    self._answer(
-                        commit, encode_puback(packet_id), _PUBACK, packet_id, None, len(payload)
-                    )
-                if self.closed:
-                    return
-        finally:
-            # Counted as taken, as one by one: a close or an error mid-run stops the count.
-            self.traffic.messages_received += taken
+        for packet_id, payload, commit in zip(
+            run.packet_ids, run.payloads, completions, strict=True
+        ):
+            if commit is None and not self._answers:
+                acks.append(encode_puback(packet_id))
+                continue
             if acks:
+                # The answers owed already go first (MQTT-4.6.0-2).
                 self._write_all(acks)
+            self._answer(commit, encode_puback(packet_id), _PUBACK, packet_id, None, len(payload))
+            if self.closed:
+                return
+        if acks:
+            self._write_all(acks)
 
     def _answer_not_retained(
         self, session: Session, message: Message, commit: Completion, packet_id: int
