@@ -300,9 +300,9 @@ class StoreConfig:
     # entry accepted meanwhile is never written, and its publisher was acknowledged at the
     # acceptance. Only a publisher whose copies are not all accepted that soon (a slow
     # subscriber's) waits up to this long more; an absent subscriber's copy is written at
-    # once. While held entries are being accepted, a batch past its window stays held (up
-    # to four windows: a deep queue drained steadily), and is written a window after the
-    # last acceptance.
+    # once. While entries keep being accepted (any queue's), a batch past its window stays
+    # held (a deep queue drained steadily), but never past four windows; once acceptances
+    # stop, it is written a window after the last one.
     acceptance_window: float = 0.05
     # WAL pages after which SQLite checkpoints the WAL into the database (bounds the WAL file).
     wal_autocheckpoint: int = 1000
