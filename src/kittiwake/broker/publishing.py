@@ -125,12 +125,29 @@ def publish_run(broker: Broker, messages: list[Message], completions: list[Compl
     # _accept for each.
     stats = broker.stats
     journal = store.journal
-    for message in messages:
-        if not message.created:
-            message.created = broker.clock.now()
-        stats.messages_received += 1
-        if not message.message_id:
-            journal(message)
+    for taken, message in enumerate(messages):
+        try:
+            if not message.created:
+                message.created = broker.clock.now()
+            stats.messages_received += 1
+            if not message.message_id:
+                journal(message)
+        except BaseException:
+            # As one by one: the publications taken before the failure are routed.
+            if taken:
+                _route_run(broker, targets, messages[:taken], commit, completions)
+            raise
+    _route_run(broker, targets, messages, commit, completions)
+
+
+def _route_run(
+    broker: Broker,
+    targets: list[_RunTarget],
+    messages: list[Message],
+    commit: Completion,
+    completions: list[Completion],
+) -> None:
+    """The routing half of :func:`publish_run`, for publications already accepted."""
     count = len(messages)
     queued: list[tuple[Session, list[QueuedMessage], int]] = []
     pending = broker.pumps.pending

@@ -24,6 +24,7 @@ import pytest
 from connection_harness import Wire, turns
 
 from kittiwake.broker.broker import Broker
+from kittiwake.broker.message import Message
 from kittiwake.broker.store import MemoryStore
 from kittiwake.clock import ManualClock
 from kittiwake.config import config_from_dict
@@ -117,12 +118,12 @@ def transcript(scenario: Scenario, runs: bool) -> list[object]:
         try:
             subs = []
             for client_id, version, topic_filter, qos, no_local in scenario.subscribers:
-                sub = Wire(broker, version)
+                sub = Wire(broker, version, call_soon=asyncio.get_running_loop().call_soon)
                 sub.connect(client_id)
                 sub.send(Subscribe(1, [SubscriptionRequest(topic_filter, qos, no_local=no_local)]))
                 sub.received()
                 subs.append(sub)
-            pub = Wire(broker, 4)
+            pub = Wire(broker, 4, call_soon=asyncio.get_running_loop().call_soon)
             pub.connect("pub")
             if not runs:
                 pub._inbound = PacketDecoder(broker.config.limits.max_packet_size)
@@ -176,3 +177,54 @@ def test_a_run_is_seen_by_every_client_as_one_by_one(name: str) -> None:
     assert any(
         isinstance(p, PubAck) for step in steps for _, answers in step for p in answers
     )
+
+
+def _failing_mid_run(runs: bool) -> tuple[list[bytes], int, int]:
+    """A store error on a run's third publication: what the subscriber got, and the counts."""
+    seen: tuple[list[bytes], int, int] = ([], 0, 0)
+
+    async def main() -> None:
+        nonlocal seen
+        store = MemoryStore()
+        broker = Broker(config_from_dict({}), clock=ManualClock(), store=store)
+        loop = asyncio.get_running_loop()
+        cancel = broker.schedule_ticks(loop)
+        try:
+            sub = Wire(broker, 4, call_soon=loop.call_soon)
+            sub.connect("sub")
+            sub.send(Subscribe(1, [SubscriptionRequest("t", 1)]))
+            sub.received()
+            pub = Wire(broker, 4, call_soon=loop.call_soon)
+            pub.connect("pub")
+            if not runs:
+                pub._inbound = PacketDecoder(broker.config.limits.max_packet_size)
+            journal = store.journal
+            calls = 0
+
+            def failing(message: Message) -> None:
+                nonlocal calls
+                calls += 1
+                if calls == 3:
+                    raise RuntimeError("the store failed")
+                journal(message)
+
+            store.journal = failing  # type: ignore[method-assign]
+            frames = [encode(Publish("t", b"m%d" % i, 1, False, False, i), 4) for i in range(1, 6)]
+            with pytest.raises(RuntimeError):
+                pub.send_bytes(b"".join(frames))
+            await turns()
+            got = [p.payload for p in sub.received() if isinstance(p, Publish)]
+            seen = (got, broker.stats.messages_received, broker.stats.messages_sent)
+        finally:
+            cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    return seen
+
+
+def test_an_error_mid_run_still_delivers_what_was_taken_before_it() -> None:
+    """One by one, the publications before the failing one are routed before the error; a
+    run must not keep them (counted and journalled) from their subscribers."""
+    as_run = _failing_mid_run(runs=True)
+    assert as_run == _failing_mid_run(runs=False)
+    assert as_run[0] == [b"m1", b"m2"]
