@@ -73,6 +73,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFETCH = 1000
 # Posted (blocking, asynchronous) sends a producer holds before send() waits for the loop.
 OUTBOX_LIMIT = 1000
+# How often call_from_thread looks whether the loop's thread is still there while it waits.
+_CALL_WAIT_SLICE = 1.0
 ACCEPTED_OUTCOME = 0x24
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34
@@ -1089,10 +1091,16 @@ class Transaction:
             await self.session.rollback()
 
 
-def call_from_thread(loop: asyncio.AbstractEventLoop, function: Callable[[], None]) -> None:
+def call_from_thread(
+    loop: asyncio.AbstractEventLoop,
+    function: Callable[[], None],
+    alive: Callable[[], bool] | None = None,
+) -> None:
     """Run ``function`` on ``loop`` (from another thread) and wait for it: a callback and a
     bare lock, not a task and a concurrent Future (a thread's acknowledgement, receive()'s
-    hand-over). RuntimeError when the loop is closed; ``function``'s error is raised here."""
+    hand-over). RuntimeError when the loop is closed, or when ``alive`` says its thread
+    has ended with the call still queued (a loop stopped and closed meanwhile drops it);
+    ``function``'s error is raised here."""
     done = threading.Lock()
     done.acquire()
     failed: list[BaseException] = []
@@ -1106,7 +1114,14 @@ def call_from_thread(loop: asyncio.AbstractEventLoop, function: Callable[[], Non
             done.release()
 
     loop.call_soon_threadsafe(run)
-    done.acquire()
+    if alive is None:
+        done.acquire()
+    else:
+        while not done.acquire(timeout=_CALL_WAIT_SLICE):
+            if not alive():
+                if done.acquire(blocking=False):
+                    break
+                raise RuntimeError("the connection's loop is closed")
     if failed:
         raise failed[0]
 

@@ -82,17 +82,45 @@ class _IOThread:
         self.lock = threading.Lock()
         self.loop = asyncio.SelectorEventLoop(_UnlockingSelector(self.lock))
         self.thread = threading.Thread(target=self._run, name="kittiwake-jms-io", daemon=True)
+        # The thread inside borrow()'s locked region, if any (see _check_not_borrowing).
+        self.borrower: int | None = None
         self.thread.start()
 
     def _run(self) -> None:
         with self.lock:
             self.loop.run_forever()
 
+    def _alive(self) -> bool:
+        """Whether the loop may still run what is handed to it: once its thread has left
+        run_forever (stop, close from any thread), a call queued meanwhile never runs."""
+        return self.thread.is_alive()
+
+    def _check_not_borrowing(self) -> None:
+        # Code run inside borrow()'s region on its thread (a __del__ the collector runs
+        # there) would wait for a loop that waits for this thread's lock: refused instead.
+        if self.borrower == threading.get_ident():
+            raise IllegalStateException("a blocking JMS call while this thread hands over")
+
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self.thread:
             coroutine.close()
             raise IllegalStateException("a blocking JMS call on the connection's I/O thread")
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        if self.borrower is not None:
+            try:
+                self._check_not_borrowing()
+            except IllegalStateException:
+                coroutine.close()
+                raise
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        while True:
+            try:
+                return future.result(timeout=_WAIT_SLICE)
+            except concurrent.futures.TimeoutError:
+                if future.done():  # the coroutine's own TimeoutError, or done just now
+                    return future.result()
+                if not self._alive():
+                    future.cancel()
+                    raise RuntimeError("the connection's loop is closed") from None
 
     def call_soon(self, function: Callable[[], None]) -> None:
         """Run ``function`` on the loop and wait for it: a callback, not a task.
@@ -100,25 +128,50 @@ class _IOThread:
         if threading.current_thread() is self.thread:
             function()
             return
-        aio.call_from_thread(self.loop, function)
+        self._check_not_borrowing()
+        aio.call_from_thread(self.loop, function, self._alive)
 
-    def borrow(self, engine: EngineConnection, function: Callable[[], None]) -> None:
+    def borrow(
+        self, engine_of: Callable[[], EngineConnection], function: Callable[[], None]
+    ) -> None:
         """Run ``function``'s engine work here, on the caller's thread, under the loop's lock
         instead of waking the loop and waiting for it (two thread switches each way): the
         hot path of an AUTO_ACKNOWLEDGE receive(), whose acknowledgement is written to the
         socket before this returns. When the socket does not take it all (or there is
         none: vm://), the loop writes the rest and this waits for it, as the loop's own
-        write would have been waited for. RuntimeError when the loop is closed."""
+        write would have been waited for. RuntimeError when the loop is closed.
+
+        ``engine_of`` gives the engine of the moment, read under the lock (a reconnection
+        replaces it on the loop). The main thread hands its work to the loop instead, as
+        every thread did before borrowing: Python runs a signal handler there between any
+        two bytecodes, whatever the thread's signal mask (another thread may take the
+        signal for it), and one that called the JMS API inside the region (``close()`` on
+        SIGTERM) would wait for the loop, which waits for this thread's lock, while one
+        that raised (KeyboardInterrupt) would leave a write or a settlement half done."""
         if threading.current_thread() is self.thread:
             function()
-            engine.flush()
+            engine_of().flush()
             return
+        self._check_not_borrowing()
         if self.loop.is_closed():
             raise RuntimeError("the connection's loop is closed")
+        if threading.current_thread() is threading.main_thread():
+
+            def on_loop() -> None:
+                function()
+                engine_of().flush()
+
+            aio.call_from_thread(self.loop, on_loop, self._alive)
+            return
         with self.lock:
-            written = engine.borrowed(function)
+            self.borrower = threading.get_ident()
+            try:
+                engine = engine_of()
+                written = engine.borrowed(function)
+            finally:
+                self.borrower = None
         if not written:
-            aio.call_from_thread(self.loop, engine.flush)
+            aio.call_from_thread(self.loop, engine.flush, self._alive)
 
     def call(self, function: Callable[[], T]) -> T:
         """Run plain engine-touching code on the loop (the engine is not thread-safe)."""
@@ -473,8 +526,11 @@ class MessageConsumer:
         io = session.io
         core_session = core.session
 
+        def engine_of() -> EngineConnection:
+            return core_session.engine  # the engine of the moment (reconnection)
+
         def hand_over(function: Callable[[], None]) -> None:
-            io.borrow(core_session.engine, function)  # the engine of the moment (reconnection)
+            io.borrow(engine_of, function)
 
         self._hand_over = hand_over
 

@@ -49,10 +49,46 @@ def test_an_auto_acknowledge_receive_settles_on_the_receiving_thread(connect: Co
         hand_over_now(received)
 
     session.core._hand_over_now = spy  # type: ignore[method-assign]
-    received = [consumer.receive(5) for _ in range(3)]
+    received: list[Message | None] = []
+    idents: list[int] = []
+
+    def receive_here() -> None:  # not the main thread: see the next test
+        idents.append(threading.get_ident())
+        received.extend(consumer.receive(5) for _ in range(3))
+
+    receiver = threading.Thread(target=receive_here)
+    receiver.start()
+    receiver.join(30)
     assert texts(received) == ["0", "1", "2"]  # type: ignore[arg-type]
-    # Here, under the loop's lock: not a call onto the I/O thread and a wait for it.
-    assert threads == [(threading.get_ident(), True)] * 3
+    # There, under the loop's lock: not a call onto the I/O thread and a wait for it.
+    assert threads == [(idents[0], True)] * 3
+    assert drain_queue(connect(), queue) == []  # acknowledged
+
+
+def test_the_main_threads_receive_hands_its_acknowledgement_to_the_io_thread(
+    connect: Connect,
+) -> None:
+    """Python runs signal handlers on the main thread between any two bytecodes: a handler's
+    JMS call (close() on SIGTERM) inside the locked region would wait for the loop, which
+    waits for the lock. So the main thread's receive() settles on the I/O thread."""
+    assert threading.current_thread() is threading.main_thread()
+    connection = connect(prefetch=10)
+    queue = Queue(unique("receive-main"))
+    fill(connection, queue, 2)
+    session = connection.create_session(False, AUTO_ACKNOWLEDGE)
+    consumer = session.create_consumer(queue)
+    assert wait_until(lambda: len(consumer.core.buffer) == 2, timeout=10)
+    hand_over_now = session.core._hand_over_now
+    threads: list[int] = []
+
+    def spy(received: Received) -> None:
+        threads.append(threading.get_ident())
+        hand_over_now(received)
+
+    session.core._hand_over_now = spy  # type: ignore[method-assign]
+    received = [consumer.receive(5) for _ in range(2)]
+    assert texts(received) == ["0", "1"]  # type: ignore[arg-type]
+    assert threads == [connection.io.thread.ident] * 2
     assert drain_queue(connect(), queue) == []  # acknowledged
 
 
