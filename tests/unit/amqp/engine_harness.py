@@ -7,8 +7,13 @@ from __future__ import annotations
 from proton import Collector, Connection, Event, Transport
 
 from kittiwake.amqp.connection import AMQPConnection, LinkHandler
+from kittiwake.amqp.links import LinkLayer, link_layer_factory
+from kittiwake.broker.broker import Broker
+from kittiwake.broker.queue_destinations import QueueDestinations
+from kittiwake.broker.store import MemoryStore
+from kittiwake.broker.temporary_destinations import TemporaryDestinations
 from kittiwake.clock import ManualClock
-from kittiwake.config import AMQPConfig
+from kittiwake.config import AMQPConfig, Config
 
 
 class ClientEnd:
@@ -83,3 +88,23 @@ def raw_output(server: AMQPConnection, data: bytes) -> bytes:
     """What the broker answers to ``data`` sent as the first bytes of a connection."""
     server.receive(data)
     return server.data_to_send()
+
+
+class WiredLinkLayer:
+    """A broker with one AMQP connection's link layer, and an open client session on it."""
+
+    def __init__(self) -> None:
+        config = Config()
+        self.broker = Broker(config, store=MemoryStore(), clock=ManualClock())
+        self.queues = QueueDestinations(self.broker)
+        self.temporaries = TemporaryDestinations(self.queues)
+        make = link_layer_factory(self.broker, self.queues, self.temporaries)
+        self.server = AMQPConnection(
+            config.amqp, self.broker.clock, allow_anonymous=True, peer="test"
+        )
+        self.layer: LinkLayer = make(self.server)
+        self.server.handler = self.layer
+        self.client = ClientEnd(self.server, mechanisms=None).open()
+        self.session = self.client.connection.session()
+        self.session.open()
+        self.client.pump()

@@ -11,38 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from engine_harness import ClientEnd
+from engine_harness import WiredLinkLayer
 from proton import Delivery, Message
 
-from kittiwake.amqp.connection import AMQPConnection
-from kittiwake.amqp.links import LinkLayer, link_layer_factory
 from kittiwake.broker.authorization import Permissions
-from kittiwake.broker.broker import Broker
-from kittiwake.broker.queue_destinations import QueueDestinations
-from kittiwake.broker.store import MemoryStore
-from kittiwake.broker.temporary_destinations import TemporaryDestinations
-from kittiwake.clock import ManualClock
-from kittiwake.config import AuthConfig, Config
+from kittiwake.config import AuthConfig
 
 
-class Producer:
+class Producer(WiredLinkLayer):
     """A broker with one AMQP connection's link layer, and a client sender on it."""
 
     def __init__(self) -> None:
-        config = Config()
-        self.broker = Broker(config, store=MemoryStore(), clock=ManualClock())
-        self.queues = QueueDestinations(self.broker)
-        self.temporaries = TemporaryDestinations(self.queues)
-        make = link_layer_factory(self.broker, self.queues, self.temporaries)
-        self.server = AMQPConnection(
-            config.amqp, self.broker.clock, allow_anonymous=True, peer="test"
-        )
-        self.layer: LinkLayer = make(self.server)
-        self.server.handler = self.layer
-        self.client = ClientEnd(self.server, mechanisms=None).open()
-        self.session = self.client.connection.session()
-        self.session.open()
-        self.client.pump()
+        super().__init__()
         self.sender: Any = None
         self.sent = 0
 
