@@ -324,10 +324,7 @@ def test_an_unhurried_batch_is_written_once_its_window_is_over(
         writer = HeldWriter(store, monkeypatch)
         writer.gate.set()
         m = message(b"m")
-        store.journal(m)
-        store.enqueue("c", entry(m))
-        turn = store.commit_unhurried()
-        assert turn is not None
+        turn = unhurried_turn(store, "c", [m])
         await asyncio.wait_for(turn, TIMEOUT)  # the window's timer ran on the loop's clock
         assert writer.inserted(m.message_id)
         store.close()
@@ -347,10 +344,7 @@ def test_a_commit_someone_waits_for_is_not_held(
         writer = HeldWriter(store, monkeypatch)
         writer.gate.set()
         held = message(b"held")
-        store.journal(held)
-        store.enqueue("c", entry(held))
-        turn = store.commit_unhurried()
-        assert turn is not None
+        turn = unhurried_turn(store, "c", [held])
         await asyncio.sleep(0)
         assert not turn.done()
         assert store.commit() is turn  # nothing new: the held turn is what it waits for
@@ -380,10 +374,7 @@ def test_a_graceful_stop_writes_a_turn_held_for_acceptances(
         writer = HeldWriter(store, monkeypatch)
         writer.gate.set()
         m = message(b"held at stop")
-        store.journal(m)
-        store.enqueue("c", entry(m))
-        turn = store.commit_unhurried()
-        assert turn is not None
+        turn = unhurried_turn(store, "c", [m])
         await asyncio.sleep(0)
         assert not turn.done(), "held for the acceptance"
         store.close()
@@ -405,10 +396,7 @@ def test_a_commit_on_a_turn_waiting_for_a_busy_writer_is_not_held_after_it(
         writer = HeldWriter(store, monkeypatch)
         first = await busy_writer(store)
         m = message(b"waits for the writer")
-        store.journal(m)
-        store.enqueue("c", entry(m))
-        turn = store.commit_unhurried()
-        assert turn is not None
+        turn = unhurried_turn(store, "c", [m])
         await asyncio.sleep(0)  # sealed, behind the busy writer
         assert store.commit() is turn
         writer.gate.set()
@@ -419,6 +407,32 @@ def test_a_commit_on_a_turn_waiting_for_a_busy_writer_is_not_held_after_it(
 
     run(body)
     assert len(queued(tmp_path)) == 1
+
+
+def held_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offset: list[float]
+) -> tuple[SQLiteStore, HeldWriter]:
+    """A store with an acceptance window of 100 s on the running loop, whose clock the test
+    moves on by ``offset[0]`` (its timers follow it), and its writer, let through."""
+    loop = asyncio.get_running_loop()
+    real_time = loop.time
+    monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
+    store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
+    writer = HeldWriter(store, monkeypatch)
+    writer.gate.set()
+    return store, writer
+
+
+def unhurried_turn(
+    store: SQLiteStore, queue: str, messages: list[Message]
+) -> asyncio.Future[None]:
+    """The messages journalled and queued, and their turn committed unhurried (held)."""
+    for m in messages:
+        store.journal(m)
+        store.enqueue(queue, entry(m))
+    turn = store.commit_unhurried()
+    assert turn is not None
+    return turn
 
 
 def test_a_release_writes_only_the_turns_whose_window_is_over(
@@ -432,23 +446,12 @@ def test_a_release_writes_only_the_turns_whose_window_is_over(
     old, young = message(b"old"), message(b"young")
 
     async def body() -> None:
-        loop = asyncio.get_running_loop()
-        real_time = loop.time
-        # The loop's clock, moved on by the test (its timers follow it).
-        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
-        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
-        writer = HeldWriter(store, monkeypatch)
-        writer.gate.set()
-        store.journal(old)
-        store.enqueue("c", entry(old))
-        old_turn = store.commit_unhurried()
-        assert old_turn is not None
+        store, writer = held_store(tmp_path, monkeypatch, offset)
+        old_turn = unhurried_turn(store, "c", [old])
         await asyncio.sleep(0)  # sealed and held
         offset[0] += 60
-        store.journal(young)
-        store.enqueue("c", entry(young))
-        young_turn = store.commit_unhurried()
-        assert young_turn is not None and young_turn is not old_turn
+        young_turn = unhurried_turn(store, "c", [young])
+        assert young_turn is not old_turn
         await asyncio.sleep(0)  # sealed and held too
         offset[0] += 50  # the old turn's window is over, not the young one's
         await asyncio.wait_for(old_turn, TIMEOUT)
@@ -481,24 +484,12 @@ def test_a_turn_past_its_window_stays_held_while_held_entries_are_being_accepted
             await asyncio.sleep(0)
 
     async def body() -> None:
-        loop = asyncio.get_running_loop()
-        real_time = loop.time
-        # The loop's clock, moved on by the test (its timers follow it).
-        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
-        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
-        writer = HeldWriter(store, monkeypatch)
-        writer.gate.set()
-        for m in (first, second):
-            store.journal(m)
-            store.enqueue("c", entry(m))
-        old_turn = store.commit_unhurried()
-        assert old_turn is not None
+        store, writer = held_store(tmp_path, monkeypatch, offset)
+        old_turn = unhurried_turn(store, "c", [first, second])
         await asyncio.sleep(0)  # sealed and held
         offset[0] += 60
-        store.journal(later)
-        store.enqueue("c", entry(later))
-        young_turn = store.commit_unhurried()
-        assert young_turn is not None and young_turn is not old_turn
+        young_turn = unhurried_turn(store, "c", [later])
+        assert young_turn is not old_turn
         await asyncio.sleep(0)  # sealed and held too
         store.remove("c", first.message_id)  # accepted: the subscriber makes progress
         offset[0] += 50  # the old turn's window is over
@@ -531,21 +522,11 @@ def test_a_held_turn_whose_entries_are_all_accepted_is_done_before_its_window_is
     old, young = message(b"old"), message(b"young")
 
     async def body() -> None:
-        loop = asyncio.get_running_loop()
-        real_time = loop.time
-        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
-        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
-        writer = HeldWriter(store, monkeypatch)
-        writer.gate.set()
-        store.journal(old)
-        store.enqueue("c", entry(old))
-        old_turn = store.commit_unhurried()
-        assert old_turn is not None
+        store, writer = held_store(tmp_path, monkeypatch, offset)
+        old_turn = unhurried_turn(store, "c", [old])
         await asyncio.sleep(0)  # sealed and held
-        store.journal(young)
-        store.enqueue("c", entry(young))
-        young_turn = store.commit_unhurried()
-        assert young_turn is not None and young_turn is not old_turn
+        young_turn = unhurried_turn(store, "c", [young])
+        assert young_turn is not old_turn
         await asyncio.sleep(0)  # sealed and held too
         store.remove("c", old.message_id)  # accepted; the young entry is not
         offset[0] += 20  # a look (every eighth of the window), well within the window
@@ -571,23 +552,12 @@ def test_a_turn_held_while_others_entries_are_accepted_is_written_after_a_bounde
     flowing = [message(b"%d" % n) for n in range(2 * sqlite_module._ACCEPTING_HOLD + 2)]
 
     async def body() -> None:
-        loop = asyncio.get_running_loop()
-        real_time = loop.time
-        monkeypatch.setattr(loop, "time", lambda: real_time() + offset[0])
-        store = SQLiteStore(tmp_path, clock=ManualClock(), acceptance_window=100)
-        writer = HeldWriter(store, monkeypatch)
-        writer.gate.set()
-        store.journal(stalled)
-        store.enqueue("stalled", entry(stalled))
-        old_turn = store.commit_unhurried()
-        assert old_turn is not None
+        store, writer = held_store(tmp_path, monkeypatch, offset)
+        old_turn = unhurried_turn(store, "stalled", [stalled])
         await asyncio.sleep(0)  # sealed and held
         offset[0] += 1
-        for m in flowing:
-            store.journal(m)
-            store.enqueue("flowing", entry(m))
-        young_turn = store.commit_unhurried()
-        assert young_turn is not None and young_turn is not old_turn
+        young_turn = unhurried_turn(store, "flowing", flowing)
+        assert young_turn is not old_turn
         await asyncio.sleep(0)
         held_until = 100 * sqlite_module._ACCEPTING_HOLD
         accepted = iter(flowing)
@@ -628,10 +598,7 @@ def test_a_lazy_mark_of_an_entry_accepted_before_its_insert_is_never_written(
         writer = HeldWriter(store, monkeypatch)
         writer.gate.set()
         m = message(b"accepted in time")
-        store.journal(m)
-        store.enqueue("c", entry(m))
-        turn = store.commit_unhurried()
-        assert turn is not None
+        turn = unhurried_turn(store, "c", [m])
         await asyncio.sleep(0)  # sealed and held
         store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
         store.remove("c", m.message_id)
@@ -656,10 +623,7 @@ def test_a_lazy_mark_of_an_entry_written_later_is_written_after_its_insert(
         writer = HeldWriter(store, monkeypatch)
         writer.gate.set()
         m = message(b"not accepted in time")
-        store.journal(m)
-        store.enqueue("c", entry(m))
-        turn = store.commit_unhurried()
-        assert turn is not None
+        turn = unhurried_turn(store, "c", [m])
         await asyncio.sleep(0)  # sealed and held
         store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
         await asyncio.wait_for(turn, TIMEOUT)  # the window's timer ran on the loop's clock
@@ -682,10 +646,7 @@ def test_a_graceful_stop_writes_the_lazy_mark_of_a_held_entry_beside_an_open_tur
         writer = HeldWriter(store, monkeypatch)
         writer.gate.set()
         m = message(b"sent, not acknowledged")
-        store.journal(m)
-        store.enqueue("c", entry(m))
-        turn = store.commit_unhurried()
-        assert turn is not None
+        turn = unhurried_turn(store, "c", [m])
         await asyncio.sleep(0)  # sealed and held
         store.mark_delivery("c", m.message_id, 7, "sent", lazy=True)
         other = message(b"in the open turn", topic="c/d")
